@@ -1,0 +1,11 @@
+# gpulab's JupyterHub configuration: wires gpulab's classes and reads the site
+# settings (GPULAB_* environment variables, see docs/configuration.md).
+# Add your own `c.ProjectSpawner.* = ...` lines below; each trait's help says how.
+from pathlib import Path
+
+import os
+
+from gpulab_hub import settings
+
+c = get_config()  # noqa: F821 (provided by JupyterHub)
+settings.apply(c, os.environ, images_dir=Path(__file__).resolve().parent / "images")

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# gpulab set-up for this machine: re-runnable, each step only does what is missing.
+#   scripts/setup.sh        what `gpulab up` needs
+#   scripts/setup.sh test   plus what the test suite needs (Chromium, test packages)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_tests=${1:-}
+
+say() { printf '==> %s\n' "$*"; }
+
+# Debian packages: the Docker engine, debootstrap (local base image when no
+# registry is reachable), Node.js for the proxy; Chromium and docker-compose for tests.
+pkgs=(docker.io debootstrap nodejs npm)
+[ "$want_tests" = test ] && pkgs+=(chromium docker-compose)
+missing=()
+for p in "${pkgs[@]}"; do
+  if [ "$p" = npm ] || [ "$p" = nodejs ]; then
+    command -v "${p/nodejs/node}" >/dev/null 2>&1 && continue
+  fi
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python: one virtual environment with both gpulab distributions.
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  python3 -m venv .venv
+fi
+say "installing gpulab into .venv"
+.venv/bin/pip install -q -e ./spawner -e ./extensions 2>&1 | grep -v '^WARNING: Location' || true
+if [ "$want_tests" = test ]; then
+  .venv/bin/pip install -q -r tests/requirements.txt 2>&1 | grep -v '^WARNING: Location' || true
+fi
+.venv/bin/python -c "import gpulab_hub, gpulab_jupyter"
+
+# The JupyterHub proxy, from npm, inside .venv.
+if [ ! -x .venv/node/node_modules/.bin/configurable-http-proxy ]; then
+  say "installing configurable-http-proxy"
+  npm install --silent --no-fund --no-audit --prefix .venv/node configurable-http-proxy@4 >/dev/null
+fi
+ln -sf ../node/node_modules/.bin/configurable-http-proxy .venv/bin/configurable-http-proxy
+say "set-up done"

@@ -1,0 +1,168 @@
+"""The ``gpulab`` command: up, down, status."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import requests
+
+from . import host, settings
+
+INSTANCE_LABEL = "gpulab.instance"
+
+
+def repo_dir() -> Path:
+    """The checkout holding jupyterhub_config.py and images/ (the hub's own files)."""
+    here = Path(__file__).resolve().parents[2]
+    if (here / "jupyterhub_config.py").exists():
+        return here
+    return Path.cwd()
+
+
+def local_url(bind_url: str) -> str:
+    """bind_url as reachable from this machine (0.0.0.0 -> 127.0.0.1)."""
+    u = urlparse(bind_url)
+    hostname = "127.0.0.1" if u.hostname in (None, "0.0.0.0", "::") else u.hostname
+    return f"{u.scheme}://{hostname}:{u.port or 80}{u.path or '/'}"
+
+
+def hub_pid(hub_dir: Path) -> int | None:
+    pidfile = hub_dir / "gpulab-hub.pid"
+    if not pidfile.exists():
+        return None
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def wait_for_hub(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    api = url.rstrip("/") + "/hub/api/"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text().splitlines()[-15:]
+            raise host.HostError("The hub exited at start. Last log lines:\n" + "\n".join(tail))
+        try:
+            if requests.get(api, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise host.HostError(f"The hub did not answer at {api} within {timeout:.0f} s; see {log_path}")
+
+
+def cmd_up(args, environ) -> int:
+    s = settings.site(environ)
+    p = settings.paths(s["GPULAB_HOME"])
+    hub_dir = p["hub"]
+    hub_dir.mkdir(parents=True, exist_ok=True)
+    for sub in ("datasets", "models", "outputs"):
+        (p["data"] / sub).mkdir(parents=True, exist_ok=True)
+    p["projects"].mkdir(parents=True, exist_ok=True)
+    url = local_url(s["GPULAB_BIND_URL"])
+    if hub_pid(hub_dir):
+        print(f"gpulab is already running at {url}")
+        return 0
+
+    dk = host.Docker()
+    if host.ensure_dockerd(dk, hub_dir):
+        print("Started the Docker engine (dockerd).")
+    base_from = environ.get("GPULAB_BASE_FROM") or host.LOCAL_DEBIAN
+    host.ensure_base_image(dk, repo_dir(), hub_dir, base_from, s["GPULAB_BASE_IMAGE"])
+
+    env = dict(environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    log_path = hub_dir / "hub.log"
+    config = repo_dir() / "jupyterhub_config.py"
+    cmd = [sys.executable, "-m", "jupyterhub", "-f", str(config)]
+    if args.foreground:
+        os.chdir(hub_dir)
+        os.execve(sys.executable, cmd, env)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=hub_dir, env=env, stdout=log, stderr=log, start_new_session=True
+        )
+    (hub_dir / "gpulab-hub.pid").write_text(str(proc.pid))
+    wait_for_hub(url, proc, log_path)
+
+    print(f"gpulab is running: open {url}")
+    pw_file = p["admin_password"]
+    if pw_file.exists():
+        name, password = pw_file.read_text().splitlines()[:2]
+        pw_file.unlink()
+        print(f"Log in as {name!r} with the password {password}")
+        print("(shown only this once: keep it; change it at /hub/change-password)")
+    else:
+        print(f"Log in as {s['GPULAB_ADMIN']!r} with the admin password set at the first start.")
+    print(f"Others sign up at {url.rstrip('/')}/hub/signup; approve them at /hub/authorize.")
+    print(f"Hub log: {log_path}. Stop with: gpulab down")
+    return 0
+
+
+def cmd_down(args, environ) -> int:
+    s = settings.site(environ)
+    hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
+    pid = hub_pid(hub_dir)
+    if pid:
+        host.stop_pid(pid)
+        print("Stopped the hub.")
+    (hub_dir / "gpulab-hub.pid").unlink(missing_ok=True)
+    dk = host.Docker()
+    if dk.reachable():
+        label = f"{INSTANCE_LABEL}={s['GPULAB_CONTAINER_PREFIX']}"
+        for name in host.remove_containers(dk, label):
+            print(f"Stopped project container {name}")
+    if host.stop_dockerd(hub_dir):
+        print("Stopped the Docker engine gpulab had started.")
+    return 0
+
+
+def cmd_status(args, environ) -> int:
+    s = settings.site(environ)
+    hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
+    pid = hub_pid(hub_dir)
+    url = local_url(s["GPULAB_BIND_URL"])
+    print(f"hub: {'running (pid %d) at %s' % (pid, url) if pid else 'stopped'}")
+    dk = host.Docker()
+    if not dk.reachable():
+        print("docker: not reachable")
+        return 1 if pid else 0
+    print("docker: reachable")
+    label = f"{INSTANCE_LABEL}={s['GPULAB_CONTAINER_PREFIX']}"
+    for c in dk.call("containers", all=True, filters={"label": label}):
+        labels = c["Labels"]
+        print(f"  {labels.get('gpulab.owner')}/{labels.get('gpulab.project')}: {c['Status']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="gpulab", description="Run gpulab on this machine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="set up what is missing and start the hub")
+    up.add_argument("--foreground", action="store_true", help="run the hub in this terminal")
+    up.set_defaults(fn=cmd_up)
+    sub.add_parser("down", help="stop the hub and every project container").set_defaults(
+        fn=cmd_down
+    )
+    sub.add_parser("status", help="show the hub and project containers").set_defaults(
+        fn=cmd_status
+    )
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args, os.environ)
+    except host.HostError as e:
+        print(f"gpulab: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

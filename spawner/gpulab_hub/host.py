@@ -1,0 +1,173 @@
+"""Re-runnable ``ensure_*`` steps that make this machine able to run gpulab.
+
+Each step checks first and acts only when needed, so running ``gpulab up``
+again does no harm. Docker calls go through :meth:`Docker.call`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from . import images
+
+LOCAL_DEBIAN = "gpulab/debian:bookworm"
+DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+HOST_CA_DIR = "/usr/local/share/ca-certificates"
+
+
+class HostError(Exception):
+    """A set-up step failed; the message says what to do."""
+
+
+class Docker:
+    """The one place the CLI and set-up steps talk to the Docker engine."""
+
+    def __init__(self, client: docker.APIClient | None = None):
+        self._client = client
+
+    @property
+    def client(self) -> docker.APIClient:
+        if self._client is None:
+            self._client = docker.APIClient(version="auto", timeout=600)
+        return self._client
+
+    def call(self, method: str, *args, **kwargs):
+        return getattr(self.client, method)(*args, **kwargs)
+
+    def reachable(self) -> bool:
+        try:
+            return bool(self.call("ping"))
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            self._client = None
+            return False
+
+
+def ensure_dockerd(dk: Docker, state_dir: Path, wait: float = 60) -> int | None:
+    """Start dockerd when no engine answers. Returns the PID it started, else None."""
+    if dk.reachable():
+        return None
+    dockerd = shutil.which("dockerd")
+    if not dockerd:
+        raise HostError(
+            "No Docker engine answers and dockerd is not installed: "
+            "install Debian's docker.io (the README's set-up command does)."
+        )
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log = open(state_dir / "dockerd.log", "ab")
+    proc = subprocess.Popen([dockerd], stdout=log, stderr=log, start_new_session=True)
+    (state_dir / "dockerd.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise HostError(f"dockerd exited at start; see {state_dir / 'dockerd.log'}")
+        if dk.reachable():
+            return proc.pid
+        time.sleep(0.5)
+    raise HostError(f"dockerd did not answer within {wait:.0f} s; see {state_dir / 'dockerd.log'}")
+
+
+def stop_dockerd(state_dir: Path) -> bool:
+    """Stop the dockerd that ensure_dockerd started (if any)."""
+    pidfile = state_dir / "dockerd.pid"
+    if not pidfile.exists():
+        return False
+    pid = int(pidfile.read_text())
+    pidfile.unlink()
+    return stop_pid(pid, timeout=30)
+
+
+def stop_pid(pid: int, timeout: float = 15) -> bool:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def ensure_local_debian(dk: Docker, name: str = LOCAL_DEBIAN, log=print) -> str:
+    """A Debian bookworm image made locally (debootstrap), for hosts with no registry."""
+    if images.image_id(dk.call, name):
+        return name
+    debootstrap = shutil.which("debootstrap")
+    if not debootstrap:
+        raise HostError("debootstrap is needed to make a local base image: apt-get install debootstrap")
+    repo, _, tag = name.rpartition(":")
+    with tempfile.TemporaryDirectory(prefix="gpulab-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        log(f"Making {name} with debootstrap (about a minute)...")
+        cmd = [
+            debootstrap,
+            "--variant=minbase",
+            "--include=" + ",".join(DEBIAN_PACKAGES),
+            "bookworm",
+            str(rootfs),
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise HostError("debootstrap failed:\n" + "\n".join(done.stdout.splitlines()[-10:]))
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        dk.call("import_image_from_stream", tar.stdout, repository=repo, tag=tag)
+        tar.wait()
+    return name
+
+
+def user_wheels(repo_dir: Path, out_dir: Path) -> list[Path]:
+    """Build the user-side distribution (extensions/) into a wheel."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("gpulab_jupyter-*.whl"):
+        old.unlink()
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir)]
+    done = subprocess.run(cmd + [str(repo_dir / "extensions")], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise HostError("building the gpulab-jupyter wheel failed:\n" + done.stderr[-2000:])
+    return sorted(out_dir.glob("gpulab_jupyter-*.whl"))
+
+
+def ensure_base_image(
+    dk: Docker, repo_dir: Path, state_dir: Path, base_from: str, alias: str, log=print
+) -> str:
+    """Build (or reuse) gpulab's base image from ``base_from`` and tag it ``alias``."""
+    if base_from == LOCAL_DEBIAN or (
+        base_from.startswith("gpulab") and not images.image_id(dk.call, base_from)
+    ):
+        ensure_local_debian(dk, base_from, log)
+    wheels = user_wheels(repo_dir, state_dir / "wheels")
+    log(f"Making sure the base image {alias} is built (a few minutes the first time)...")
+    return images.ensure_base_image(
+        dk.call,
+        repo_dir / "images",
+        base_from,
+        wheels,
+        HOST_CA_DIR,
+        state_dir / "logs" / "base-build.log",
+        lambda line: None,
+        alias,
+    )
+
+
+def remove_containers(dk: Docker, label: str) -> list[str]:
+    """Stop and remove every container carrying ``label`` (e.g. gpulab.project)."""
+    removed = []
+    for c in dk.call("containers", all=True, filters={"label": label}):
+        dk.call("remove_container", c["Id"], force=True, v=True)
+        removed.append(c["Names"][0].lstrip("/"))
+    return removed

@@ -1,0 +1,202 @@
+"""Image templates and builds by content hash.
+
+Templates live in the repository's ``images/`` folder (``*.j2``, Jinja2). A
+project's image is tagged with a hash of its Dockerfile and of the image it
+starts FROM, so an unchanged project never rebuilds.
+
+Every function that talks to Docker takes ``docker_call``: one callable
+``docker_call(method, *args, **kwargs)`` that invokes a ``docker.APIClient``
+method. The spawner passes its own (which runs on its thread pool), the CLI a
+plain one; nothing here opens a client of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import jinja2
+from dockerfile_parse import DockerfileParser
+
+PROJECT_REPO = "gpulab/project"
+BASE_REPO = "gpulab/base"
+LOG_TAIL = 20
+
+
+class BuildError(Exception):
+    """A build failed; ``str()`` is the message for the user, ``tail`` the last log lines."""
+
+    def __init__(self, message: str, tail: list[str], log_path: Path | None = None):
+        self.tail = tail
+        self.log_path = log_path
+        text = message
+        if tail:
+            text += "\nLast lines of the build log:\n" + "\n".join(tail)
+        if log_path:
+            text += f"\nFull log: {log_path}"
+        super().__init__(text)
+
+
+def render(images_dir: str | Path, template: str, **params) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(images_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    return env.get_template(template).render(**params)
+
+
+def base_of(dockerfile_text: str) -> str:
+    """The image the (last stage of the) Dockerfile starts FROM."""
+    parser = DockerfileParser(fileobj=io.BytesIO(dockerfile_text.encode()))
+    return parser.baseimage or ""
+
+
+def content_tag(repo: str, *parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return f"{repo}:{h.hexdigest()[:16]}"
+
+
+def image_id(docker_call, ref: str) -> str | None:
+    """The local image ID for ``ref``, or None when it is not present."""
+    import docker.errors
+
+    try:
+        return docker_call("inspect_image", ref)["Id"]
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def project_tag(docker_call, dockerfile_text: str, repo: str = PROJECT_REPO) -> str:
+    """Content tag of a project image: its Dockerfile plus the ID of its base."""
+    base = base_of(dockerfile_text)
+    base_id = image_id(docker_call, base) if base else None
+    return content_tag(repo, dockerfile_text.encode(), (base_id or base).encode())
+
+
+def tar_context(files: dict[str, bytes]) -> io.BytesIO:
+    """An in-memory build context from ``{path in context: content}``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    return buf
+
+
+def _line(chunk: dict) -> str:
+    if "stream" in chunk:
+        return chunk["stream"].rstrip("\n")
+    if "status" in chunk:
+        return " ".join(str(chunk[k]) for k in ("id", "status", "progress") if chunk.get(k))
+    if "aux" in chunk:
+        return ""
+    return str(chunk)
+
+
+def build(
+    docker_call,
+    context: io.BytesIO,
+    tag: str,
+    log_path: Path,
+    on_line: Callable[[str], None] = lambda line: None,
+    timeout: float = 3600,
+    labels: dict[str, str] | None = None,
+) -> str:
+    """Build ``context`` into ``tag``; stream lines to ``on_line`` and ``log_path``.
+
+    Blocking: run it on a worker thread. Raises BuildError with the last lines
+    of the log when Docker reports an error or the build outlasts ``timeout``
+    seconds. Returns the tag.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tail: deque[str] = deque(maxlen=LOG_TAIL)
+    deadline = time.monotonic() + timeout
+    stream = docker_call(
+        "build",
+        fileobj=context,
+        custom_context=True,
+        tag=tag,
+        rm=True,
+        forcerm=True,
+        decode=True,
+        network_mode="host",
+        labels=labels or {},
+    )
+    with open(log_path, "w") as log:
+        for chunk in stream:
+            text = _line(chunk)
+            if "error" in chunk:
+                text = chunk.get("error", "").rstrip("\n")
+            for line in text.splitlines():
+                log.write(line + "\n")
+                tail.append(line)
+                on_line(line)
+            if "error" in chunk:
+                raise BuildError(f"The image build for {tag} failed.", list(tail), log_path)
+            if time.monotonic() > deadline:
+                raise BuildError(
+                    f"The image build for {tag} took longer than {timeout:.0f} s and was stopped.",
+                    list(tail),
+                    log_path,
+                )
+    return tag
+
+
+def ensure_project_image(
+    docker_call, dockerfile_text, log_path, on_line, timeout, repo=PROJECT_REPO, labels=None
+):
+    """Return the tag of the project's image, building it only if it is missing."""
+    tag = project_tag(docker_call, dockerfile_text, repo)
+    if image_id(docker_call, tag):
+        on_line(f"Using the image {tag} (unchanged Dockerfile)")
+        return tag
+    context = tar_context({"Dockerfile": dockerfile_text.encode()})
+    return build(docker_call, context, tag, log_path, on_line, timeout, labels)
+
+
+def ca_certificates(source_dir: str | Path) -> dict[str, bytes]:
+    """Extra CA certificates (``*.crt``) to trust inside images, by file name."""
+    src = Path(source_dir)
+    if not src.is_dir():
+        return {}
+    return {f"ca-certificates/{p.name}": p.read_bytes() for p in sorted(src.glob("*.crt"))}
+
+
+def base_context(images_dir, base_image, wheels: list[Path], ca_dir) -> dict[str, bytes]:
+    """Files of the base image's build context (Dockerfile, wheels, CA certificates)."""
+    files = {f"wheels/{w.name}": w.read_bytes() for w in wheels}
+    files.update(ca_certificates(ca_dir))
+    files.setdefault("ca-certificates/.keep", b"")
+    files["Dockerfile"] = render(
+        images_dir,
+        "base.Dockerfile.j2",
+        base_image=base_image,
+        wheels=sorted(f"wheels/{w.name}" for w in wheels),
+    ).encode()
+    return files
+
+
+def ensure_base_image(docker_call, images_dir, base_image, wheels, ca_dir, log_path, on_line, alias):
+    """Build gpulab's base image (if its content changed) and tag it ``alias``."""
+    files = base_context(images_dir, base_image, wheels, ca_dir)
+    from_id = image_id(docker_call, base_image) or base_image
+    tag = content_tag(BASE_REPO, from_id.encode(), *(files[k] for k in sorted(files)))
+    if not image_id(docker_call, tag):
+        build(docker_call, tar_context(files), tag, Path(log_path), on_line, timeout=3600)
+    repo, _, name = alias.rpartition(":")
+    docker_call("tag", tag, repo, name)
+    return tag
+

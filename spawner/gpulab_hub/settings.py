@@ -1,0 +1,91 @@
+"""Site settings -> JupyterHub configuration.
+
+``jupyterhub_config.py`` calls :func:`apply` with the process environment;
+tests call it with a plain dict and a fresh ``traitlets.config.Config``.
+Every site setting is an environment variable with a default that works on
+one machine out of the box (see docs/configuration.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import objects
+
+DEFAULTS = {
+    "GPULAB_HOME": "/srv/gpulab",
+    "GPULAB_BIND_URL": "http://0.0.0.0:8000",
+    "GPULAB_HUB_PORT": "8081",
+    "GPULAB_NETWORK": objects.HOST_NETWORK,
+    "GPULAB_HUB_CONNECT_IP": "",
+    "GPULAB_ADMIN": "admin",
+    "GPULAB_ADMIN_PASSWORD": "",
+    "GPULAB_BASE_IMAGE": "gpulab/base:latest",
+    "GPULAB_IMAGE_REPO": "gpulab/project",
+    "GPULAB_CONTAINER_PREFIX": "gpulab",
+    "GPULAB_MAX_PROJECTS": "10",
+    "GPULAB_OPEN_SIGNUP": "0",
+}
+
+
+def site(environ) -> dict[str, str]:
+    """The site settings: each GPULAB_* variable, or its default."""
+    return {key: environ.get(key) or default for key, default in DEFAULTS.items()}
+
+
+def paths(home: str | Path) -> dict[str, Path]:
+    home = Path(home)
+    return {
+        "hub": home / "hub",
+        "projects": home / "projects",
+        "data": home / "data",
+        "admin_password": home / "hub" / "first-admin-password",
+    }
+
+
+def apply(c, environ, images_dir: str | Path) -> None:
+    """Fill config ``c`` from the site settings in ``environ``."""
+    s = site(environ)
+    p = paths(s["GPULAB_HOME"])
+    hub_dir = p["hub"]
+
+    c.JupyterHub.bind_url = s["GPULAB_BIND_URL"]
+    c.JupyterHub.hub_port = int(s["GPULAB_HUB_PORT"])
+    c.JupyterHub.db_url = f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(hub_dir / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(hub_dir / "jupyterhub.pid")
+    # Project containers keep running across hub restarts; `gpulab down` stops them.
+    c.JupyterHub.cleanup_servers = False
+
+    network = s["GPULAB_NETWORK"]
+    if network == objects.HOST_NETWORK:
+        c.JupyterHub.hub_ip = "127.0.0.1"
+    else:
+        c.JupyterHub.hub_ip = "0.0.0.0"
+        if s["GPULAB_HUB_CONNECT_IP"]:
+            c.JupyterHub.hub_connect_ip = s["GPULAB_HUB_CONNECT_IP"]
+
+    c.JupyterHub.authenticator_class = "gpulab_hub.auth.GpulabAuthenticator"
+    c.Authenticator.admin_users = {s["GPULAB_ADMIN"]}
+    # NativeAuthenticator lets in only accounts an admin approved.
+    c.Authenticator.allow_all = True
+    c.NativeAuthenticator.open_signup = s["GPULAB_OPEN_SIGNUP"] == "1"
+    c.GpulabAuthenticator.first_admin = s["GPULAB_ADMIN"]
+    c.GpulabAuthenticator.first_admin_password = s["GPULAB_ADMIN_PASSWORD"]
+    c.GpulabAuthenticator.first_admin_password_file = str(p["admin_password"])
+
+    c.JupyterHub.allow_named_servers = True
+    c.JupyterHub.named_server_limit_per_user = int(s["GPULAB_MAX_PROJECTS"])
+
+    c.JupyterHub.spawner_class = "gpulab_hub.spawner.ProjectSpawner"
+    c.ProjectSpawner.projects_root = str(p["projects"])
+    c.ProjectSpawner.data_root = str(p["data"])
+    c.ProjectSpawner.images_dir = str(images_dir)
+    c.ProjectSpawner.base_image = s["GPULAB_BASE_IMAGE"]
+    c.ProjectSpawner.image_repo = s["GPULAB_IMAGE_REPO"]
+    c.ProjectSpawner.prefix = s["GPULAB_CONTAINER_PREFIX"]
+    c.ProjectSpawner.network_name = network
+    c.Spawner.default_url = "/lab"
+    # Builds report progress on the spawn page; give them time.
+    c.Spawner.start_timeout = 3600
+    c.Spawner.http_timeout = 120

@@ -1,0 +1,314 @@
+"""ProjectSpawner: one container per project (JupyterHub named server).
+
+Each project's image is built from the Dockerfile the project keeps (content
+hash tag, so an unchanged project reuses its image), and its directory is
+mounted at /workspace. Works with host networking (each server on its own
+loopback port) and with a user-defined Docker network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import docker.errors
+import requests.exceptions
+from dockerspawner import DockerSpawner
+from jupyterhub.utils import random_port
+from traitlets import Float, Int, Unicode, default
+
+from . import images, objects
+from .projects import Project, ProjectError, ensure_project, project_name
+
+_STEP = re.compile(r"^Step (\d+)/(\d+)")
+
+
+class SpawnError(Exception):
+    """A spawn failure with a message meant for the spawn page."""
+
+    def __init__(self, message: str, log_tail: list[str] | None = None):
+        super().__init__(message)
+        self.jupyterhub_message = message
+        if log_tail:
+            from html import escape
+
+            self.jupyterhub_html_message = (
+                f"<p>{escape(message)}</p><pre>{escape(chr(10).join(log_tail))}</pre>"
+            )
+
+
+class ProjectSpawner(DockerSpawner):
+    """Spawn each project (named server) in its own container and image."""
+
+    projects_root = Unicode(
+        "/srv/gpulab/projects",
+        config=True,
+        help="""Host folder holding every project, as <projects_root>/<user>/<project>/.
+
+        Each project folder holds its Dockerfile and files and is mounted at
+        ``workspace_dir`` in its container. Default: /srv/gpulab/projects.
+        Example: ``c.ProjectSpawner.projects_root = "/srv/gpulab/projects"``
+        """,
+    )
+    data_root = Unicode(
+        "/srv/gpulab/data",
+        config=True,
+        help="""Host folder of shared data, mounted at ``data_mount``.
+
+        Its ``datasets`` folder is mounted read-only, ``models`` and ``outputs``
+        writable. Default: /srv/gpulab/data.
+        Example: ``c.ProjectSpawner.data_root = "/mnt/shared"``
+        """,
+    )
+    data_mount = Unicode(
+        "/data",
+        config=True,
+        help="""Where the shared data root appears in containers. Default: /data.
+        Example: ``c.ProjectSpawner.data_mount = "/data"``""",
+    )
+    workspace_dir = Unicode(
+        "/workspace",
+        config=True,
+        help="""Where the project folder is mounted in its container; also the
+        notebook root. Default: /workspace.
+        Example: ``c.ProjectSpawner.workspace_dir = "/workspace"``""",
+    )
+    images_dir = Unicode(
+        config=True,
+        help="""Folder of gpulab's image templates (``*.j2``).
+
+        Default: the ``images/`` folder next to the hub's jupyterhub_config.py,
+        set there. Example: ``c.ProjectSpawner.images_dir = "/srv/gpulab/images"``
+        """,
+    )
+    project_template = Unicode(
+        "project.Dockerfile.j2",
+        config=True,
+        help="""Template (in ``images_dir``) of a new project's Dockerfile.
+        Default: project.Dockerfile.j2.
+        Example: ``c.ProjectSpawner.project_template = "my-lab.Dockerfile.j2"``""",
+    )
+    base_image = Unicode(
+        "gpulab/base:latest",
+        config=True,
+        help="""Image a new project's Dockerfile starts FROM. Existing projects
+        keep the FROM line their Dockerfile has. Default: gpulab/base:latest
+        (built by ``gpulab up``).
+        Example: ``c.ProjectSpawner.base_image = "gpulab/base:cuda12"``""",
+    )
+    image_repo = Unicode(
+        images.PROJECT_REPO,
+        config=True,
+        help="""Repository name of project images; each is tagged with a hash of
+        its Dockerfile and base image. Default: gpulab/project.
+        Example: ``c.ProjectSpawner.image_repo = "registry.local/gpulab-project"``""",
+    )
+    hf_cache_volume = Unicode(
+        "gpulab-hf-{username}",
+        config=True,
+        help="""Docker volume holding a user's Hugging Face cache, shared by that
+        user's projects; ``{username}`` is the escaped user name.
+        Default: gpulab-hf-{username}.
+        Example: ``c.ProjectSpawner.hf_cache_volume = "hf-{username}"``""",
+    )
+    hf_cache_mount = Unicode(
+        "/cache/huggingface",
+        config=True,
+        help="""Where the Hugging Face cache volume is mounted (HF_HOME).
+        Default: /cache/huggingface.
+        Example: ``c.ProjectSpawner.hf_cache_mount = "/cache/huggingface"``""",
+    )
+    shm_size = Unicode(
+        "8g",
+        config=True,
+        help="""Size of /dev/shm in project containers (Docker size string;
+        PyTorch data loaders need more than Docker's 64m). Default: 8g.
+        Example: ``c.ProjectSpawner.shm_size = "16g"``""",
+    )
+    notebook_uid = Int(
+        1000,
+        config=True,
+        help="""Numeric user id of the notebook user in project images; project
+        folders are given to it. Default: 1000.
+        Example: ``c.ProjectSpawner.notebook_uid = 1000``""",
+    )
+    notebook_gid = Int(
+        100,
+        config=True,
+        help="""Numeric group id of the notebook user in project images. Default: 100.
+        Example: ``c.ProjectSpawner.notebook_gid = 100``""",
+    )
+    build_timeout = Float(
+        3600,
+        config=True,
+        help="""Longest a project image build may take, in seconds. Default: 3600.
+        Example: ``c.ProjectSpawner.build_timeout = 1800``""",
+    )
+    docker_threads = Int(
+        8,
+        config=True,
+        help="""Worker threads for Docker calls and builds, shared by all spawners
+        (DockerSpawner uses one, so a long build would block every other spawn).
+        Default: 8. Example: ``c.ProjectSpawner.docker_threads = 16``""",
+    )
+
+    _executor = None
+    _progress_events: list
+
+    @default("prefix")
+    def _default_prefix(self):
+        return "gpulab"
+
+    @default("network_name")
+    def _default_network(self):
+        return objects.HOST_NETWORK
+
+    @default("remove")
+    def _default_remove(self):
+        return True
+
+    @default("pull_policy")
+    def _default_pull_policy(self):
+        # Project images are built here, never pulled.
+        return "never"
+
+    @default("cmd")
+    def _default_cmd(self):
+        return ["jupyterhub-singleuser"]
+
+    @default("notebook_dir")
+    def _default_notebook_dir(self):
+        return self.workspace_dir
+
+    @default("ip")
+    def _ip_default(self):
+        return "127.0.0.1" if self.network_name == objects.HOST_NETWORK else "0.0.0.0"
+
+    @property
+    def executor(self):
+        cls = ProjectSpawner
+        if cls._executor is None:
+            cls._executor = ThreadPoolExecutor(self.docker_threads, "gpulab-docker")
+        return cls._executor
+
+    @property
+    def project(self) -> Project:
+        return Project(Path(self.projects_root), self.user.name, project_name(self.name))
+
+    def _run(self, fn, *args):
+        return asyncio.wrap_future(self.executor.submit(fn, *args))
+
+    def _emit(self, progress: int, message: str):
+        self._progress_events.append({"progress": progress, "message": message})
+
+    async def progress(self):
+        sent = 0
+        while True:
+            events = getattr(self, "_progress_events", [])
+            while sent < len(events):
+                yield events[sent]
+                sent += 1
+            await asyncio.sleep(0.25)
+
+    def _on_build_line(self, line: str):
+        m = _STEP.match(line)
+        if m:
+            step, total = int(m.group(1)), int(m.group(2))
+            self._emit(10 + int(60 * step / max(total, 1)), f"Building image: {line}")
+
+    def _prepare_image(self) -> str:
+        """Blocking: project folder + Dockerfile + image. Returns the image tag."""
+        project = self.project
+        text = images.render(
+            self.images_dir,
+            self.project_template,
+            base_image=self.base_image,
+            display_name=self.orm_spawner.display_name or project.name
+            if self.orm_spawner
+            else project.name,
+        )
+        if ensure_project(project, text, self.notebook_uid, self.notebook_gid):
+            self._emit(5, f"Created project folder with a Dockerfile from {self.project_template}")
+        dockerfile = project.dockerfile.read_text()
+        log_path = project.logs_dir / f"build-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        self._emit(8, "Checking the project's image")
+        return images.ensure_project_image(
+            self._docker,
+            dockerfile,
+            log_path,
+            self._on_build_line,
+            self.build_timeout,
+            repo=self.image_repo,
+            labels={"gpulab.owner": self.user.name, "gpulab.project": project.name},
+        )
+
+    def container_settings(self) -> objects.ContainerSettings:
+        project = self.project
+        return objects.ContainerSettings(
+            name=self.container_name,
+            image=self.image,
+            command=self.cmd + self.get_args(),
+            env=self.get_env(),
+            project_dir=str(project.path),
+            data_root=self.data_root,
+            hf_cache_volume=self.hf_cache_volume.format(username=self.escaped_name),
+            network=self.network_name,
+            port=self.port,
+            labels={
+                "gpulab.instance": self.prefix,
+                "gpulab.owner": self.user.name,
+                "gpulab.project": project.name,
+            },
+            workspace=self.workspace_dir,
+            data_mount=self.data_mount,
+            hf_cache_mount=self.hf_cache_mount,
+            shm_size=self.shm_size,
+            mem_limit=self.mem_limit,
+            cpu_limit=self.cpu_limit,
+        )
+
+    def get_env(self):
+        env = super().get_env()
+        env["GPULAB_PROJECT"] = project_name(self.name)
+        env["GPULAB_OWNER"] = self.user.name
+        return env
+
+    async def create_object(self):
+        spec = objects.container_spec(self.container_settings())
+        spec["host_config"] = self.client.create_host_config(**spec["host_config"])
+        return await self.docker("create_container", **spec)
+
+    async def start(self):
+        self._progress_events = []
+        try:
+            self._emit(2, f"Preparing project {project_name(self.name)}")
+            self.image = await self._run(self._prepare_image)
+            if self.network_name == objects.HOST_NETWORK:
+                self.port = random_port()
+            self._emit(80, "Starting the project's container")
+            return await super().start()
+        except images.BuildError as e:
+            raise SpawnError(
+                f"The Dockerfile of project {self.project.name} failed to build. "
+                f"Fix {self.project.dockerfile.name} in the project folder and start again.",
+                e.tail,
+            ) from e
+        except ProjectError as e:
+            raise SpawnError(str(e)) from e
+        except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
+            if isinstance(e, docker.errors.APIError) and e.response is not None and (
+                e.response.status_code < 500
+            ):
+                raise SpawnError(f"Docker refused to start the project: {e.explanation}") from e
+            raise SpawnError(
+                "The Docker engine is not reachable, so the project cannot start. "
+                "Ask the administrator to start it (`gpulab up` does)."
+            ) from e
+
+    async def get_ip_and_port(self):
+        if self.network_name == objects.HOST_NETWORK:
+            return "127.0.0.1", self.port
+        return await super().get_ip_and_port()
