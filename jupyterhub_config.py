@@ -1,9 +1,8 @@
 # gpulab's JupyterHub configuration: wires gpulab's classes and reads the site
 # settings (GPULAB_* environment variables, see docs/configuration.md).
 # Add your own `c.ProjectSpawner.* = ...` lines below; each trait's help says how.
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 from gpulab_hub import settings
 

@@ -88,9 +88,7 @@ class HubUser:
         raise AssertionError(f"{project} not ready after {timeout} s")
 
     def progress_events(self, project: str) -> list[dict]:
-        r = self.api(
-            "GET", f"/hub/api/users/{self.name}/servers/{project}/progress", stream=True
-        )
+        r = self.api("GET", f"/hub/api/users/{self.name}/servers/{project}/progress", stream=True)
         events = []
         for line in r.iter_lines():
             if line.startswith(b"data:"):

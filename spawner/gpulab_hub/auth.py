@@ -57,7 +57,8 @@ class GpulabAuthenticator(NativeAuthenticator):
         config=True,
         help="""Password of the first admin. Empty (the default): a random one is
         generated, logged once and written to ``first_admin_password_file``.
-        Example: ``c.GpulabAuthenticator.first_admin_password = os.environ["GPULAB_ADMIN_PASSWORD"]``
+        Example:
+        ``c.GpulabAuthenticator.first_admin_password = os.environ["GPULAB_ADMIN_PASSWORD"]``
         """,
     )
     first_admin_password_file = Unicode(
@@ -65,7 +66,8 @@ class GpulabAuthenticator(NativeAuthenticator):
         config=True,
         help="""Where a generated first-admin password is written (mode 0600) for
         ``gpulab up`` to print once and delete. Empty: not written.
-        Example: ``c.GpulabAuthenticator.first_admin_password_file = "/srv/gpulab/hub/admin-password"``
+        Example:
+        ``c.GpulabAuthenticator.first_admin_password_file = "/srv/gpulab/hub/admin-pw"``
         """,
     )
 

@@ -15,6 +15,7 @@ import requests
 from . import host, settings
 
 INSTANCE_LABEL = "gpulab.instance"
+NOTEBOOK_GID = 100  # the notebook user's group in gpulab images (ProjectSpawner.notebook_gid)
 
 
 def repo_dir() -> Path:
@@ -65,8 +66,7 @@ def cmd_up(args, environ) -> int:
     p = settings.paths(s["GPULAB_HOME"])
     hub_dir = p["hub"]
     hub_dir.mkdir(parents=True, exist_ok=True)
-    for sub in ("datasets", "models", "outputs"):
-        (p["data"] / sub).mkdir(parents=True, exist_ok=True)
+    host.ensure_data_root(p["data"], gid=NOTEBOOK_GID)
     p["projects"].mkdir(parents=True, exist_ok=True)
     url = local_url(s["GPULAB_BIND_URL"])
     if hub_pid(hub_dir):
@@ -92,7 +92,12 @@ def cmd_up(args, environ) -> int:
             cmd, cwd=hub_dir, env=env, stdout=log, stderr=log, start_new_session=True
         )
     (hub_dir / "gpulab-hub.pid").write_text(str(proc.pid))
-    wait_for_hub(url, proc, log_path)
+    try:
+        wait_for_hub(url, proc, log_path)
+    except host.HostError:
+        host.stop_pid(proc.pid)
+        (hub_dir / "gpulab-hub.pid").unlink(missing_ok=True)
+        raise
 
     print(f"gpulab is running: open {url}")
     pw_file = p["admin_password"]
@@ -131,7 +136,7 @@ def cmd_status(args, environ) -> int:
     hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
     pid = hub_pid(hub_dir)
     url = local_url(s["GPULAB_BIND_URL"])
-    print(f"hub: {'running (pid %d) at %s' % (pid, url) if pid else 'stopped'}")
+    print(f"hub: running (pid {pid}) at {url}" if pid else "hub: stopped")
     dk = host.Docker()
     if not dk.reachable():
         print("docker: not reachable")
@@ -153,9 +158,7 @@ def main(argv=None) -> int:
     sub.add_parser("down", help="stop the hub and every project container").set_defaults(
         fn=cmd_down
     )
-    sub.add_parser("status", help="show the hub and project containers").set_defaults(
-        fn=cmd_status
-    )
+    sub.add_parser("status", help="show the hub and project containers").set_defaults(fn=cmd_status)
     args = parser.parse_args(argv)
     try:
         return args.fn(args, os.environ)

@@ -103,30 +103,57 @@ def stop_pid(pid: int, timeout: float = 15) -> bool:
     return True
 
 
-def ensure_local_debian(dk: Docker, name: str = LOCAL_DEBIAN, log=print) -> str:
-    """A Debian bookworm image made locally (debootstrap), for hosts with no registry."""
+def ensure_data_root(data_root: Path, gid: int) -> None:
+    """The shared data folders: datasets (read-only in containers, so only the
+    admin fills it), models and outputs (writable by the notebook group)."""
+    for sub in ("datasets", "models", "outputs"):
+        path = data_root / sub
+        path.mkdir(parents=True, exist_ok=True)
+        if sub != "datasets" and os.geteuid() == 0:
+            os.chown(path, 0, gid)
+            path.chmod(0o2775)
+
+
+def cache_dir() -> Path:
+    """This machine's cache for gpulab (XDG_CACHE_HOME/gpulab)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpulab"
+
+
+def ensure_local_debian(dk: Docker, name: str, cache_dir: Path, log=print) -> str:
+    """A Debian bookworm image made locally (debootstrap), for hosts with no registry.
+
+    The root file system is kept as a tarball in ``cache_dir``, so making the
+    image again (after ``docker rmi``) takes seconds.
+    """
     if images.image_id(dk.call, name):
         return name
-    debootstrap = shutil.which("debootstrap")
-    if not debootstrap:
-        raise HostError("debootstrap is needed to make a local base image: apt-get install debootstrap")
     repo, _, tag = name.rpartition(":")
-    with tempfile.TemporaryDirectory(prefix="gpulab-rootfs-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        log(f"Making {name} with debootstrap (about a minute)...")
-        cmd = [
-            debootstrap,
-            "--variant=minbase",
-            "--include=" + ",".join(DEBIAN_PACKAGES),
-            "bookworm",
-            str(rootfs),
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise HostError("debootstrap failed:\n" + "\n".join(done.stdout.splitlines()[-10:]))
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        dk.call("import_image_from_stream", tar.stdout, repository=repo, tag=tag)
-        tar.wait()
+    tarball = cache_dir / "debian-bookworm-rootfs.tar"
+    if not tarball.exists():
+        debootstrap = shutil.which("debootstrap")
+        if not debootstrap:
+            raise HostError(
+                "debootstrap is needed to make a local base image (apt-get install debootstrap)"
+            )
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="gpulab-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            log(f"Making a local Debian image {name} with debootstrap (about a minute)...")
+            cmd = [
+                debootstrap,
+                "--variant=minbase",
+                "--include=" + ",".join(DEBIAN_PACKAGES),
+                "bookworm",
+                str(rootfs),
+            ]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = "\n".join(done.stdout.splitlines()[-10:])
+                raise HostError(f"debootstrap failed:\n{tail}")
+            partial = tarball.with_suffix(".partial")
+            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
+            partial.rename(tarball)
+    dk.call("import_image", src=str(tarball), repository=repo, tag=tag)
     return name
 
 
@@ -149,7 +176,7 @@ def ensure_base_image(
     if base_from == LOCAL_DEBIAN or (
         base_from.startswith("gpulab") and not images.image_id(dk.call, base_from)
     ):
-        ensure_local_debian(dk, base_from, log)
+        ensure_local_debian(dk, base_from, cache_dir(), log)
     wheels = user_wheels(repo_dir, state_dir / "wheels")
     log(f"Making sure the base image {alias} is built (a few minutes the first time)...")
     return images.ensure_base_image(

@@ -24,7 +24,6 @@ import jinja2
 from dockerfile_parse import DockerfileParser
 
 PROJECT_REPO = "gpulab/project"
-BASE_REPO = "gpulab/base"
 LOG_TAIL = 20
 
 
@@ -189,14 +188,15 @@ def base_context(images_dir, base_image, wheels: list[Path], ca_dir) -> dict[str
     return files
 
 
-def ensure_base_image(docker_call, images_dir, base_image, wheels, ca_dir, log_path, on_line, alias):
+def ensure_base_image(
+    docker_call, images_dir, base_image, wheels, ca_dir, log_path, on_line, alias
+):
     """Build gpulab's base image (if its content changed) and tag it ``alias``."""
     files = base_context(images_dir, base_image, wheels, ca_dir)
     from_id = image_id(docker_call, base_image) or base_image
-    tag = content_tag(BASE_REPO, from_id.encode(), *(files[k] for k in sorted(files)))
+    repo, _, name = alias.rpartition(":")
+    tag = content_tag(repo, from_id.encode(), *(files[k] for k in sorted(files)))
     if not image_id(docker_call, tag):
         build(docker_call, tar_context(files), tag, Path(log_path), on_line, timeout=3600)
-    repo, _, name = alias.rpartition(":")
     docker_call("tag", tag, repo, name)
     return tag
-

@@ -16,6 +16,7 @@ DEFAULTS = {
     "GPULAB_HOME": "/srv/gpulab",
     "GPULAB_BIND_URL": "http://0.0.0.0:8000",
     "GPULAB_HUB_PORT": "8081",
+    "GPULAB_PROXY_API_PORT": "8001",
     "GPULAB_NETWORK": objects.HOST_NETWORK,
     "GPULAB_HUB_CONNECT_IP": "",
     "GPULAB_ADMIN": "admin",
@@ -51,6 +52,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
 
     c.JupyterHub.bind_url = s["GPULAB_BIND_URL"]
     c.JupyterHub.hub_port = int(s["GPULAB_HUB_PORT"])
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{int(s['GPULAB_PROXY_API_PORT'])}"
     c.JupyterHub.db_url = f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(hub_dir / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(hub_dir / "jupyterhub.pid")

@@ -12,6 +12,7 @@ import asyncio
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from html import escape
 from pathlib import Path
 
 import docker.errors
@@ -33,11 +34,9 @@ class SpawnError(Exception):
         super().__init__(message)
         self.jupyterhub_message = message
         if log_tail:
-            from html import escape
-
-            self.jupyterhub_html_message = (
-                f"<p>{escape(message)}</p><pre>{escape(chr(10).join(log_tail))}</pre>"
-            )
+            tail = "\n".join(log_tail)
+            self.jupyterhub_message = f"{message}\nLast lines of the build log:\n{tail}"
+            self.jupyterhub_html_message = f"<p>{escape(message)}</p><pre>{escape(tail)}</pre>"
 
 
 class ProjectSpawner(DockerSpawner):
@@ -107,11 +106,11 @@ class ProjectSpawner(DockerSpawner):
         Example: ``c.ProjectSpawner.image_repo = "registry.local/gpulab-project"``""",
     )
     hf_cache_volume = Unicode(
-        "gpulab-hf-{username}",
+        "{prefix}-hf-{username}",
         config=True,
         help="""Docker volume holding a user's Hugging Face cache, shared by that
-        user's projects; ``{username}`` is the escaped user name.
-        Default: gpulab-hf-{username}.
+        user's projects; ``{prefix}`` is the container prefix, ``{username}`` the
+        escaped user name. Default: {prefix}-hf-{username}.
         Example: ``c.ProjectSpawner.hf_cache_volume = "hf-{username}"``""",
     )
     hf_cache_mount = Unicode(
@@ -254,7 +253,9 @@ class ProjectSpawner(DockerSpawner):
             env=self.get_env(),
             project_dir=str(project.path),
             data_root=self.data_root,
-            hf_cache_volume=self.hf_cache_volume.format(username=self.escaped_name),
+            hf_cache_volume=self.hf_cache_volume.format(
+                prefix=self.prefix, username=self.escaped_name
+            ),
             network=self.network_name,
             port=self.port,
             labels={
@@ -299,8 +300,10 @@ class ProjectSpawner(DockerSpawner):
         except ProjectError as e:
             raise SpawnError(str(e)) from e
         except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
-            if isinstance(e, docker.errors.APIError) and e.response is not None and (
-                e.response.status_code < 500
+            if (
+                isinstance(e, docker.errors.APIError)
+                and e.response is not None
+                and (e.response.status_code < 500)
             ):
                 raise SpawnError(f"Docker refused to start the project: {e.explanation}") from e
             raise SpawnError(

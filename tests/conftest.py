@@ -1,0 +1,159 @@
+"""Shared fixtures: a real Docker engine, a real hub started with `gpulab up`.
+
+Every Docker object the tests make is named with PREFIX and removed at the
+start and end of the run; a dockerd the tests started is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from gpulab_hub import host
+
+PREFIX = "gpulabtest"
+REPO = Path(__file__).resolve().parents[1]
+GPULAB = str(Path(sys.executable).parent / "gpulab")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cleanup_docker(dk: host.Docker) -> None:
+    for c in dk.call("containers", all=True, filters={"name": PREFIX}):
+        dk.call("remove_container", c["Id"], force=True, v=True)
+    # Test images and every image built on them (tagged or left by a failed
+    # build), children before parents.
+    everything = dk.call("images", all=True)
+    children: dict[str, list[str]] = {}
+    for img in everything:
+        children.setdefault(img.get("ParentId") or "", []).append(img["Id"])
+    ours = [
+        img["Id"]
+        for img in everything
+        if any(t.startswith(f"{PREFIX}/") for t in img.get("RepoTags") or [])
+    ]
+    doomed: list[str] = []
+
+    def visit(image: str) -> None:
+        for child in children.get(image, []):
+            visit(child)
+        if image not in doomed:
+            doomed.append(image)
+
+    for image in ours:
+        visit(image)
+    for image in doomed:
+        try:
+            dk.call("remove_image", image, force=True)
+        except docker.errors.NotFound:
+            pass
+    for vol in dk.call("volumes").get("Volumes") or []:
+        if vol["Name"].startswith(PREFIX):
+            dk.call("remove_volume", vol["Name"], force=True)
+
+
+def print_container_logs(dk: host.Docker) -> None:
+    for c in dk.call("containers", all=True, filters={"name": PREFIX}):
+        name = c["Names"][0]
+        logs = dk.call("logs", c["Id"], tail=40).decode(errors="replace")
+        print(f"\n----- docker logs {name} (last 40 lines) -----\n{logs}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory):
+    """A reachable Docker engine (started here if none runs), cleaned of test objects."""
+    state = tmp_path_factory.mktemp("dockerd")
+    dk = host.Docker()
+    started = host.ensure_dockerd(dk, state)
+    cleanup_docker(dk)
+    yield dk
+    cleanup_docker(dk)
+    if started:
+        host.stop_dockerd(state)
+
+
+class Hub:
+    def __init__(self, url: str, home: Path, env: dict, admin_password: str, up_output: str):
+        self.url = url
+        self.home = home
+        self.env = env
+        self.admin_password = admin_password
+        self.up_output = up_output
+
+    @property
+    def log(self) -> str:
+        return (self.home / "hub" / "hub.log").read_text(errors="replace")
+
+    def gpulab(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([GPULAB, *args], env=self.env, capture_output=True, text=True)
+
+
+def hub_env(home: Path, **extra) -> dict:
+    env = dict(os.environ)
+    env.update(
+        {
+            "GPULAB_HOME": str(home),
+            "GPULAB_BIND_URL": f"http://127.0.0.1:{free_port()}",
+            "GPULAB_HUB_PORT": str(free_port()),
+            "GPULAB_PROXY_API_PORT": str(free_port()),
+            "GPULAB_CONTAINER_PREFIX": PREFIX,
+            "GPULAB_IMAGE_REPO": f"{PREFIX}/project",
+            "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",
+            "GPULAB_BASE_FROM": f"{PREFIX}/debian:bookworm",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def start_hub(home: Path, env: dict) -> Hub:
+    up = subprocess.run([GPULAB, "up"], env=env, capture_output=True, text=True, timeout=900)
+    if up.returncode != 0:
+        log = home / "hub" / "hub.log"
+        raise AssertionError(
+            f"gpulab up failed:\n{up.stdout}\n{up.stderr}\n"
+            + (log.read_text()[-3000:] if log.exists() else "")
+        )
+    m = re.search(r"with the password (\S+)", up.stdout)
+    password = m.group(1) if m else env.get("GPULAB_ADMIN_PASSWORD", "")
+    url = env["GPULAB_BIND_URL"]
+    return Hub(url, home, env, password, up.stdout)
+
+
+@pytest.fixture(scope="session")
+def hub(docker_engine, tmp_path_factory):
+    """A hub started by `gpulab up` on 127.0.0.1, stopped by `gpulab down`."""
+    home = tmp_path_factory.mktemp("gpulab-home")
+    h = start_hub(home, hub_env(home))
+    yield h
+    down = h.gpulab("down")
+    assert down.returncode == 0, down.stderr
+
+
+@pytest.fixture
+def show_logs_on_failure(request, docker_engine, hub):
+    """Print the hub log tail and the test containers' logs when the test fails."""
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        print("\n----- hub log (last 60 lines) -----")
+        print("\n".join(hub.log.splitlines()[-60:]))
+        print_container_logs(docker_engine)
