@@ -18,7 +18,9 @@ import pytest
 
 from gpulab_hub import host
 
-PREFIX = "gpulabtest"
+# Prefix of every Docker object and container the tests make; two runs at once
+# (say, a benchmark beside the suite) use different prefixes.
+PREFIX = os.environ.get("GPULAB_TEST_PREFIX", "gpulabtest")
 REPO = Path(__file__).resolve().parents[1]
 GPULAB = str(Path(sys.executable).parent / "gpulab")
 
