@@ -1,0 +1,84 @@
+"""Site settings (GPULAB_* variables) -> a plain traitlets Config."""
+
+from traitlets.config import Config
+
+from gpulab_hub import settings
+
+
+def applied(environ) -> Config:
+    c = Config()
+    settings.apply(c, environ, images_dir="/opt/gpulab/images")
+    return c
+
+
+def test_defaults_give_a_working_single_machine_hub():
+    c = applied({})
+    assert c.JupyterHub == Config(
+        {
+            "bind_url": "http://0.0.0.0:8000",
+            "hub_port": 8081,
+            "hub_ip": "127.0.0.1",
+            "db_url": "sqlite:////srv/gpulab/hub/jupyterhub.sqlite",
+            "cookie_secret_file": "/srv/gpulab/hub/jupyterhub_cookie_secret",
+            "pid_file": "/srv/gpulab/hub/jupyterhub.pid",
+            "cleanup_servers": False,
+            "authenticator_class": "gpulab_hub.auth.GpulabAuthenticator",
+            "allow_named_servers": True,
+            "named_server_limit_per_user": 10,
+            "spawner_class": "gpulab_hub.spawner.ProjectSpawner",
+        }
+    )
+    assert c.ProjectSpawner == Config(
+        {
+            "projects_root": "/srv/gpulab/projects",
+            "data_root": "/srv/gpulab/data",
+            "images_dir": "/opt/gpulab/images",
+            "base_image": "gpulab/base:latest",
+            "image_repo": "gpulab/project",
+            "prefix": "gpulab",
+            "network_name": "host",
+        }
+    )
+    assert c.Authenticator.admin_users == {"admin"}
+    assert c.Authenticator.allow_all is True
+    assert c.NativeAuthenticator.open_signup is False
+    assert c.GpulabAuthenticator == Config(
+        {
+            "first_admin": "admin",
+            "first_admin_password": "",
+            "first_admin_password_file": "/srv/gpulab/hub/first-admin-password",
+        }
+    )
+    assert c.ConfigurableHTTPProxy.api_url == "http://127.0.0.1:8001"
+    assert c.Spawner.default_url == "/lab"
+
+
+def test_site_settings_override_defaults():
+    c = applied(
+        {
+            "GPULAB_HOME": "/data/gpulab",
+            "GPULAB_BIND_URL": "http://127.0.0.1:9000",
+            "GPULAB_ADMIN": "root",
+            "GPULAB_ADMIN_PASSWORD": "s3cret-pass",
+            "GPULAB_MAX_PROJECTS": "3",
+            "GPULAB_OPEN_SIGNUP": "1",
+            "UNRELATED": "ignored",
+        }
+    )
+    assert c.JupyterHub.bind_url == "http://127.0.0.1:9000"
+    assert c.JupyterHub.named_server_limit_per_user == 3
+    assert c.ProjectSpawner.projects_root == "/data/gpulab/projects"
+    assert c.Authenticator.admin_users == {"root"}
+    assert c.GpulabAuthenticator.first_admin_password == "s3cret-pass"
+    assert c.NativeAuthenticator.open_signup is True
+
+
+def test_user_defined_network_listens_for_containers():
+    c = applied({"GPULAB_NETWORK": "gpulab", "GPULAB_HUB_CONNECT_IP": "hub"})
+    assert c.JupyterHub.hub_ip == "0.0.0.0"
+    assert c.JupyterHub.hub_connect_ip == "hub"
+    assert c.ProjectSpawner.network_name == "gpulab"
+
+
+def test_empty_variables_fall_back_to_defaults():
+    assert settings.site({"GPULAB_HOME": ""})["GPULAB_HOME"] == "/srv/gpulab"
