@@ -1,0 +1,24 @@
+# gpulab hub image, for compose.yml: JupyterHub + gpulab's hub side + the proxy.
+# Build from the repository root: docker build -f images/hub.Dockerfile -t gpulab/hub .
+ARG BASE=python:3.12-slim-bookworm
+FROM ${BASE}
+
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nodejs npm ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && npm install -g --no-fund --no-audit configurable-http-proxy@4 \
+ && npm cache clean --force
+
+WORKDIR /srv/gpulab/app
+COPY spawner/ spawner/
+COPY extensions/ extensions/
+COPY images/ images/
+COPY jupyterhub_config.py ./
+RUN pip install --no-cache-dir ./spawner \
+ && python -c "import gpulab_hub.spawner, gpulab_hub.auth"
+
+EXPOSE 8000
+# Makes sure the base image for projects exists, then runs the hub in the foreground.
+CMD ["gpulab", "up", "--foreground"]

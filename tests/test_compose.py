@@ -1,0 +1,48 @@
+"""compose.yml, as Debian's docker-compose reads it."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compose_config(env: dict) -> dict:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.fail("docker-compose is missing: the README's test command installs it")
+    done = subprocess.run(
+        [exe, "-f", str(REPO / "compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)
+
+
+def test_compose_file_is_valid_and_wires_the_hub():
+    cfg = compose_config({})
+    hub = cfg["services"]["hub"]
+    assert hub["build"]["dockerfile"] == "images/hub.Dockerfile"
+    assert (REPO / "images" / "hub.Dockerfile").exists()
+    assert "/var/run/docker.sock:/var/run/docker.sock:rw" in hub["volumes"]
+    # project folders must mean the same path on the host and in the hub
+    assert "/srv/gpulab:/srv/gpulab:rw" in hub["volumes"]
+    assert hub["environment"]["GPULAB_HOME"] == "/srv/gpulab"
+    assert hub["environment"]["GPULAB_NETWORK"] == "gpulab"
+    assert hub["environment"]["GPULAB_HUB_CONNECT_IP"] == hub["container_name"]
+    assert cfg["networks"]["gpulab"]["name"] == "gpulab"
+    # published on loopback by default; a reverse proxy terminates TLS
+    assert hub["ports"] == ["127.0.0.1:8000:8000/tcp"]
+
+
+def test_compose_follows_site_settings():
+    cfg = compose_config({"GPULAB_HOME": "/data/gpulab", "GPULAB_PUBLISH": "0.0.0.0:443"})
+    hub = cfg["services"]["hub"]
+    assert "/data/gpulab:/data/gpulab:rw" in hub["volumes"]
+    assert hub["environment"]["GPULAB_HOME"] == "/data/gpulab"
+    assert hub["ports"] == ["0.0.0.0:443:8000/tcp"]
