@@ -55,8 +55,8 @@ class GpulabAuthenticator(NativeAuthenticator):
     first_admin_password = Unicode(
         "",
         config=True,
-        help="""Password of the first admin. Empty (the default): a random one is
-        generated, logged once and written to ``first_admin_password_file``.
+        help="""Password of the first admin. Default: empty, meaning a random one is
+        generated and written to ``first_admin_password_file`` (or logged once).
         Example:
         ``c.GpulabAuthenticator.first_admin_password = os.environ["GPULAB_ADMIN_PASSWORD"]``
         """,
@@ -65,7 +65,8 @@ class GpulabAuthenticator(NativeAuthenticator):
         "",
         config=True,
         help="""Where a generated first-admin password is written (mode 0600) for
-        ``gpulab up`` to print once and delete. Empty: not written.
+        ``gpulab up`` to print once and delete. Default: empty (not written; the
+        password is logged instead).
         Example:
         ``c.GpulabAuthenticator.first_admin_password_file = "/srv/gpulab/hub/admin-pw"``
         """,
