@@ -31,6 +31,7 @@ EXPECTED_ENV = {
     "JUPYTERHUB_API_TOKEN": "t0k3n",
     "JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:40123/",
     "GPULAB_WORKSPACE": "/workspace",
+    "GPULAB_PROJECT_DIR": "/workspace",
     "GPULAB_DATA": "/data",
     "HF_HOME": "/cache/huggingface",
 }

@@ -51,6 +51,7 @@ def container_env(s: ContainerSettings) -> dict[str, str]:
     env.update(
         {
             "GPULAB_WORKSPACE": s.workspace,
+            "GPULAB_PROJECT_DIR": s.workspace,
             "GPULAB_DATA": s.data_mount,
             "HF_HOME": s.hf_cache_mount,
         }
