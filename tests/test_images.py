@@ -44,28 +44,6 @@ def test_base_of_uses_the_last_stage():
     assert images.base_of(text) == "runtime:2"
 
 
-def test_base_context_trusts_host_certificates_and_installs_wheels(tmp_path):
-    ca = tmp_path / "ca"
-    ca.mkdir()
-    (ca / "corp-proxy.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\n")
-    (ca / "README").write_text("not a certificate")
-    wheel = tmp_path / "gpulab_jupyter-0.1.0-py3-none-any.whl"
-    wheel.write_bytes(b"PK")
-    files = images.base_context(IMAGES, "debian:bookworm", [wheel], ca)
-    assert sorted(files) == [
-        "Dockerfile",
-        "ca-certificates/.keep",
-        "ca-certificates/corp-proxy.crt",
-        "wheels/gpulab_jupyter-0.1.0-py3-none-any.whl",
-    ]
-    dockerfile = files["Dockerfile"].decode()
-    assert images.base_of(dockerfile) == "debian:bookworm"
-    assert "update-ca-certificates" in dockerfile
-    assert "/opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl" in dockerfile
-    assert 'python -c "import jupyterhub, jupyterlab, gpulab_jupyter"' in dockerfile
-    assert "USER jovyan" in dockerfile
-
-
 def test_tar_context_is_reproducible():
     files = {"Dockerfile": b"FROM x\n", "a/b.txt": b"hello"}
     one, two = images.tar_context(files).getvalue(), images.tar_context(files).getvalue()

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from . import host, settings
+from . import baseimage, gpus, host, settings
 
 INSTANCE_LABEL = "gpulab.instance"
 NOTEBOOK_GID = 100  # the notebook user's group in gpulab images (ProjectSpawner.notebook_gid)
@@ -61,6 +61,25 @@ def wait_for_hub(url: str, proc: subprocess.Popen, log_path: Path, timeout: floa
     raise host.HostError(f"The hub did not answer at {api} within {timeout:.0f} s; see {log_path}")
 
 
+def base_spec(s: dict[str, str]) -> baseimage.BaseSpec:
+    """The base image this host needs: GPU variant for its GPUs, else CPU only."""
+    inv = gpus.inventory()
+    if inv.devices:
+        names = sorted({d.name for d in inv.gpus})
+        print(f"GPUs: {len(inv.gpus)} ({', '.join(names)}), driver {inv.driver}")
+    else:
+        print(f"GPUs: none ({inv.problem})")
+    caps = tuple(inv.capabilities)
+    gpu = bool(caps or s["GPULAB_TORCH_CUDA_ARCH_LIST"])
+    return baseimage.BaseSpec(
+        base_image=s["GPULAB_BASE_FROM"],
+        capabilities=caps,
+        gpu_names=tuple(sorted({d.name for d in inv.gpus})),
+        arch_list=s["GPULAB_TORCH_CUDA_ARCH_LIST"],
+        torch=s["GPULAB_TORCH"] or ("torch" if gpu else ""),
+    )
+
+
 def cmd_up(args, environ) -> int:
     s = settings.site(environ)
     p = settings.paths(s["GPULAB_HOME"])
@@ -76,8 +95,7 @@ def cmd_up(args, environ) -> int:
     dk = host.Docker()
     if host.ensure_dockerd(dk, hub_dir):
         print("Started the Docker engine (dockerd).")
-    base_from = environ.get("GPULAB_BASE_FROM") or host.LOCAL_DEBIAN
-    host.ensure_base_image(dk, repo_dir(), hub_dir, base_from, s["GPULAB_BASE_IMAGE"])
+    host.ensure_base_image(dk, repo_dir(), hub_dir, base_spec(s), s["GPULAB_BASE_IMAGE"])
 
     env = dict(environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

