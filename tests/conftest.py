@@ -159,3 +159,21 @@ def show_logs_on_failure(request, docker_engine, hub):
         print("\n----- hub log (last 60 lines) -----")
         print("\n".join(hub.log.splitlines()[-60:]))
         print_container_logs(docker_engine)
+
+
+@pytest.fixture(scope="session")
+def local_debian(docker_engine) -> str:
+    """The local Debian base image (debootstrap, cached), named with the test prefix."""
+    return host.ensure_local_debian(docker_engine, f"{PREFIX}/debian:bookworm", host.cache_dir())
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `gpu`-marked tests, with the reason shown, where this machine has no NVIDIA GPU."""
+    import shutil
+
+    if Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi"):
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU here (no /dev/nvidiactl, no nvidia-smi)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -155,13 +155,13 @@ def test_invalid_project_name_is_refused(alice):
     assert "Invalid server_name" in r.json()["message"]
 
 
-def spawn_failure(user: HubUser, project: str) -> dict:
+def spawn_failure(user: HubUser, project: str, options: dict | None = None) -> dict:
     """Start a project that must fail; return what the user is told.
 
     A spawn that fails at once answers the start request itself; a slower one
     fails on the progress stream the spawn page shows.
     """
-    r = user.api("POST", f"/hub/api/users/{user.name}/servers/{project}", json={})
+    r = user.api("POST", f"/hub/api/users/{user.name}/servers/{project}", json=options or {})
     if r.status_code >= 400:
         message = r.json()["message"]
         return {"message": message, "html_message": message, "events": []}
@@ -194,6 +194,43 @@ def test_failing_dockerfile_shows_build_log_and_keeps_the_file(hub, alice):
     assert (project / "Dockerfile").read_text() == dockerfile
     logs = list((project / ".gpulab" / "logs").glob("build-*.log"))
     assert logs and "the-compiler-said-no" in logs[0].read_text()
+
+
+def test_broken_dockerfile_can_start_from_the_last_good_image(hub, alice):
+    alice.start_project("mend")
+    alice.stop_project("mend")
+    dockerfile = hub.home / "projects" / "alice" / "mend" / "Dockerfile"
+    broken = dockerfile.read_text() + "RUN echo about-to-fail && exit 5\n"
+    dockerfile.write_text(broken)
+
+    told = spawn_failure(alice, "mend")
+    assert "failed to build" in told["message"]
+    assert "The last image that built" in told["message"]
+
+    # The spawn page now offers the last good image ...
+    page = alice.http.get(f"{hub.url}/hub/spawn/alice/mend")
+    assert page.status_code == 200
+    assert "Start the last image that built" in page.text
+    # ... which starts, so the user can fix the Dockerfile from inside.
+    r = alice.api("POST", "/hub/api/users/alice/servers/mend", json={"use_last_good": True})
+    assert r.status_code in (201, 202), r.text
+    alice.wait_ready("mend")
+    out = alice.execute("mend", "print(open('Dockerfile').read().splitlines()[-1])")
+    assert out.strip() == "RUN echo about-to-fail && exit 5"
+    alice.execute(
+        "mend",
+        "t = open('Dockerfile').read(); open('Dockerfile', 'w').write(t.replace('exit 5', 'true'))",
+    )
+    alice.stop_project("mend")
+    assert dockerfile.read_text() == broken.replace("exit 5", "true")
+    # fixed: a plain start builds it again
+    alice.start_project("mend")
+    alice.stop_project("mend")
+
+
+def test_unknown_spawn_options_are_refused(alice):
+    told = spawn_failure(alice, "odd", {"image": "evil/image"})
+    assert "Unknown spawn option 'image'" in told["message"]
 
 
 def test_build_progress_is_shown_while_spawning(hub, alice):

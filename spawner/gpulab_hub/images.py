@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jinja2
+import requests.exceptions
+import urllib3.exceptions
 from dockerfile_parse import DockerfileParser
 
-PROJECT_REPO = "gpulab/project"
 LOG_TAIL = 20
 
 
@@ -76,13 +77,6 @@ def image_id(docker_call, ref: str) -> str | None:
         return None
 
 
-def project_tag(docker_call, dockerfile_text: str, repo: str = PROJECT_REPO) -> str:
-    """Content tag of a project image: its Dockerfile plus the ID of its base."""
-    base = base_of(dockerfile_text)
-    base_id = image_id(docker_call, base) if base else None
-    return content_tag(repo, dockerfile_text.encode(), (base_id or base).encode())
-
-
 def tar_context(files: dict[str, bytes]) -> io.BytesIO:
     """An in-memory build context from ``{path in context: content}``."""
     buf = io.BytesIO()
@@ -105,6 +99,17 @@ def _line(chunk: dict) -> str:
     if "aux" in chunk:
         return ""
     return str(chunk)
+
+
+def _read(stream, tag, timeout, tail, log_path):
+    try:
+        yield from stream
+    except (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError) as e:
+        raise BuildError(
+            f"The image build for {tag} printed nothing for {timeout:.0f} s and was stopped.",
+            list(tail),
+            log_path,
+        ) from e
 
 
 def build(
@@ -135,9 +140,11 @@ def build(
         decode=True,
         network_mode="host",
         labels=labels or {},
+        # also bounds a step that prints nothing for the whole time
+        timeout=max(1, int(timeout)),
     )
     with open(log_path, "w") as log:
-        for chunk in stream:
+        for chunk in _read(stream, tag, timeout, tail, log_path):
             text = _line(chunk)
             if "error" in chunk:
                 text = chunk.get("error", "").rstrip("\n")
@@ -154,15 +161,3 @@ def build(
                     log_path,
                 )
     return tag
-
-
-def ensure_project_image(
-    docker_call, dockerfile_text, log_path, on_line, timeout, repo=PROJECT_REPO, labels=None
-):
-    """Return the tag of the project's image, building it only if it is missing."""
-    tag = project_tag(docker_call, dockerfile_text, repo)
-    if image_id(docker_call, tag):
-        on_line(f"Using the image {tag} (unchanged Dockerfile)")
-        return tag
-    context = tar_context({"Dockerfile": dockerfile_text.encode()})
-    return build(docker_call, context, tag, log_path, on_line, timeout, labels)

@@ -21,7 +21,7 @@ from dockerspawner import DockerSpawner
 from jupyterhub.utils import random_port
 from traitlets import Float, Int, Unicode, default
 
-from . import images, objects
+from . import images, objects, options, projectimage
 from .projects import Project, ProjectError, ensure_project, project_name
 
 _STEP = re.compile(r"^Step (\d+)/(\d+)")
@@ -99,7 +99,7 @@ class ProjectSpawner(DockerSpawner):
         Example: ``c.ProjectSpawner.base_image = "gpulab/base:cuda12"``""",
     )
     image_repo = Unicode(
-        images.PROJECT_REPO,
+        projectimage.PROJECT_REPO,
         config=True,
         help="""Repository name of project images; each is tagged with a hash of
         its Dockerfile and base image. Default: gpulab/project.
@@ -213,36 +213,73 @@ class ProjectSpawner(DockerSpawner):
             await asyncio.sleep(0.25)
 
     def _on_build_line(self, line: str):
+        """Build output -> spawn progress: every step, other lines twice a second."""
         m = _STEP.match(line)
+        now = time.monotonic()
         if m:
-            step, total = int(m.group(1)), int(m.group(2))
-            self._emit(10 + int(60 * step / max(total, 1)), f"Building image: {line}")
+            self._build_step = (int(m.group(1)), int(m.group(2)))
+        elif now - self._last_line_at < 0.5 or not line.strip():
+            return
+        self._last_line_at = now
+        step, total = self._build_step
+        progress = 10 + int(60 * step / max(total, 1))
+        if m:
+            self._emit(progress, f"Building image: {line}")
+        else:
+            self._emit(progress, f"Building image: step {step}/{total}: {line.strip()[:200]}")
 
-    def _prepare_image(self) -> str:
-        """Blocking: project folder + Dockerfile + image. Returns the image tag."""
-        project = self.project
-        text = images.render(
+    def _render_dockerfile(self, project: Project) -> str:
+        display = self.orm_spawner.display_name if self.orm_spawner else ""
+        return images.render(
             self.images_dir,
             self.project_template,
             base_image=self.base_image,
-            display_name=self.orm_spawner.display_name or project.name
-            if self.orm_spawner
-            else project.name,
+            display_name=display or project.name,
         )
-        if ensure_project(project, text, self.notebook_uid, self.notebook_gid):
+
+    def _prepare_image(self, use_last_good: bool) -> str:
+        """Blocking: project folder + Dockerfile + image. Returns the image tag."""
+        project = self.project
+        if ensure_project(
+            project, self._render_dockerfile(project), self.notebook_uid, self.notebook_gid
+        ):
             self._emit(5, f"Created project folder with a Dockerfile from {self.project_template}")
-        dockerfile = project.dockerfile.read_text()
-        log_path = project.logs_dir / f"build-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        if use_last_good:
+            good = projectimage.last_good(project, self._docker)
+            if good is None:
+                raise ProjectError("This project has no earlier image that built.")
+            self._emit(70, f"Starting the last image that built: {good.describe()}")
+            return good.tag
         self._emit(8, "Checking the project's image")
-        return images.ensure_project_image(
+        self._build_step, self._last_line_at = (0, 1), 0.0
+        return projectimage.ensure_image(
             self._docker,
-            dockerfile,
-            log_path,
+            project,
+            Path(self.projects_root) / ".locks",
             self._on_build_line,
             self.build_timeout,
             repo=self.image_repo,
             labels={"gpulab.owner": self.user.name, "gpulab.project": project.name},
         )
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._options_form
+
+    @staticmethod
+    def _options_form(spawner) -> str:
+        try:
+            project = spawner.project
+        except ProjectError:
+            return ""
+        good = projectimage.last_good(project)
+        return options.form(
+            good.describe() if good else None, projectimage.last_build_failed(project)
+        )
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return options.from_form
 
     def container_settings(self) -> objects.ContainerSettings:
         project = self.project
@@ -285,19 +322,26 @@ class ProjectSpawner(DockerSpawner):
     async def start(self):
         self._progress_events = []
         try:
+            opts = options.validate(self.user_options)
             self._emit(2, f"Preparing project {project_name(self.name)}")
-            self.image = await self._run(self._prepare_image)
+            self.image = await self._run(self._prepare_image, opts.get("use_last_good", False))
             if self.network_name == objects.HOST_NETWORK:
                 self.port = random_port()
             self._emit(80, "Starting the project's container")
             return await super().start()
         except images.BuildError as e:
-            raise SpawnError(
+            message = (
                 f"The Dockerfile of project {self.project.name} failed to build. "
-                f"Fix {self.project.dockerfile.name} in the project folder and start again.",
-                e.tail,
-            ) from e
-        except ProjectError as e:
+                f"Fix {self.project.dockerfile.name} in the project folder and start again."
+            )
+            good = projectimage.last_good(self.project, self._docker)
+            if good:
+                message += (
+                    f" The last image that built ({good.describe()}) is kept: start the "
+                    "project again and choose it to fix the Dockerfile from inside."
+                )
+            raise SpawnError(message, e.tail) from e
+        except (ProjectError, options.OptionsError) as e:
             raise SpawnError(str(e)) from e
         except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
             if (
