@@ -1,19 +1,20 @@
-"""gpulab's user side: installed into every project image.
+"""gpulab's user side: installed into every project image, or into any JupyterLab 4.
 
 This distribution holds what runs inside a project's container: the Jupyter
-server extension under ``/api/gpulab/v1/``. Nothing happens at import time;
-handlers are registered when Jupyter Server loads the extension.
+server extension under ``/api/gpulab/v1/`` (GPU status of this container) and
+the JupyterLab extension that shows it (status bar item and panel). Nothing
+happens at import time: the server extension is set up when Jupyter Server
+loads it, and NVML is only started on the sampler's thread.
 """
 
 __version__ = "0.1.0"
 
 
+def _jupyter_labextension_paths():
+    return [{"src": "labextension", "dest": "gpulab-jupyter"}]
+
+
 def _jupyter_server_extension_points():
-    return [{"module": "gpulab_jupyter"}]
+    from .app import GPULabExtension
 
-
-def _load_jupyter_server_extension(serverapp):
-    from .handlers import setup_handlers
-
-    setup_handlers(serverapp.web_app)
-    serverapp.log.info("gpulab_jupyter %s loaded", __version__)
+    return [{"module": "gpulab_jupyter", "app": GPULabExtension}]

@@ -1,11 +1,14 @@
-"""REST handlers of the user side, under the versioned prefix /api/gpulab/v1/."""
+"""REST handlers of the user side, under the versioned prefix /api/gpulab/v1/.
+
+Every handler is ``@tornado.web.authenticated``. The GPU routes only read what
+the sampler thread left; the JSON is documented in docs/gpu-status-api.md.
+"""
 
 import json
 import os
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import url_path_join
 
 API_PREFIX = "api/gpulab/v1"
 
@@ -29,9 +32,84 @@ class InfoHandler(APIHandler):
         self.finish(json.dumps(body))
 
 
-def setup_handlers(web_app):
-    base_url = web_app.settings["base_url"]
-    web_app.add_handlers(
-        ".*$",
-        [(url_path_join(base_url, API_PREFIX, "info"), InfoHandler)],
-    )
+class _SamplerHandler(APIHandler):
+    @property
+    def sampler(self):
+        return self.settings["gpulab_sampler"]
+
+    def float_argument(self, name: str) -> float | None:
+        raw = self.get_argument(name, None)
+        if raw is None or raw == "":
+            return None
+        try:
+            return float(raw)
+        except ValueError:
+            raise tornado.web.HTTPError(400, f"{name} must be a number of seconds") from None
+
+    def write_json(self, body) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(body if isinstance(body, bytes) else json.dumps(body))
+
+
+class GPUStatusHandler(_SamplerHandler):
+    """Now: every GPU of this container, or why there is none. ``?interval=`` asks for a pace."""
+
+    @tornado.web.authenticated
+    def get(self):
+        self.sampler.request_interval(self.float_argument("interval"))
+        self.write_json(self.sampler.status_body())
+
+
+class GPUHistoryHandler(_SamplerHandler):
+    """The last minutes, for sparklines; ``?since=<timestamp>`` gives only what is newer."""
+
+    @tornado.web.authenticated
+    def get(self):
+        self.write_json(self.sampler.history(self.float_argument("since")))
+
+
+class GPUProcessesHandler(_SamplerHandler):
+    """This container's processes on its GPUs, with their kernels and notebooks."""
+
+    @tornado.web.authenticated
+    async def get(self):
+        body = self.sampler.processes()
+        kernels, by_pid = await self.kernels()
+        rows = []
+        for row in body["processes"]:
+            row = dict(row)
+            kid = row.pop("kernel_id")
+            ancestors = row.pop("ancestors")
+            if kid not in kernels:
+                kid = next((by_pid[p] for p in [row["pid"], *ancestors] if p in by_pid), None)
+            row["kernel"] = kernels.get(kid)
+            rows.append(row)
+        body["processes"] = rows
+        self.write_json(body)
+
+    async def kernels(self) -> tuple[dict, dict]:
+        """This server's kernels by id (with their notebooks), and their PIDs."""
+        km = self.kernel_manager
+        kernels, by_pid = {}, {}
+        for kid in km.list_kernel_ids():
+            kernel = km.get_kernel(kid)
+            kernels[kid] = {"id": kid, "name": kernel.kernel_name, "path": None, "session": None}
+            pid = getattr(getattr(kernel, "provisioner", None), "pid", None)
+            if pid:
+                by_pid[pid] = kid
+        for s in await self.session_manager.list_sessions():
+            entry = kernels.get((s.get("kernel") or {}).get("id"))
+            if entry is not None:
+                entry.update(path=s.get("path"), session=s.get("name"), type=s.get("type"))
+        return kernels, by_pid
+
+
+def routes() -> list[tuple[str, type]]:
+    """Every route of the extension (relative to the server's base URL)."""
+    return [
+        (f"{API_PREFIX}/info", InfoHandler),
+        (f"{API_PREFIX}/gpu", GPUStatusHandler),
+        (f"{API_PREFIX}/gpu/history", GPUHistoryHandler),
+        (f"{API_PREFIX}/gpu/processes", GPUProcessesHandler),
+    ]

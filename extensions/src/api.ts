@@ -1,0 +1,124 @@
+/**
+ * The server side's JSON (documented in docs/gpu-status-api.md) and how to ask for it.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export const API_PREFIX = 'api/gpulab/v1';
+
+/** Why there is no GPU: 'no_driver', 'none_allocated', 'nvml_error' or 'starting'. */
+export type Reason = 'no_driver' | 'none_allocated' | 'nvml_error' | 'starting' | null;
+
+export interface IGpu {
+  index: number;
+  uuid: string;
+  name: string;
+  nvml_index: string;
+  mig: boolean;
+  parent_uuid: string | null;
+  utilization?: number | null;
+  memory_utilization?: number | null;
+  memory_used?: number | null;
+  memory_total?: number | null;
+  memory_free?: number | null;
+  temperature?: number | null;
+  power_draw?: number | null;
+  power_limit?: number | null;
+  pcie_tx?: number | null;
+  pcie_rx?: number | null;
+  energy?: number | null;
+}
+
+export interface ISummary {
+  count: number;
+  utilization: number | null;
+  memory_used: number | null;
+  memory_total: number | null;
+}
+
+interface ICommon {
+  available: boolean;
+  reason: Reason;
+  message: string;
+  interval: number;
+  min_interval: number;
+  process_interval: number;
+  history_seconds: number;
+}
+
+export interface IStatus extends ICommon {
+  timestamp: number;
+  driver_version?: string;
+  gpus: IGpu[];
+  summary: ISummary;
+}
+
+export type Series = (number | null)[];
+
+export interface IHistory extends ICommon {
+  timestamps: number[];
+  gpus: {
+    [uuid: string]: {
+      utilization: Series;
+      memory_used: Series;
+      temperature: Series;
+      power_draw: Series;
+    };
+  };
+}
+
+export interface IKernel {
+  id: string;
+  name: string;
+  path: string | null;
+  session: string | null;
+  type?: string;
+}
+
+export interface IProcessGpu {
+  uuid: string;
+  index: number | null;
+  memory_used: number | null;
+  match: 'pid' | 'order' | null;
+}
+
+export interface IProcess {
+  pid: number;
+  driver_pid?: number;
+  name: string;
+  command: string;
+  kernel: IKernel | null;
+  gpus: IProcessGpu[];
+}
+
+export interface IOther {
+  uuid: string;
+  index: number | null;
+  count: number;
+  memory_used: number | null;
+}
+
+export interface IProcesses {
+  available: boolean;
+  timestamp: number | null;
+  processes: IProcess[];
+  other: IOther[];
+}
+
+/** GET a route under /api/gpulab/v1/ of this server, with the page's credentials. */
+export async function requestAPI<T>(
+  endPoint: string,
+  query: { [key: string]: string | number } = {}
+): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const params = Object.keys(query)
+    .map(k => `${encodeURIComponent(k)}=${encodeURIComponent(String(query[k]))}`)
+    .join('&');
+  const url =
+    URLExt.join(settings.baseUrl, API_PREFIX, endPoint) + (params ? `?${params}` : '');
+  const response = await ServerConnection.makeRequest(url, {}, settings);
+  if (!response.ok) {
+    throw new ServerConnection.ResponseError(response, `${response.status} ${url}`);
+  }
+  return (await response.json()) as T;
+}

@@ -1,0 +1,144 @@
+/**
+ * Words and numbers shown to people: sizes in GiB, levels, the no-GPU explanations.
+ */
+import { IGpu, IStatus, Reason } from './api';
+
+export interface IThresholds {
+  memoryWarning: number;
+  memoryCritical: number;
+  temperatureWarning: number;
+  temperatureCritical: number;
+}
+
+export const DEFAULT_THRESHOLDS: IThresholds = {
+  memoryWarning: 80,
+  memoryCritical: 95,
+  temperatureWarning: 80,
+  temperatureCritical: 90
+};
+
+export type Level = 'ok' | 'warning' | 'critical' | 'none';
+
+const GIB = 1024 ** 3;
+
+function num(x: number | null | undefined): x is number {
+  return typeof x === 'number' && isFinite(x);
+}
+
+export function gib(bytes: number | null | undefined): string {
+  if (!num(bytes)) {
+    return '?';
+  }
+  const g = bytes / GIB;
+  return g >= 100 ? g.toFixed(0) : g.toFixed(1);
+}
+
+export function memory(used?: number | null, total?: number | null): string {
+  return `${gib(used)}/${gib(total)} GiB`;
+}
+
+export function percent(x: number | null | undefined): string {
+  return num(x) ? `${Math.round(x)}%` : 'n/a';
+}
+
+export function watts(draw?: number | null, limit?: number | null): string {
+  if (!num(draw)) {
+    return 'n/a';
+  }
+  return num(limit) ? `${draw.toFixed(0)}/${limit.toFixed(0)} W` : `${draw.toFixed(0)} W`;
+}
+
+export function celsius(t?: number | null): string {
+  return num(t) ? `${t} °C` : 'n/a';
+}
+
+function memoryPercent(g: IGpu): number | null {
+  return num(g.memory_used) && num(g.memory_total) && g.memory_total > 0
+    ? (100 * g.memory_used) / g.memory_total
+    : null;
+}
+
+/** How worrying one GPU looks against the thresholds. */
+export function gpuLevel(g: IGpu, t: IThresholds): Level {
+  const mem = memoryPercent(g);
+  const temp = g.temperature;
+  if ((num(mem) && mem >= t.memoryCritical) || (num(temp) && temp >= t.temperatureCritical)) {
+    return 'critical';
+  }
+  if ((num(mem) && mem >= t.memoryWarning) || (num(temp) && temp >= t.temperatureWarning)) {
+    return 'warning';
+  }
+  return 'ok';
+}
+
+export function statusLevel(s: IStatus | null, t: IThresholds): Level {
+  if (!s || !s.available || s.gpus.length === 0) {
+    return 'none';
+  }
+  const levels = s.gpus.map(g => gpuLevel(g, t));
+  return levels.includes('critical') ? 'critical' : levels.includes('warning') ? 'warning' : 'ok';
+}
+
+/** The status bar text: `GPU 43% · 12.1/80 GiB`, `4 GPUs 51% · 40.2/320 GiB` or `No GPU`. */
+export function statusText(s: IStatus | null): string {
+  if (!s) {
+    return 'GPU …';
+  }
+  if (!s.available) {
+    return s.reason === 'starting' ? 'GPU …' : 'No GPU';
+  }
+  const sum = s.summary;
+  const label = sum.count === 1 ? 'GPU' : `${sum.count} GPUs`;
+  return `${label} ${percent(sum.utilization)} · ${memory(sum.memory_used, sum.memory_total)}`;
+}
+
+export function gpuLine(g: IGpu): string {
+  const kind = g.mig ? ' (MIG slice)' : '';
+  return (
+    `GPU ${g.index}: ${g.name}${kind} — ${percent(g.utilization)} busy, ` +
+    `${memory(g.memory_used, g.memory_total)}, ${celsius(g.temperature)}, ` +
+    `${watts(g.power_draw, g.power_limit)}`
+  );
+}
+
+/** The hover text of the status bar item. */
+export function statusTitle(s: IStatus | null, error: string): string {
+  if (error) {
+    return `GPU status unavailable: ${error}`;
+  }
+  if (!s) {
+    return 'GPU status: waiting for the server';
+  }
+  if (!s.available) {
+    return `No GPU: ${s.message}\nClick for details.`;
+  }
+  return s.gpus.map(gpuLine).join('\n') + '\nClick for the GPU panel.';
+}
+
+/** A heading and an explanation for each reason there is no GPU. */
+export function noGpuExplanation(reason: Reason): { title: string; hint: string } {
+  switch (reason) {
+    case 'no_driver':
+      return {
+        title: 'No GPU: no NVIDIA driver',
+        hint:
+          'This container (or machine) has no NVIDIA driver, so there is no GPU to show. ' +
+          'On gpulab, start the project with one or more GPUs; on your own machine, ' +
+          'install the NVIDIA driver.'
+      };
+    case 'none_allocated':
+      return {
+        title: 'No GPU allocated to this container',
+        hint:
+          'The NVIDIA driver is present, but no GPU was given to this container. ' +
+          'On gpulab, restart the project and ask for a GPU.'
+      };
+    case 'nvml_error':
+      return {
+        title: 'No GPU: NVML failed',
+        hint: 'The NVIDIA management library reported an error; the server log has details.'
+      };
+    default:
+      return { title: 'GPU status is starting', hint: 'The first sample comes in a moment.' };
+  }
+}
