@@ -1,0 +1,235 @@
+"""The GPUs this kernel sees, and the build environment derived from them.
+
+Compiled CUDA extensions must be built for the GPU that will run them
+(TORCH_CUDA_ARCH_LIST and the variables CMake- and flash-attn-style builds
+read), and a parallel compile must not exhaust memory (MAX_JOBS from CPUs and
+free memory). Nothing here runs at import time; NVML is loaded when asked.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GIB = 1024**3
+DEFAULT_JOB_GIB = 2.5
+# Packages whose compile needs more memory per job (nvcc with many templates).
+JOB_GIB = {"flash-attn": 8.0, "xformers": 6.0, "vllm": 6.0, "apex": 4.0, "deepspeed": 4.0}
+# Packages whose build imports torch, so the build must see the installed torch.
+TORCH_AT_BUILD = {
+    "flash-attn", "pytorch3d", "nvdiffrast", "torchmcubes", "torch-scatter", "torch-sparse",
+    "torch-cluster", "torch-spline-conv", "xformers", "apex", "gsplat", "simple-knn",
+    "diff-gaussian-rasterization", "causal-conv1d", "mamba-ssm", "detectron2", "mmcv", "kaolin",
+    "pointnet2-ops", "natten", "tinycudann", "sageattention", "fused-ssim", "torch-points-kernels",
+}  # fmt: skip
+GENERATIONS = {
+    "7.0": "Volta", "7.2": "Volta", "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere",
+    "8.7": "Ampere", "8.9": "Ada Lovelace", "9.0": "Hopper", "10.0": "Blackwell",
+    "10.3": "Blackwell", "12.0": "Blackwell", "12.1": "Blackwell",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    capability: str  # "9.0"
+    memory_total: int = 0  # bytes
+    memory_used: int = 0
+    uuid: str = ""
+
+    @property
+    def sm(self) -> str:
+        return "sm_" + self.capability.replace(".", "")
+
+
+@dataclass
+class GpuReport:
+    gpus: list[Gpu] = field(default_factory=list)
+    driver: str = ""
+    cuda: str = ""  # newest CUDA the driver supports
+    problem: str = ""  # why no GPU is visible, in words
+
+    @property
+    def capabilities(self) -> list[str]:
+        return sorted({g.capability for g in self.gpus}, key=cap_key)
+
+
+def cap_key(cap: str) -> tuple[int, int]:
+    major, _, minor = cap.partition(".")
+    return int(major), int(minor or 0)
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _visible(gpus: list[Gpu], environ) -> list[Gpu]:
+    """Apply CUDA_VISIBLE_DEVICES (indices or UUIDs) to what NVML lists."""
+    mask = environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return gpus
+    picked = []
+    for token in (t.strip() for t in mask.split(",")):
+        if not token:
+            break
+        if token.isdigit():
+            match = [g for g in gpus if g.index == int(token)]
+        else:
+            match = [g for g in gpus if g.uuid and g.uuid.startswith(token)]
+        if not match:
+            break  # CUDA stops at the first invalid entry
+        picked += [g for g in match if g not in picked]
+    return picked
+
+
+def _from_nvml() -> GpuReport | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        return GpuReport(problem=f"the NVIDIA driver could not be reached through NVML ({e})")
+    try:
+        report = GpuReport(driver=_text(pynvml.nvmlSystemGetDriverVersion()))
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        report.cuda = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            report.gpus.append(
+                Gpu(
+                    i,
+                    _text(pynvml.nvmlDeviceGetName(h)),
+                    f"{major}.{minor}",
+                    int(mem.total),
+                    int(mem.used),
+                    _text(pynvml.nvmlDeviceGetUUID(h)),
+                )
+            )
+        return report
+    except pynvml.NVMLError as e:
+        return GpuReport(problem=f"NVML could not list the GPUs ({e})")
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _from_nvidia_smi() -> GpuReport | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    fields = "index,name,compute_cap,memory.total,memory.used,uuid,driver_version"
+    cmd = [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return GpuReport(problem=f"nvidia-smi did not answer ({e})")
+    if done.returncode != 0:
+        return GpuReport(problem="nvidia-smi failed: " + (done.stdout + done.stderr).strip()[:200])
+    report = GpuReport()
+    for row in done.stdout.strip().splitlines():
+        idx, name, cap, total, used, uuid, driver = (c.strip() for c in row.split(","))
+        report.driver = driver
+        mib = 1024**2
+        report.gpus.append(Gpu(int(idx), name, cap, int(total) * mib, int(used) * mib, uuid))
+    return report
+
+
+def detect_gpus(environ=None) -> GpuReport:
+    """The GPUs visible to this kernel; ``problem`` says why there are none."""
+    environ = os.environ if environ is None else environ
+    report = _from_nvml()
+    if report is None or (not report.gpus and report.problem):
+        report = _from_nvidia_smi() or report
+    if report is None:
+        return GpuReport(problem="no NVIDIA driver is visible here (neither NVML nor nvidia-smi)")
+    report.gpus = _visible(report.gpus, environ)
+    if not report.gpus and not report.problem:
+        report.problem = "the NVIDIA driver lists no GPU for this container"
+    return report
+
+
+def arch_env(capabilities: list[str]) -> dict[str, str]:
+    """The variables builds read, all from the same compute capabilities (+PTX on the highest)."""
+    caps = sorted(set(capabilities), key=cap_key)
+    if not caps:
+        return {}
+    nums = [c.replace(".", "") for c in caps]
+    cmake = ";".join([f"{n}-real" for n in nums] + [f"{nums[-1]}-virtual"])
+    return {
+        "TORCH_CUDA_ARCH_LIST": ";".join(caps[:-1] + [caps[-1] + "+PTX"]),
+        "CMAKE_CUDA_ARCHITECTURES": cmake,
+        "CUDAARCHS": cmake,
+        "FLASH_ATTN_CUDA_ARCHS": ";".join(nums),
+        "FORCE_CUDA": "1",
+    }
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def cpu_count() -> int:
+    """CPUs this process may use: affinity, capped by a cgroup CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    quota, _, period = _read("/sys/fs/cgroup/cpu.max").partition(" ")
+    if quota.isdigit() and period.strip().isdigit():
+        cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+    return max(1, cpus)
+
+
+def available_memory() -> int:
+    """Bytes a build can still use: MemAvailable, capped by the cgroup's limit."""
+    avail = 0
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("MemAvailable:"):
+            avail = int(line.split()[1]) * 1024
+    limit, usage = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
+    if limit.isdigit() and usage.isdigit():
+        avail = min(avail or int(limit), max(0, int(limit) - int(usage)))
+    return avail
+
+
+def max_jobs(names=(), cpus: int | None = None, memory: int | None = None) -> int:
+    """Parallel compile jobs: no more than CPUs, and no more than memory allows."""
+    cpus = cpu_count() if cpus is None else cpus
+    memory = available_memory() if memory is None else memory
+    per_job = max([DEFAULT_JOB_GIB] + [JOB_GIB.get(n, 0) for n in names]) * GIB
+    by_memory = int(memory // per_job) if memory else cpus
+    return max(1, min(cpus, by_memory))
+
+
+@dataclass
+class BuildEnv:
+    env: dict[str, str]  # variables for pip and for the recorded RUN line
+    no_build_isolation: bool
+    notes: list[str]
+
+
+def build_env(names, gpus: GpuReport, torch_installed: bool, jobs=None, isolation=None):
+    """The environment compiles get: arch from the visible GPUs, MAX_JOBS, isolation."""
+    env = arch_env(gpus.capabilities)
+    notes = []
+    if not env:
+        notes.append(f"No GPU to build for ({gpus.problem}): CUDA architectures are not set.")
+    n = jobs or max_jobs(names)
+    env["MAX_JOBS"] = str(n)
+    env["CMAKE_BUILD_PARALLEL_LEVEL"] = str(n)
+    if isolation is None:
+        no_iso = torch_installed and any(name in TORCH_AT_BUILD for name in names)
+    else:
+        no_iso = not isolation
+    return BuildEnv(env, no_iso, notes)

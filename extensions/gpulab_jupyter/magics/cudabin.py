@@ -1,0 +1,147 @@
+"""Which GPU architectures a compiled file carries: SASS (cubins) and PTX.
+
+With ``cuobjdump`` on PATH its ``--list-elf`` / ``--list-ptx`` answer; without
+it, the ELF file's ``.nv_fatbin`` / ``__nv_relfatbin`` sections are read
+directly (fat binary containers: magic 0xBA55ED50, then entries of kind 1 =
+PTX or 2 = ELF cubin, each naming its SM architecture).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import shutil
+import struct
+import subprocess
+from dataclasses import dataclass, field
+
+FATBIN_MAGIC = b"\x50\xed\x55\xba"  # 0xBA55ED50, little endian
+FATBIN_SECTIONS = (b".nv_fatbin", b"__nv_relfatbin")
+_CUOBJDUMP_ARCH = re.compile(r"\.(sm|compute)_(\d+)[a-z]?\.(cubin|ptx)")
+
+
+@dataclass
+class CudaCode:
+    """Architectures in one file, as capabilities ("9.0")."""
+
+    sass: set[str] = field(default_factory=set)
+    ptx: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.sass or self.ptx)
+
+    def describe(self) -> str:
+        parts = [f"sm_{c.replace('.', '')}" for c in sorted(self.sass, key=_key)]
+        parts += [f"PTX compute_{c.replace('.', '')}" for c in sorted(self.ptx, key=_key)]
+        return ", ".join(parts) or "no GPU code"
+
+
+def _key(cap: str) -> tuple[int, int]:
+    major, _, minor = cap.partition(".")
+    return int(major), int(minor)
+
+
+def _cap(arch: int) -> str:
+    return f"{arch // 10}.{arch % 10}"
+
+
+def runs_on(cap: str, code: CudaCode) -> bool:
+    """SASS runs on the same major with a minor no higher than the GPU's; PTX of an
+    equal or lower capability can be compiled by the driver at load time."""
+    major, minor = _key(cap)
+    if any(_key(s)[0] == major and _key(s)[1] <= minor for s in code.sass):
+        return True
+    return any(_key(p) <= (major, minor) for p in code.ptx)
+
+
+def _sections(data) -> list[tuple[int, int]]:
+    """(offset, size) of the fat binary sections of an ELF64 little-endian file."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return []
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if not shoff or shentsize < 64 or shstrndx >= shnum:
+        return []
+    if shoff + shnum * shentsize > len(data):
+        return []
+
+    def header(i):
+        return struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize)
+
+    str_off = header(shstrndx)[4]
+    found = []
+    for i in range(shnum):
+        name_off, sh_type, _, _, offset, size = header(i)
+        end = data.find(b"\0", str_off + name_off)
+        name = bytes(data[str_off + name_off : end])
+        if name in FATBIN_SECTIONS and sh_type != 8:  # 8 = SHT_NOBITS
+            found.append((offset, size))
+    return found
+
+
+def _entries(data, start: int, end: int, code: CudaCode) -> None:
+    """Walk the fat binary containers in data[start:end]."""
+    pos = data.find(FATBIN_MAGIC, start, end)
+    while pos != -1 and pos + 16 <= end:
+        (header_size,) = struct.unpack_from("<H", data, pos + 6)
+        (fat_size,) = struct.unpack_from("<Q", data, pos + 8)
+        entry, stop = pos + header_size, min(end, pos + header_size + fat_size)
+        while entry + 32 <= stop:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
+            (arch,) = struct.unpack_from("<I", data, entry + 28)
+            if entry_header < 32:
+                break
+            if arch >= 10:
+                (code.ptx if kind == 1 else code.sass).add(_cap(arch))
+            entry += entry_header + payload
+        pos = data.find(FATBIN_MAGIC, max(stop, pos + 16), end)
+
+
+def parse_elf(path: str) -> CudaCode:
+    """Architectures from the file's fat binary sections (no tools needed)."""
+    code = CudaCode()
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 64:
+            return code
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for offset, size in _sections(data):
+                _entries(data, offset, min(len(data), offset + size), code)
+    return code
+
+
+def cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    candidate = os.path.join(home, "bin", "cuobjdump")
+    return candidate if os.access(candidate, os.X_OK) else None
+
+
+def parse_cuobjdump(tool: str, path: str) -> CudaCode | None:
+    code = CudaCode()
+    for flag in ("--list-elf", "--list-ptx"):
+        try:
+            done = subprocess.run([tool, flag, path], capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0 and "does not contain" not in done.stderr:
+            return None
+        for _kind, arch, _ in _CUOBJDUMP_ARCH.findall(done.stdout):
+            if int(arch) >= 10:
+                (code.ptx if flag == "--list-ptx" else code.sass).add(_cap(int(arch)))
+    return code
+
+
+def cuda_code(path: str) -> CudaCode:
+    """SASS and PTX architectures of one shared object (empty: no CUDA code)."""
+    tool = cuobjdump()
+    if tool:
+        code = parse_cuobjdump(tool, path)
+        if code is not None:
+            return code
+    try:
+        return parse_elf(path)
+    except (OSError, ValueError, struct.error):
+        return CudaCode()
