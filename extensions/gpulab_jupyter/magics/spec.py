@@ -68,7 +68,7 @@ class Spec:
 def _looks_local(text: str) -> bool:
     return (
         text.startswith((".", "/", "~"))
-        or os.sep in text
+        or (os.sep in text and not any(c.isspace() for c in text))
         or text.lower().endswith(ARCHIVES)
         or text.startswith("file:")
     )

@@ -1,0 +1,273 @@
+"""The magics in a real IPython kernel, installing into a throwaway environment from
+a local wheelhouse the tests build (pure packages, a failing build, a failing import)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+from magics_kit import (
+    Kernel,
+    build_sdist,
+    build_wheels,
+    make_package,
+    make_venv,
+    new_dockerfile,
+    pip_env,
+    site_packages,
+)
+
+PKGS = {
+    # name, version: files (module -> source), extra build settings
+    ("tiny-pure", "1.0"): {"tiny_pure/__init__.py": "X = 1\n"},
+    ("tiny-pure", "2.0"): {"tiny_pure/__init__.py": "X = 2\n"},
+    ("tiny-pure", "3.0"): {"tiny_pure/__init__.py": "raise ImportError('needs libfoo.so.3')\n"},
+    ("tiny-badimport", "1.0"): {"tiny_badimport/__init__.py": "import not_there_at_all\n"},
+    ("tiny-dep", "1.0"): {"tiny_dep.py": "D = 1\n"},
+    ("tiny-app", "1.0"): {"tiny_app/__init__.py": "import tiny_dep\nraise RuntimeError('boom')\n"},
+    ("tiny-extra", "1.0"): {"tiny_extra.py": "E = 1\n"},
+    ("tiny-other", "1.0"): {"tiny_other/__init__.py": "O = 1\n"},
+    ("nvidia-fake-lib", "1.0"): {"nvidia_fake_lib.py": "V = 1\n"},
+    ("nvidia-fake-lib", "2.0"): {"nvidia_fake_lib.py": "V = 2\n"},
+    ("needs-new-nvidia", "1.0"): {"needs_new_nvidia.py": "import nvidia_fake_lib\n"},
+}
+REQUIRES = {"tiny-app": ["tiny-dep"], "needs-new-nvidia": ["nvidia-fake-lib>=2"]}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("magics")
+    wheelhouse = root / "wheelhouse"
+    wheelhouse.mkdir()
+    sources = [
+        make_package(root / "src", name, version, files, requires=REQUIRES.get(name, []))
+        for (name, version), files in PKGS.items()
+    ]
+    build_wheels(sources, wheelhouse)
+    broken = make_package(root / "src", "tiny-broken", "1.0", {"tiny_broken.py": ""},
+                          compile="broken.c")  # fmt: skip
+    (broken / "broken.c").write_text("int main( { return cudaStreamMagic; }\n")
+    build_sdist(broken, wheelhouse)
+    venv = root / "venv"
+    make_venv(venv)
+    project = root / "project"
+    project.mkdir()
+    env = pip_env()
+    env.update(GPULAB_PROJECT_DIR=str(project), GPULAB_ENV_SINCE=str(time.time()))
+    kernel = Kernel(venv, env)
+    yield {"root": root, "wh": wheelhouse, "venv": venv, "project": project, "kernel": kernel}
+    kernel.close()
+
+
+def magic(lab, line: str) -> dict:
+    """Run a %gpu_install (from the test wheelhouse) in the kernel."""
+    return lab["kernel"].run(f"%gpu_install --no-index --find-links {lab['wh']} {line}")
+
+
+def tree(venv: Path) -> dict[str, str]:
+    """Every file of the environment (but bytecode caches) with its content hash."""
+    site = site_packages(venv / "bin" / "python")
+    out = {}
+    for path in sorted(site.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            out[str(path.relative_to(site))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def managed_lines(project: Path) -> list[str]:
+    text = (project / "Dockerfile").read_text()
+    block = text.split("by hand >>>\n")[1].split("# <<< gpulab managed block")[0]
+    return block.splitlines()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dockerfile(lab):
+    new_dockerfile(lab["project"])
+
+
+def test_load_ext_registers_the_magics(lab):
+    out = lab["kernel"].run("%load_ext gpulab_jupyter.magics\n%gpu_install --help")
+    assert out["status"] == "ok", out
+    assert "usage: %gpu_install [options] PACKAGE" in out["stdout"]
+    assert "--allow-torch-change" in out["stdout"]
+
+
+def test_pure_package_installs_verifies_and_writes_exactly_one_line(lab):
+    before = (lab["project"] / "Dockerfile").read_text().splitlines()
+    out = magic(lab, "tiny-pure==1.0")
+    assert out["status"] == "ok", out
+    assert "tiny-pure 1.0: installed, verified and recorded" in out["stdout"]
+    after = (lab["project"] / "Dockerfile").read_text().splitlines()
+    added = [ln for ln in after if ln not in before]
+    assert added == [
+        "RUN python -m pip install --no-cache-dir tiny-pure==1.0 && python -c 'import tiny_pure'"
+    ]
+    assert len(after) == len(before) + 1
+    assert out["displays"] >= 1  # the progress widget
+    logs = list((lab["project"] / ".gpulab" / "logs").glob("gpu_install-*-tiny-pure.log"))
+    assert logs and "Successfully installed" in logs[-1].read_text()
+    check = lab["kernel"].run("import tiny_pure; print(tiny_pure.X)")
+    assert check["stdout"].strip() == "1"
+
+
+def test_a_second_install_replaces_the_line_of_the_same_package(lab):
+    magic(lab, "tiny-pure==1.0")
+    out = magic(lab, "tiny-pure==2.0")
+    assert out["status"] == "ok", out
+    assert "restart the kernel" in out["stdout"]  # tiny_pure was imported at 1.0
+    assert managed_lines(lab["project"]) == [
+        "RUN python -m pip install --no-cache-dir tiny-pure==2.0 && python -c 'import tiny_pure'"
+    ]
+
+
+def test_failed_build_leaves_dockerfile_and_environment_as_they_were(lab):
+    dockerfile = (lab["project"] / "Dockerfile").read_bytes()
+    env = tree(lab["venv"])
+    out = magic(lab, "tiny-broken")
+    assert out["status"] == "error"
+    assert (lab["project"] / "Dockerfile").read_bytes() == dockerfile
+    assert tree(lab["venv"]) == env
+    err = out["stderr"]
+    assert "tiny-broken failed while building" in err
+    assert "error: expected declaration specifiers" in err  # the compiler's own line
+    assert "Traceback" not in err + out["stdout"]
+    assert "The Dockerfile is unchanged" in err
+
+
+def test_failed_import_after_an_upgrade_puts_the_old_version_back(lab):
+    magic(lab, "tiny-pure==2.0")
+    new_dockerfile(lab["project"])
+    dockerfile = (lab["project"] / "Dockerfile").read_bytes()
+    env = tree(lab["venv"])
+    out = magic(lab, "tiny-pure==3.0")
+    assert out["status"] == "error"
+    assert "import tiny_pure failed: ImportError: needs libfoo.so.3" in out["stderr"]
+    assert "the environment is as it was" in out["stderr"]
+    assert (lab["project"] / "Dockerfile").read_bytes() == dockerfile
+    assert tree(lab["venv"]) == env
+    check = lab["kernel"].run("import subprocess, sys; print(subprocess.run([sys.executable, "
+                              "'-c', 'import tiny_pure; print(tiny_pure.X)'], "
+                              "capture_output=True, text=True).stdout)")  # fmt: skip
+    assert check["stdout"].strip() == "2"
+
+
+def test_failed_import_removes_the_package_and_its_new_dependencies(lab):
+    env = tree(lab["venv"])
+    dockerfile = (lab["project"] / "Dockerfile").read_bytes()
+    for line in ("tiny-badimport", "tiny-app"):
+        out = magic(lab, line)
+        assert out["status"] == "error"
+        assert "failed while verifying" in out["stderr"]
+    assert "No module named 'not_there_at_all'" in magic(lab, "tiny-badimport")["stderr"]
+    assert tree(lab["venv"]) == env  # tiny-dep (brought by tiny-app) is gone too
+    assert (lab["project"] / "Dockerfile").read_bytes() == dockerfile
+
+
+def test_the_torch_stack_is_pinned(lab):
+    assert magic(lab, "nvidia-fake-lib==1.0")["status"] == "ok"
+    new_dockerfile(lab["project"])
+    dockerfile = (lab["project"] / "Dockerfile").read_bytes()
+    env = tree(lab["venv"])
+    out = magic(lab, "needs-new-nvidia")
+    assert out["status"] == "error"
+    assert "would replace the image's torch stack (nvidia-fake-lib==1.0)" in out["stderr"]
+    assert "needs-new-nvidia 1.0 depends on nvidia-fake-lib>=2" in out["stderr"]
+    assert "--allow-torch-change" in out["stderr"]
+    assert tree(lab["venv"]) == env
+    assert (lab["project"] / "Dockerfile").read_bytes() == dockerfile
+    out = magic(lab, "--allow-torch-change needs-new-nvidia")
+    assert out["status"] == "ok", out
+    assert "with: nvidia-fake-lib 2.0" in out["stdout"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "'tiny-pure --index-url http://127.0.0.1:9/simple'",
+        "tiny-pure;--extra-index-url=http://127.0.0.1:9/",
+        "-r /etc/passwd",
+        "'tiny-pure==1.0 && touch /tmp/gpulab-owned'",
+        "$(touch /tmp/gpulab-owned)",
+        "--apt 'vim; touch /tmp/gpulab-owned'",
+        "--import 'os; import this' tiny-pure",
+        "tiny-pure @ http://127.0.0.1:9/x.whl",
+        f"{Path(__file__).parent}/x.whl",
+    ],
+)
+def test_injection_attempts_are_rejected(lab, line):
+    dockerfile = (lab["project"] / "Dockerfile").read_bytes()
+    env = tree(lab["venv"])
+    out = lab["kernel"].run(f"%gpu_install {line}")
+    assert out["status"] == "error"
+    assert "UsageError" in out["stderr"]
+    assert "Traceback" not in out["stderr"]
+    assert (lab["project"] / "Dockerfile").read_bytes() == dockerfile
+    assert tree(lab["venv"]) == env
+    assert not os.path.exists("/tmp/gpulab-owned")
+
+
+def test_dry_run_shows_the_line_and_changes_nothing(lab):
+    dockerfile = (lab["project"] / "Dockerfile").read_bytes()
+    env = tree(lab["venv"])
+    out = magic(lab, "--dry-run tiny-other --apt libgl1")
+    assert out["status"] == "ok", out
+    assert "RUN python -m pip install --no-cache-dir tiny-other==1.0" in out["stdout"]
+    assert "apt-get install -y --no-install-recommends libgl1" in out["stdout"]
+    assert (lab["project"] / "Dockerfile").read_bytes() == dockerfile
+    assert tree(lab["venv"]) == env
+
+
+def test_apt_packages_are_recorded_for_the_next_build(lab):
+    out = lab["kernel"].run("%gpu_install --apt libgl1 --apt ffmpeg")
+    assert out["status"] == "ok", out
+    assert "restart the project to rebuild" in out["stdout"]
+    lines = managed_lines(lab["project"])
+    if os.getuid() != 0:  # apt-get runs as root, then the image's user again
+        assert lines.pop(0) == "USER root"
+        assert lines.pop(1) == f"USER {os.getuid()}:{os.getgid()}"
+    assert lines == [
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+        "--no-install-recommends ffmpeg libgl1 && rm -rf /var/lib/apt/lists/*"
+    ]
+
+
+def test_gpu_info_says_plainly_there_is_no_gpu(lab):
+    out = lab["kernel"].run("%gpu_info")
+    assert out["status"] == "ok", out
+    assert out["stdout"].startswith("No NVIDIA GPU is visible here:")
+    assert "torch: not installed" in out["stdout"]
+
+
+def test_gpu_diff_finds_what_plain_pip_installed(lab):
+    out = lab["kernel"].run(f"%pip install -q --no-index --find-links {lab['wh']} tiny-extra")
+    assert out["status"] == "ok", out
+    out = lab["kernel"].run("%gpu_diff")
+    assert "tiny-extra 1.0" in out["stdout"]
+    command = out["stdout"].split("Record them with:\n")[1].splitlines()[0].split()
+    assert command[0] == "%gpu_install"
+    assert "tiny-extra==1.0" in command[1:]
+    assert "tiny-pure==2.0" in command[1:]  # installed earlier, not in this fresh Dockerfile
+    assert magic(lab, "tiny-extra==1.0")["status"] == "ok"
+    with open(lab["project"] / "Dockerfile", "a") as f:  # recorded, but not installed
+        f.write("RUN true\n")
+    text = (lab["project"] / "Dockerfile").read_text()
+    text = text.replace("# <<< gpulab", "RUN python -m pip install tiny-gone==1.0\n# <<< gpulab")
+    (lab["project"] / "Dockerfile").write_text(text)
+    out = lab["kernel"].run("%gpu_diff")
+    assert "tiny-extra" not in out["stdout"].split("Record them with")[0]
+    assert "tiny-gone==1.0 (not installed)" in out["stdout"]
+
+
+def test_no_dockerfile_means_nothing_is_installed(lab, tmp_path):
+    env = tree(lab["venv"])
+    out = lab["kernel"].run(
+        f"%env GPULAB_PROJECT_DIR={tmp_path}\n"
+        f"%gpu_install --no-index --find-links {lab['wh']} tiny-other\n"
+    )
+    lab["kernel"].run(f"%env GPULAB_PROJECT_DIR={lab['project']}")
+    assert out["status"] == "error"
+    assert f"There is no Dockerfile at {tmp_path}/Dockerfile" in out["stderr"]
+    assert tree(lab["venv"]) == env

