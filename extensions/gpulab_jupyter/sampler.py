@@ -19,7 +19,7 @@ from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
 from . import devices as gpus
-from . import processes
+from . import processes, snapshot
 
 NO_DRIVER = (
     "No NVIDIA driver here: the NVML library (libnvidia-ml.so.1) was not found. Either the "
@@ -28,7 +28,6 @@ NO_DRIVER = (
 DRIVER_NOT_LOADED = "The NVIDIA driver's library is here, but the kernel driver is not loaded."
 NO_DEVICE = "The NVIDIA driver is here but lists no GPU that this container can open."
 STARTING = "The GPU sampler is starting."
-HISTORY_FIELDS = ("utilization", "memory_used", "temperature", "power_draw")
 REQUEST_TTL = 30.0  # seconds a client's requested interval counts after its last poll
 
 
@@ -64,7 +63,10 @@ class GPUSampler(LoggingConfigurable):
         self._history: deque = deque()
         self._slow: dict[str, dict] = {}
         self._extra: dict = {}
-        self.stats = {"ticks": 0, "tick_seconds": 0.0, "tick_cpu_seconds": 0.0, "last_tick_us": 0}
+        self.stats = dict.fromkeys(
+            ("ticks", "tick_seconds", "tick_cpu_seconds", "proc_reads", "proc_seconds",
+             "proc_cpu_seconds"), 0
+        )  # fmt: skip
         self._state = {"available": False, "reason": "starting", "message": STARTING}
         self._status_body = b""
         self._procs: dict = {"available": False, "timestamp": None, "processes": [], "other": []}
@@ -97,8 +99,10 @@ class GPUSampler(LoggingConfigurable):
             before = self.effective_interval()
             with self._lock:
                 self._requests[wanted] = now + REQUEST_TTL
-            if wanted < before:
+            if wanted < before and self._devices:
                 self._wake.set()
+            elif wanted < before:
+                self._publish(time.time(), {})  # nothing to sample: just say the new pace
         return self.effective_interval()
 
     def effective_interval(self) -> float:
@@ -115,36 +119,29 @@ class GPUSampler(LoggingConfigurable):
     def history(self, since: float | None = None) -> dict:
         with self._lock:
             rows = [r for r in self._history if since is None or r[0] > since]
-        body = {"timestamps": [round(r[0], 3) for r in rows], "gpus": {}}
-        for d in self._devices:
-            series = {k: [] for k in HISTORY_FIELDS}
-            for _, values in rows:
-                v = values.get(d.uuid, (None,) * len(HISTORY_FIELDS))
-                for key, x in zip(series, v, strict=True):
-                    series[key].append(x)
-            body["gpus"][d.uuid] = series
-        body.update(self._common())
-        return body
+        return {**snapshot.history_body(rows, self._devices), **self._common()}
 
     def processes(self) -> dict:
         return dict(self._procs)
 
     # -- the thread -------------------------------------------------------------------------
     def _run(self) -> None:
-        next_setup = 0.0
         next_procs = next_slow = 0.0
         while not self._stop.is_set():
-            now = time.monotonic()
-            if not self._devices and now >= next_setup and self._state["reason"] != "no_driver":
+            if not self._devices:
                 self._setup()
-                next_setup = now + 60.0  # a GPU may come back from an NVML error; check again
-            if self._devices:
-                do_procs, do_slow = now >= next_procs, now >= next_slow
-                self._tick(do_procs, do_slow and (self.pcie_throughput or self.energy))
-                next_procs = now + self.process_interval if do_procs else next_procs
-                next_slow = now + self.slow_interval if do_slow else next_slow
-            else:
                 self._publish(time.time(), {})
+                if not self._devices:
+                    # No GPU: nothing to sample. A driver does not appear in a running
+                    # container, but an NVML error or a late device may clear: look again.
+                    retry = self._state["reason"] in ("nvml_error", "none_allocated")
+                    self._stop.wait(60.0 if retry else None)
+                    continue
+            now = time.monotonic()
+            do_procs, do_slow = now >= next_procs, now >= next_slow
+            self._tick(do_procs, do_slow and (self.pcie_throughput or self.energy))
+            next_procs = now + self.process_interval if do_procs else next_procs
+            next_slow = now + self.slow_interval if do_slow else next_slow
             spent = time.monotonic() - now
             self._wake.wait(max(0.0, self.effective_interval() - spent))
             self._wake.clear()
@@ -207,7 +204,7 @@ class GPUSampler(LoggingConfigurable):
                 self._slow[d.uuid] = gpus.read_slow(nvml, d, self.pcie_throughput, self.energy)
             row.update(self._slow.get(d.uuid, {}))
             values[d.uuid] = row
-        hist = {u: tuple(v[k] for k in HISTORY_FIELDS) for u, v in values.items()}
+        hist = {u: tuple(v[k] for k in snapshot.HISTORY_FIELDS) for u, v in values.items()}
         with self._lock:
             self._history.append((now, hist))
             while self._history and self._history[0][0] < now - self.history_seconds:
@@ -216,12 +213,12 @@ class GPUSampler(LoggingConfigurable):
         self.stats["ticks"] += 1
         self.stats["tick_seconds"] += spent
         self.stats["tick_cpu_seconds"] += cpu
-        self.stats["last_tick_us"] = round(spent * 1e6, 1)
         self._publish(now, values)
         if do_procs:
             self._read_processes(now)
 
     def _read_processes(self, now: float) -> None:
+        t0, c0 = time.perf_counter(), time.thread_time()
         driver = {d.uuid: gpus.gpu_processes(self._nvml, d) for d in self._devices}
         local = processes.scan()
         rows, others = processes.attribute(local, driver, {d.uuid: d.minor for d in self._devices})
@@ -229,6 +226,9 @@ class GPUSampler(LoggingConfigurable):
         for item in [g for r in rows for g in r["gpus"]] + others:
             item["index"] = index.get(item["uuid"])
         self._procs = {"available": True, "timestamp": now, "processes": rows, "other": others}
+        self.stats["proc_reads"] += 1
+        self.stats["proc_seconds"] += time.perf_counter() - t0
+        self.stats["proc_cpu_seconds"] += time.thread_time() - c0
 
     def _common(self) -> dict:
         return {
@@ -240,45 +240,13 @@ class GPUSampler(LoggingConfigurable):
         }
 
     def _publish(self, now: float, values: dict) -> None:
-        gpus_out = []
-        for i, d in enumerate(self._devices):
-            v = values.get(d.uuid, {})
-            gpus_out.append(
-                {
-                    "index": i,
-                    "uuid": d.uuid,
-                    "name": d.name,
-                    "nvml_index": d.nvml_index,
-                    "mig": d.is_mig,
-                    "parent_uuid": d.parent_uuid,
-                    **v,
-                }
-            )
-        ticks = self.stats["ticks"] or 1
-        n = max(1, len(self._devices))
+        rows = snapshot.gpu_rows(self._devices, values)
         body = {
             **self._common(),
             **self._extra,
             "timestamp": round(now, 3),
-            "gpus": gpus_out,
-            "summary": summarize(gpus_out),
-            "sampler": {
-                "ticks": self.stats["ticks"],
-                "tick_us_per_gpu": round(self.stats["tick_seconds"] / ticks / n * 1e6, 1),
-                "cpu_seconds": round(self.stats["tick_cpu_seconds"], 4),
-            },
+            "gpus": rows,
+            "summary": snapshot.summarize(rows),
+            "sampler": snapshot.sampler_stats(self.stats, len(self._devices)),
         }
         self._status_body = json.dumps(body).encode()
-
-
-def summarize(rows: list[dict]) -> dict:
-    """Totals for the status bar: mean utilization, summed memory."""
-    utils = [r["utilization"] for r in rows if r.get("utilization") is not None]
-    used = [r["memory_used"] for r in rows if r.get("memory_used") is not None]
-    total = [r["memory_total"] for r in rows if r.get("memory_total") is not None]
-    return {
-        "count": len(rows),
-        "utilization": round(sum(utils) / len(utils), 1) if utils else None,
-        "memory_used": sum(used) if used else None,
-        "memory_total": sum(total) if total else None,
-    }

@@ -120,7 +120,7 @@ export function noGpuExplanation(reason: Reason): { title: string; hint: string 
   switch (reason) {
     case 'no_driver':
       return {
-        title: 'No GPU: no NVIDIA driver',
+        title: 'No NVIDIA driver',
         hint:
           'This container (or machine) has no NVIDIA driver, so there is no GPU to show. ' +
           'On gpulab, start the project with one or more GPUs; on your own machine, ' +
@@ -128,14 +128,14 @@ export function noGpuExplanation(reason: Reason): { title: string; hint: string 
       };
     case 'none_allocated':
       return {
-        title: 'No GPU allocated to this container',
+        title: 'None allocated to this container',
         hint:
           'The NVIDIA driver is present, but no GPU was given to this container. ' +
           'On gpulab, restart the project and ask for a GPU.'
       };
     case 'nvml_error':
       return {
-        title: 'No GPU: NVML failed',
+        title: 'NVML failed',
         hint: 'The NVIDIA management library reported an error; the server log has details.'
       };
     default:

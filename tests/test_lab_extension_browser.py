@@ -1,0 +1,264 @@
+"""The JupyterLab extension in a real JupyterLab, through Debian's Chromium.
+
+A plain `jupyter lab` from .venv (no hub) on a free 127.0.0.1 port with a
+token; the gpulab-jupyter package is installed there as the README's set-up
+leaves it. Screenshots go to test-output/. On a machine without a GPU the item
+says "No GPU" and the panel explains why; on a GPU host the item shows numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "test-output"
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+GPU_TEXT = re.compile(r"^(\d+ GPUs|GPU) (\d+%|n/a) · [\d.?]+/[\d.?]+ GiB$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A real JupyterLab with the extension; yields (url, token, log path)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (scripts/setup.sh test installs it)")
+    home = tmp_path_factory.mktemp("lab")
+    port, token = free_port(), secrets.token_hex(16)
+    log = home / "lab.log"
+    # No "Jupyter news?" prompt (and no news fetch) over the page.
+    notif = home / "settings" / "@jupyterlab" / "apputils-extension"
+    notif.mkdir(parents=True)
+    (notif / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}'
+    )
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(home / "runtime"))
+    cmd = [
+        str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
+        "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={home}", f"--LabApp.workspaces_dir={home / 'ws'}",
+        f"--LabApp.user_settings_dir={home / 'settings'}", "--allow-root",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r = requests.get(f"{url}/api/status", params={"token": token}, timeout=2)
+                if r.ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("jupyter lab did not start:\n" + log.read_text()[-3000:])
+            time.sleep(0.3)
+        yield url, token, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser(lab):
+    from playwright.sync_api import sync_playwright
+
+    OUT.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(lab, browser):
+    url, token, _ = lab
+    pg = browser.new_page(viewport={"width": 1400, "height": 860})
+    pg.errors = []
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.goto(f"{url}/lab?token={token}", wait_until="domcontentloaded")
+    pg.wait_for_selector("#jp-main-statusbar", timeout=90_000)
+    yield pg
+    pg.close()
+
+
+def server_status(lab) -> dict:
+    url, token, _ = lab
+    r = requests.get(f"{url}/api/gpulab/v1/gpu", params={"token": token}, timeout=5)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_extension_is_installed_and_its_settings_load(lab):
+    url, token, _ = lab
+    r = requests.get(f"{url}/lab/api/settings/gpulab-jupyter:plugin", params={"token": token})
+    assert r.status_code == 200, r.text
+    props = r.json()["schema"]["properties"]
+    assert {"refreshInterval", "memoryWarning", "temperatureWarning"} <= set(props)
+
+
+def test_status_item_appears(lab, page):
+    item = page.locator("#jp-main-statusbar [data-gpulab=status]")
+    item.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-gpulab=status]').textContent.includes('…')",
+        timeout=30_000,
+    )
+    status = server_status(lab)
+    text = item.inner_text().strip()
+    page.screenshot(path=str(OUT / "lab-status-bar.png"))
+    if status["available"]:
+        assert GPU_TEXT.match(text), text
+    else:
+        assert text == "No GPU"
+        assert item.get_attribute("title").startswith("No GPU: ")
+        assert "jp-gpulab-level-none" in item.get_attribute("class")
+
+
+def test_panel_opens_and_explains(lab, page):
+    page.locator("[data-gpulab=status]").click()
+    panel = page.locator("[data-gpulab=panel]")
+    panel.wait_for(state="visible", timeout=30_000)
+    status = server_status(lab)
+    if status["available"]:
+        page.locator("[data-gpulab=panel] .jp-gpulab-Card").first.wait_for(timeout=15_000)
+        assert panel.locator(".jp-gpulab-Card").count() == len(status["gpus"])
+    else:
+        box = panel.locator(".jp-gpulab-NoGpu")
+        box.wait_for(timeout=15_000)
+        assert box.get_attribute("data-reason") == status["reason"]
+        text = box.inner_text()
+        assert "No GPU" in text
+        assert status["message"] in text
+        if status["reason"] == "no_driver":
+            assert "No NVIDIA driver" in text
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(OUT / "lab-gpu-panel.png"))
+    assert not [e for e in page.errors if "gpulab" in e.lower()], page.errors
+
+
+def test_server_log_has_no_extension_errors(lab):
+    _, _, log = lab
+    text = log.read_text(errors="replace")
+    assert "gpulab_jupyter | extension was successfully loaded" in text
+    assert not re.search(r"Traceback.*gpulab", text, re.S), text[-3000:]
+
+
+# -- The GPU layout, drawn from canned server answers --------------------------------------
+# This machine has no GPU, so to look at the GPU panel the browser is answered with
+# recorded-shape JSON (docs/gpu-status-api.md); the server path itself is covered for real
+# by tests/test_lab_extension_gpu.py on a GPU host.
+H100 = "GPU-5c3e9a04-8f2b-4c1d-9e6a-1b2c3d4e5f60"
+MIG = "MIG-7d1a2b3c-4d5e-6f70-8192-a3b4c5d6e7f8"
+GIB = 1 << 30
+
+
+def canned(now: float) -> dict[str, dict]:
+    import math
+
+    common = {"available": True, "reason": None, "message": "", "interval": 1.0,
+              "min_interval": 0.5, "process_interval": 5.0, "history_seconds": 600.0}  # fmt: skip
+    gpus = [
+        {"index": 0, "uuid": H100, "name": "NVIDIA H100 80GB HBM3", "nvml_index": "0",
+         "mig": False, "parent_uuid": None, "utilization": 43, "memory_utilization": 20,
+         "memory_used": int(12.1 * GIB), "memory_total": int(79.6 * GIB),
+         "memory_free": int(67.5 * GIB), "temperature": 47, "power_draw": 312.4,
+         "power_limit": 700.0},
+        {"index": 1, "uuid": MIG, "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+         "nvml_index": "1:0", "mig": True, "parent_uuid": "GPU-aaaa", "utilization": None,
+         "memory_utilization": None, "memory_used": int(38 * GIB),
+         "memory_total": int(39.5 * GIB), "memory_free": int(1.5 * GIB), "temperature": 38,
+         "power_draw": 90.0, "power_limit": 400.0},
+    ]  # fmt: skip
+    n = 300
+    ts = [now - (n - i) for i in range(n)]
+    wave = [50 + 45 * math.sin(i / 15) for i in range(n)]
+    history = {
+        **common,
+        "timestamps": ts,
+        "gpus": {
+            H100: {"utilization": [round(w) for w in wave],
+                   "memory_used": [int((8 + 4 * i / n) * GIB) for i in range(n)],
+                   "temperature": [40 + w / 10 for w in wave],
+                   "power_draw": [100 + 4 * w for w in wave]},
+            MIG: {"utilization": [None] * n,
+                  "memory_used": [int(38 * GIB)] * n,
+                  "temperature": [38] * n, "power_draw": [90] * n},
+        },
+    }  # fmt: skip
+    kernel = {"id": "k1", "name": "python3", "path": "experiments/train.ipynb",
+              "session": "train.ipynb", "type": "notebook"}  # fmt: skip
+    processes = {
+        "available": True,
+        "timestamp": now,
+        "processes": [
+            {"pid": 412, "name": "python", "kernel": kernel,
+             "command": "python -m ipykernel_launcher -f /run/kernel-k1.json",
+             "gpus": [{"uuid": H100, "index": 0, "memory_used": int(11.2 * GIB),
+                       "match": "pid"}]},
+            {"pid": 530, "name": "python", "kernel": None,
+             "command": "python finetune.py --epochs 3",
+             "gpus": [{"uuid": MIG, "index": 1, "memory_used": None, "match": None}]},
+        ],
+        "other": [{"uuid": MIG, "index": 1, "count": 2, "memory_used": int(30 * GIB)}],
+    }  # fmt: skip
+    status = {**common, "timestamp": now, "driver_version": "570.124.06", "gpus": gpus,
+              "summary": {"count": 2, "utilization": 43.0,
+                          "memory_used": int(50.1 * GIB), "memory_total": int(119.1 * GIB)},
+              "sampler": {"ticks": 600, "tick_us_per_gpu": 40.0}}  # fmt: skip
+    return {"gpu": status, "gpu/history": history, "gpu/processes": processes}
+
+
+def test_gpu_panel_layout_with_canned_answers(lab, browser):
+    url, token, _ = lab
+    answers = canned(time.time())
+
+    def answer(route):
+        path = route.request.url.split("/api/gpulab/v1/", 1)[1].split("?", 1)[0]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers[path]))
+
+    pg = browser.new_page(viewport={"width": 1400, "height": 860})
+    pg.route("**/api/gpulab/v1/gpu**", answer)
+    pg.goto(f"{url}/lab?token={token}", wait_until="domcontentloaded")
+    item = pg.locator("[data-gpulab=status]")
+    item.wait_for(timeout=90_000)
+    pg.wait_for_function(
+        "() => document.querySelector('[data-gpulab=status]').textContent.includes('GiB')"
+    )
+    assert item.inner_text().strip() == "2 GPUs 43% · 50.1/119 GiB"
+    assert "jp-gpulab-level-critical" in item.get_attribute("class")  # the MIG slice: 96% used
+    title = item.get_attribute("title")
+    assert "GPU 1: NVIDIA A100-SXM4-80GB MIG 3g.40gb (MIG slice) — n/a busy" in title
+    item.click()
+    panel = pg.locator("[data-gpulab=panel]")
+    panel.locator(".jp-gpulab-ProcessTable").wait_for(timeout=30_000)
+    assert panel.locator(".jp-gpulab-Card").count() == 2
+    assert panel.locator(".jp-gpulab-Sparkline").count() >= 7
+    table = panel.locator(".jp-gpulab-ProcessTable").inner_text()
+    assert "experiments/train.ipynb (python3 kernel)" in table
+    assert "2 other processes" in table and "unknown" in table
+    pg.wait_for_timeout(300)
+    pg.screenshot(path=str(OUT / "lab-gpu-panel-canned.png"))
+    pg.close()
