@@ -12,6 +12,8 @@ import requests
 from conftest import PREFIX, REPO, hub_env
 from hubclient import HubUser
 
+from gpulab_hub import images
+
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 
 
@@ -300,3 +302,22 @@ def test_docker_engine_unreachable_is_explained(docker_engine, tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def test_gpulab_build_and_images(hub, alice, two_projects, docker_engine):
+    built = hub.gpulab("build", "alice/one")
+    assert built.returncode == 0, built.stderr
+    assert "Using the image" in built.stdout and "alice/one: " in built.stdout
+    tag = built.stdout.strip().splitlines()[-1].split(": ")[1]
+
+    docker_engine.call("tag", tag, f"{PREFIX}/project", "stray")
+    listed = hub.gpulab("images")
+    assert "alice/one (current)" in listed.stdout
+    assert f"{PREFIX}/project:stray" in listed.stdout
+    pruned = hub.gpulab("images", "--prune")
+    assert pruned.returncode == 0, pruned.stderr
+    assert not images.image_id(docker_engine.call, f"{PREFIX}/project:stray")
+    assert images.image_id(docker_engine.call, tag)  # in use: kept
+
+    refused = hub.gpulab("build", "alice/Not-A-Name")
+    assert refused.returncode == 1 and "Invalid project name" in refused.stderr

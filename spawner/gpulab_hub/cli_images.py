@@ -67,18 +67,18 @@ def cmd_images(args, environ) -> int:
     keep = keep_tags(dk, root, repo)
     removed = 0
     for img in sorted(dk.call("images", name=repo), key=lambda i: -i["Created"]):
-        tags = [t for t in img.get("RepoTags") or [] if t.startswith(repo + ":")]
-        users = sorted({u for t in tags for u in keep.get(t, [])})
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(img["Created"]))
         size = img["Size"] / 2**20
-        label = ", ".join(users) if users else "unused"
-        print(f"{' '.join(tags):40} {size:8.0f} MiB  {created}  {label}")
-        if args.prune and not users:
-            for t in tags:
-                dk.call("remove_image", t)
-            removed += 1
+        for tag in sorted(t for t in img.get("RepoTags") or [] if t.startswith(repo + ":")):
+            users = ", ".join(sorted(set(keep.get(tag, [])))) or "unused"
+            print(f"{tag:40} {size:8.0f} MiB  {created}  {users}")
+            if args.prune and tag not in keep:
+                dk.call("remove_image", tag)
+                removed += 1
     if args.prune:
-        print(f"Removed {removed} unused project image(s); current and last good images are kept.")
+        print(
+            f"Removed {removed} unused project image tag(s); current and last good ones are kept."
+        )
     return 0
 
 

@@ -259,7 +259,6 @@ class ProjectSpawner(DockerSpawner):
             self._on_build_line,
             self.build_timeout,
             repo=self.image_repo,
-            labels={"gpulab.owner": self.user.name, "gpulab.project": project.name},
         )
 
     @default("options_form")
