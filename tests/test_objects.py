@@ -1,6 +1,6 @@
 """Whole container specs from the pure functions in gpulab_hub.objects."""
 
-from gpulab_hub.objects import ContainerSettings, container_spec
+from gpulab_hub.objects import ContainerSettings, GpuAssignment, container_spec, detect_isolation
 
 
 def settings(**overrides) -> ContainerSettings:
@@ -34,6 +34,8 @@ EXPECTED_ENV = {
     "GPULAB_PROJECT_DIR": "/workspace",
     "GPULAB_DATA": "/data",
     "HF_HOME": "/cache/huggingface",
+    "NVIDIA_VISIBLE_DEVICES": "void",
+    "CUDA_VISIBLE_DEVICES": "",
 }
 EXPECTED_VOLUMES = [
     "/cache/huggingface",
@@ -125,3 +127,64 @@ def test_spec_does_not_alias_its_inputs():
     spec["labels"]["x"] = "y"
     spec["command"].append("--debug")
     assert "EXTRA" not in s.env and "x" not in s.labels and "--debug" not in s.command
+
+
+H100 = "GPU-1f2e3d4c-0000-1111-2222-333344445555"
+H100_B = "GPU-9a8b7c6d-0000-1111-2222-333344446666"
+
+
+def test_gpu_spec_with_the_nvidia_runtime():
+    gpus = GpuAssignment(uuids=(H100, H100_B), minors=(0, 3), isolation="runtime")
+    spec = container_spec(settings(gpus=gpus))
+    assert spec["host_config"] == {
+        "binds": EXPECTED_BINDS,
+        "network_mode": "host",
+        "shm_size": "8g",
+        "device_requests": [
+            {
+                "driver": "nvidia",
+                "device_ids": [H100, H100_B],
+                "capabilities": [["gpu", "compute", "utility"]],
+            }
+        ],
+    }
+    assert spec["environment"] == {
+        **EXPECTED_ENV,
+        "NVIDIA_VISIBLE_DEVICES": f"{H100},{H100_B}",
+        "CUDA_VISIBLE_DEVICES": f"{H100},{H100_B}",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
+
+
+def test_gpu_spec_with_explicit_device_nodes():
+    gpus = GpuAssignment(uuids=(H100_B,), minors=(3,), isolation="devices")
+    spec = container_spec(settings(gpus=gpus))
+    assert spec["host_config"] == {
+        "binds": {
+            **EXPECTED_BINDS,
+            "/usr/local/nvidia": {"bind": "/usr/local/nvidia", "mode": "ro"},
+        },
+        "network_mode": "host",
+        "shm_size": "8g",
+        "devices": [
+            "/dev/nvidia3:/dev/nvidia3:rwm",
+            "/dev/nvidiactl:/dev/nvidiactl:rwm",
+            "/dev/nvidia-uvm:/dev/nvidia-uvm:rwm",
+            "/dev/nvidia-uvm-tools:/dev/nvidia-uvm-tools:rwm",
+        ],
+    }
+    assert spec["environment"] == {
+        **EXPECTED_ENV,
+        "NVIDIA_VISIBLE_DEVICES": H100_B,
+        "CUDA_VISIBLE_DEVICES": H100_B,
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64",
+    }
+    assert "/usr/local/nvidia" in spec["volumes"]
+
+
+def test_detect_isolation(tmp_path):
+    assert detect_isolation({"Runtimes": {"runc": {}, "nvidia": {}}}, str(tmp_path)) == "runtime"
+    assert detect_isolation({"Runtimes": {"runc": {}}}, str(tmp_path)) == "none"
+    (tmp_path / "nvidiactl").touch()
+    assert detect_isolation({"Runtimes": {"runc": {}}}, str(tmp_path)) == "devices"
