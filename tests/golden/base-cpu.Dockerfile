@@ -44,6 +44,11 @@ RUN python3 -m venv /opt/gpulab/venv \
       /opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl \
  && python -c "import jupyterhub, jupyterlab, gpulab_jupyter"
 
+# IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
+RUN mkdir -p /opt/gpulab/venv/etc/ipython \
+ && echo "c.InteractiveShellApp.extensions.append('gpulab_jupyter.magics')" \
+    > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py
+
 WORKDIR /workspace
 EXPOSE 8888
 CMD ["jupyterhub-singleuser"]

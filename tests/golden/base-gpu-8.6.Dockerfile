@@ -52,6 +52,11 @@ RUN python3 -m venv /opt/gpulab/venv \
  && pip install --no-cache-dir jupyterhub==6.1.1 jupyterlab==4.6.6 \
       /opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl \
  && python -c "import jupyterhub, jupyterlab, gpulab_jupyter"
+
+# IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
+RUN mkdir -p /opt/gpulab/venv/etc/ipython \
+ && echo "c.InteractiveShellApp.extensions.append('gpulab_jupyter.magics')" \
+    > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py
 RUN pip install --no-cache-dir torch==2.7.1 \
  && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
