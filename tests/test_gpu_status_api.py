@@ -199,3 +199,15 @@ def test_bad_numbers_are_a_400(fetch):
 def test_info_route_still_answers(fetch):
     body = get_json(fetch, "info")
     assert set(body) == {"version", "project", "owner", "workspace", "image"}
+
+
+def test_docs_describe_every_route_and_setting():
+    from pathlib import Path
+
+    from gpulab_jupyter.sampler import GPUSampler
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "gpu-status-api.md").read_text()
+    for pattern, _ in handlers.routes():
+        assert f"`GET {pattern.removeprefix(API_PREFIX + '/')}`" in doc, pattern
+    for name in GPUSampler.class_own_traits(config=True):
+        assert f"c.GPUSampler.{name}" in doc, name
