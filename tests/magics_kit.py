@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import site
 import subprocess
 import sys
 import sysconfig
@@ -136,12 +138,16 @@ def make_venv(path: Path) -> Path:
     (IPython, ipykernel, gpulab_jupyter) after its own. Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     python = path / "bin" / "python"
-    site = subprocess.run(
+    site_dir = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    parent = sysconfig.get_paths()["purelib"]
-    Path(site, "_gpulab_test_parent.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
+    parents = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    parents += site.getsitepackages() + [site.getusersitepackages()]
+    parents = [p for n, p in enumerate(parents) if p not in parents[:n] and os.path.isdir(p)]
+    Path(site_dir, "_gpulab_test_parent.pth").write_text(
+        "import site; " + "; ".join(f"site.addsitedir({p!r})" for p in parents) + "\n"
+    )
     spec = path / "share" / "jupyter" / "kernels" / "gpulabtest"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
@@ -149,6 +155,20 @@ def make_venv(path: Path) -> Path:
         "display_name": "gpulab test", "language": "python",
     }))  # fmt: skip
     return python
+
+
+def autoload_like_the_image(venv: Path) -> str:
+    """Write the IPython config that the base image template writes (so kernels of
+    this environment load the magics by themselves); returns its content."""
+    template = (REPO / "images" / "_base.Dockerfile.j2").read_text()
+    m = re.search(r'echo "(c\.InteractiveShellApp[^"]+)" \\\s*> (\S+)', template)
+    assert m, "the base template no longer enables the magics"
+    content, target = m.group(1), Path(m.group(2))
+    assert target.as_posix() == "/opt/gpulab/venv/etc/ipython/ipython_kernel_config.py"
+    path = venv / target.relative_to("/opt/gpulab/venv")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content + "\n")
+    return content
 
 
 def site_packages(python: Path) -> Path:

@@ -149,3 +149,26 @@ def test_fuzz_lines_outside_the_block_are_untouched(
     start, end = lines.index(df.START_MARKER), lines.index(df.END_MARKER)
     assert start == 2 and lines[1] == ""  # a blank line, then the block, after FROM
     assert lines[:1] + lines[end + 1 :] == plain.split(eol)
+
+
+def _write_lines(path: str, worker: int) -> None:
+    for i in range(5):
+        name = f"pkg-{worker}-{i}"
+        df.update(Path(path), [(name, f"RUN python -m pip install --no-cache-dir {name}==1")])
+
+
+def test_concurrent_writers_from_separate_processes_lose_nothing(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "Dockerfile"
+    path.write_text(TEMPLATE.read_text())
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_write_lines, args=(str(path), w)) for w in range(20)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+        assert w.exitcode == 0
+    names = df.managed_packages(path.read_text())
+    assert len(names) == 100
+    assert names.keys() == {f"pkg-{w}-{i}" for w in range(20) for i in range(5)}

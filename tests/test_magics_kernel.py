@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from magics_kit import (
     Kernel,
+    autoload_like_the_image,
     build_sdist,
     build_wheels,
     make_package,
@@ -53,6 +56,7 @@ def lab(tmp_path_factory):
     build_sdist(broken, wheelhouse)
     venv = root / "venv"
     make_venv(venv)
+    autoload_like_the_image(venv)
     project = root / "project"
     project.mkdir()
     env = pip_env()
@@ -88,9 +92,18 @@ def fresh_dockerfile(lab):
     new_dockerfile(lab["project"])
 
 
-def test_load_ext_registers_the_magics(lab):
-    out = lab["kernel"].run("%load_ext gpulab_jupyter.magics\n%gpu_install --help")
+def test_magics_load_by_themselves_and_with_load_ext(lab):
+    out = lab["kernel"].run("%gpu_install --help")  # the image's IPython config loaded them
     assert out["status"] == "ok", out
+    assert "usage: %gpu_install [options] PACKAGE" in out["stdout"]
+    out = lab["kernel"].run(
+        "%unload_ext gpulab_jupyter.magics\n"
+        "print('gpu_install' in get_ipython().magics_manager.magics['line'])\n"
+        "%load_ext gpulab_jupyter.magics\n"
+        "%gpu_install --help"
+    )
+    assert out["status"] == "ok", out
+    assert out["stdout"].startswith("False\n")
     assert "usage: %gpu_install [options] PACKAGE" in out["stdout"]
     assert "--allow-torch-change" in out["stdout"]
 
@@ -271,3 +284,31 @@ def test_no_dockerfile_means_nothing_is_installed(lab, tmp_path):
     assert out["status"] == "error"
     assert f"There is no Dockerfile at {tmp_path}/Dockerfile" in out["stderr"]
     assert tree(lab["venv"]) == env
+
+
+@pytest.mark.skipif(not shutil.which("nvcc"), reason="nvcc (CUDA toolkit) is not installed here")
+def test_cuda_code_without_a_gpu_installs_and_says_there_is_nothing_to_check(lab, tmp_path):
+    cu = tmp_path / "k.cu"
+    cu.write_text("__global__ void k(float *x) { x[0] = 1; }\n"
+                  'extern "C" void run(float *x) { k<<<1, 1>>>(x); }\n')  # fmt: skip
+    so = tmp_path / "libk.so"
+    nvcc = ["nvcc", "-shared", "-Xcompiler", "-fPIC", "-gencode=arch=compute_80,code=sm_80"]
+    subprocess.run([*nvcc, "-o", str(so), str(cu)], check=True, capture_output=True)
+    src = make_package(
+        tmp_path / "src", "tiny-cuda", "1.0",
+        {"tiny_cuda/__init__.py": "import ctypes, os\n"
+         "lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), 'libk.so'))\n"},
+        copy={"tiny_cuda/libk.so": str(so)},
+    )  # fmt: skip
+    build_wheels([src], lab["wh"])
+    out = magic(lab, "tiny-cuda")
+    assert out["status"] == "ok", out
+    assert "libk.so carries sm_80; there is no GPU here to check it against" in out["stdout"]
+    # The same binary, judged for an H100 (compute capability 9.0):
+    out = lab["kernel"].run(
+        "from gpulab_jupyter.magics import verify\n"
+        "print(verify.gpu_check('tiny-cuda', ['9.0']).problems[0])"
+    )
+    assert "libk.so has no code for this GPU (sm_90, compute capability 9.0)" in out["stdout"]
+    assert "carries sm_80 only" in out["stdout"]
+    assert "no kernel image is available for execution on the device" in out["stdout"]

@@ -125,6 +125,10 @@ class Installer:
                 self.progress.stage(stage)
 
         args = _pip_args(self.opts, benv, constraint_file, extra)
+        arch = benv.env.get("TORCH_CUDA_ARCH_LIST")
+        if arch:  # pip's wheel cache does not know the arch: one cache per arch list
+            base = os.environ.get("PIP_CACHE_DIR") or Path.home() / ".cache" / "pip"
+            args[1:1] = ["--cache-dir", str(Path(base) / "gpulab-arch" / arch.replace(";", "_"))]
         return pipenv.run_pip(args, self.manifest, self.log_path, env, self.opts.timeout, on_line)
 
     def run(self, gpus: buildenv.GpuReport) -> None:
