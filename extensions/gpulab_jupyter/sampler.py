@@ -187,6 +187,9 @@ class GPUSampler(LoggingConfigurable):
         """CUDA_VISIBLE_DEVICES as UUIDs, parsed the way CUDA does it (nvitop knows how)."""
         if cuda is None:
             return None
+        tokens = [t.strip() for t in cuda.split(",")]
+        if tokens and {d.uuid for d in found} >= set(tokens):
+            return tokens  # full UUIDs (what gpulab sets): nothing to resolve
         from nvitop.api.device import parse_cuda_visible_devices
 
         by_index = {d.nvml_index: d.uuid for d in found}
