@@ -191,11 +191,11 @@ def test_matmul_kernel_is_listed_by_kernel_and_notebook(server, matmul_kernel):
     deadline = time.monotonic() + 30
     while True:
         procs = server.get("api/gpulab/v1/gpu/processes")
-        ours = [
-            p for p in procs["processes"] if (p["kernel"] or {}).get("id") == matmul_kernel["id"]
-        ]
-        if ours and all(g["memory_used"] for g in ours[0]["gpus"]):
-            break
+        kid = matmul_kernel["id"]
+        ours = [p for p in procs["processes"] if (p["kernel"] or {}).get("id") == kid]
+        fresh = procs["timestamp"] and procs["timestamp"] > matmul_kernel["at"]
+        if fresh and ours and all(g["memory_used"] for g in ours[0]["gpus"]):
+            break  # a process list read after the tensors were allocated
         assert time.monotonic() < deadline, procs
         time.sleep(0.5)
     row = ours[0]
