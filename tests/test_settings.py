@@ -2,7 +2,7 @@
 
 from traitlets.config import Config
 
-from gpulab_hub import settings
+from gpulab_hub import doctor, settings
 
 
 def applied(environ) -> Config:
@@ -22,6 +22,14 @@ def test_defaults_give_a_working_single_machine_hub():
             "cookie_secret_file": "/srv/gpulab/hub/jupyterhub_cookie_secret",
             "pid_file": "/srv/gpulab/hub/jupyterhub.pid",
             "cleanup_servers": False,
+            "extra_handlers": [
+                (
+                    "/gpulab/doctor",
+                    "gpulab_hub.doctor.web.DoctorHandler",
+                    {"report_path": "/srv/gpulab/hub/doctor-last.json"},
+                )
+            ],
+            "template_paths": [str(doctor.TEMPLATES)],
             "authenticator_class": "gpulab_hub.auth.GpulabAuthenticator",
             "allow_named_servers": True,
             "named_server_limit_per_user": 10,

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 import requests
 
 from . import baseimage, cli_images, gpus, host, settings
+from .doctor.cli import add_parser as add_doctor_parser
 
 INSTANCE_LABEL = "gpulab.instance"
 NOTEBOOK_GID = 100  # the notebook user's group in gpulab images (ProjectSpawner.notebook_gid)
@@ -177,6 +178,7 @@ def main(argv=None) -> int:
         fn=cmd_down
     )
     sub.add_parser("status", help="show the hub and project containers").set_defaults(fn=cmd_status)
+    add_doctor_parser(sub)
     cli_images.add_parsers(sub)
     args = parser.parse_args(argv)
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import objects
+from . import doctor, objects
 
 DEFAULTS = {
     "GPULAB_HOME": "/srv/gpulab",
@@ -61,6 +61,9 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.JupyterHub.pid_file = str(hub_dir / "jupyterhub.pid")
     # Project containers keep running across hub restarts; `gpulab down` stops them.
     c.JupyterHub.cleanup_servers = False
+    # `gpulab doctor`'s last report, for admins at /hub/gpulab/doctor (linked in the nav bar).
+    c.JupyterHub.extra_handlers = doctor.hub_handlers(hub_dir)
+    c.JupyterHub.template_paths = [str(doctor.TEMPLATES)]
 
     network = s["GPULAB_NETWORK"]
     if network == objects.HOST_NETWORK:

@@ -1,0 +1,20 @@
+"""``gpulab doctor``: the host (driver, Docker, GPUs, memory, disk) and, with
+``--project``, a project's container, checked for the failures the platform
+notes lived through; each finding says what was seen and the fix.
+
+Importing this package is cheap (settings.py does, to wire the hub page): the
+checks live in the modules below and load NVML only when they run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TEMPLATES = Path(__file__).with_name("templates")
+PAGE = "/gpulab/doctor"
+
+
+def hub_handlers(hub_dir: str | Path) -> list[tuple]:
+    """JupyterHub ``extra_handlers``: the last report at /hub/gpulab/doctor, for admins."""
+    report = str(Path(hub_dir) / "doctor-last.json")
+    return [(PAGE, "gpulab_hub.doctor.web.DoctorHandler", {"report_path": report})]

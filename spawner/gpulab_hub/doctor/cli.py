@@ -1,0 +1,60 @@
+"""``gpulab doctor``: the subcommand's options and what it prints."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+from .. import settings
+from . import PAGE
+from .findings import exit_code, render_table, to_json
+from .report import Options, report_path, run, save
+
+HELP = "check this host (and a project) for the GPU, Docker, memory and disk traps"
+EPILOG = """exit code: 0 all ok, 1 warnings, 2 failures. A host without a GPU warns about
+it (a hub can run CPU-only); say it is meant to be so with --cpu-only to get 0."""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("doctor", help=HELP, description=HELP + ".", epilog=EPILOG)
+    p.add_argument(
+        "--json", action="store_true", help='print a JSON list of {"id", "status", "seen", "fix"}'
+    )
+    p.add_argument(
+        "--project",
+        metavar="USER/PROJECT",
+        help="also check inside this project's container (or a throwaway one of "
+        "its image when it is not running)",
+    )
+    p.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="this host is meant to have no GPU: no GPU is ok, not a warning",
+    )
+    p.add_argument(
+        "--image",
+        help="image for the GPU test container (default: the first "
+        "image in use with a python3, the base image first)",
+    )
+    p.set_defaults(fn=cmd_doctor)
+
+
+def cmd_doctor(args, environ) -> int:
+    opts = Options(project=args.project, cpu_only=args.cpu_only, image=args.image)
+    findings, report = run(environ, opts)
+    site = settings.site(environ)
+    path = report_path(site)
+    note = f"Report saved to {path}; admins see it at /hub{PAGE} on the hub."
+    try:
+        save(report, path)
+    except OSError as e:
+        note = f"(could not save the report to {path}: {e})"
+    if args.json:
+        print(to_json(findings))
+        print(note, file=sys.stderr)
+    else:
+        color = sys.stdout.isatty() and not environ.get("NO_COLOR")
+        width = shutil.get_terminal_size((110, 24)).columns
+        print(render_table(findings, color=color, width=width))
+        print(note)
+    return exit_code(findings)

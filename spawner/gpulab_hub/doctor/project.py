@@ -1,0 +1,292 @@
+"""Checks inside one project's container: CUDA copies, visible GPUs, torch, precision.
+
+``gpulab doctor --project USER/PROJECT`` runs probe.py in the running container
+(``docker exec``), or in a throwaway container of the project's image. The
+checks are pure functions of the facts the probe reports.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .. import host, images, objects, settings
+from . import cuda, docker_checks, libs, probe
+from .findings import FAIL, OK, WARN, Finding
+from .gpu import Gpu
+
+NO_GPU_CVD = ("", "-1", "none", "nodevfiles")
+
+
+def normalize(facts: dict) -> dict:
+    """Add the probe's ``ldconfig -p`` lines to its list of libraries."""
+    extra = [
+        {"path": path, "real": facts.get("realpaths", {}).get(path, path), "where": "ldconfig"}
+        for _, path in libs.parse_ldconfig(facts.get("ldconfig", ""))
+    ]
+    return {**facts, "libs": list(facts.get("libs", [])) + extra}
+
+
+def torch_gpus(facts: dict) -> list[Gpu]:
+    devices = facts.get("torch", {}).get("devices") or []
+    return [Gpu(i, d["name"], cc=tuple(d["cc"])) for i, d in enumerate(devices)]
+
+
+def check_visible_devices(facts: dict) -> Finding:
+    """project.visible_devices: CUDA_VISIBLE_DEVICES does not hide the allocated GPUs."""
+    fid = "project.visible_devices"
+    n = len(facts.get("device_nodes", []))
+    cvd = facts.get("env", {}).get("CUDA_VISIBLE_DEVICES")
+    if n == 0:
+        return Finding(fid, OK, "no GPU is allocated to this project's container")
+    if cvd is None:
+        return Finding(fid, OK, f"CUDA_VISIBLE_DEVICES is unset: all {n} allocated GPU(s) visible")
+    fix = (
+        "Remove CUDA_VISIBLE_DEVICES from the Dockerfile / notebook: the container holds only "
+        f"its own GPUs, numbered 0..{n - 1} inside it."
+    )
+    if cvd.strip().lower() in NO_GPU_CVD:
+        return Finding(
+            fid, FAIL, f"CUDA_VISIBLE_DEVICES={cvd!r} hides all {n} allocated GPU(s)", fix
+        )
+    items = [i.strip() for i in cvd.split(",") if i.strip()]
+    if all(i.isdigit() for i in items):
+        missing = [i for i in items if int(i) >= n]
+        if missing:
+            return Finding(
+                fid,
+                FAIL,
+                f"CUDA_VISIBLE_DEVICES={cvd!r} names GPU {', '.join(missing)}"
+                f", but the container has {n} (0..{n - 1}); CUDA stops at the first "
+                "missing index, so later ones are hidden too",
+                fix,
+            )
+        if len(set(items)) < n:
+            return Finding(
+                fid,
+                WARN,
+                f"CUDA_VISIBLE_DEVICES={cvd!r} shows {len(set(items))} of "
+                f"the {n} allocated GPUs; the others sit idle",
+                fix,
+            )
+    return Finding(fid, OK, f"CUDA_VISIBLE_DEVICES={cvd!r} with {n} allocated GPU(s)")
+
+
+def check_torch(facts: dict) -> Finding:
+    """project.torch: torch imports and, when GPUs are allocated, sees CUDA."""
+    fid = "project.torch"
+    t = facts.get("torch", {})
+    n = len(facts.get("device_nodes", []))
+    if t.get("error"):
+        return Finding(
+            fid,
+            FAIL,
+            f"`import torch` fails: {t['error']}",
+            "Reinstall torch with its CUDA libraries (`pip install --force-reinstall "
+            "torch`), and check project.cudart / project.cudnn.",
+        )
+    if not t.get("version"):
+        return Finding(fid, OK, "torch is not installed in this project")
+    build = f"torch {t['version']} (CUDA {t.get('cuda') or 'none: CPU build'})"
+    if n == 0:
+        return Finding(fid, OK, f"{build}; no GPU allocated, so it runs on the CPU")
+    if not t.get("cuda"):
+        return Finding(
+            fid,
+            WARN,
+            f"{build} with {n} GPU(s) allocated: the GPUs go unused",
+            "Install a CUDA build of torch (e.g. `pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu124`) with %gpu_install.",
+        )
+    if not t.get("available"):
+        why = t.get("cuda_error") or "torch.cuda.is_available() is False"
+        return Finding(
+            fid,
+            FAIL,
+            f"{build} does not see CUDA with {n} GPU(s) allocated: {why}",
+            "See project.visible_devices, and on the host host.driver and "
+            "image.*.cuda (the driver must support torch's CUDA).",
+        )
+    names = ", ".join(d["name"] for d in t.get("devices", []))
+    return Finding(fid, OK, f"{build} sees {t.get('device_count', 0)} GPU(s): {names}")
+
+
+def check_precision(facts: dict) -> Finding | None:
+    """project.precision: bf16 or fp16 for mixed precision on these GPUs (advice)."""
+    gpus = torch_gpus(facts)
+    if not gpus:
+        return None
+    names = ", ".join(sorted({g.name for g in gpus}))
+    if all(g.cc and g.cc >= (8, 0) for g in gpus):
+        return Finding(
+            "project.precision",
+            OK,
+            f"{names} support bf16 natively",
+            "Prefer torch.autocast(dtype=torch.bfloat16): fp16's range, no GradScaler.",
+        )
+    return Finding(
+        "project.precision",
+        OK,
+        f"{names}: no native bf16 (compute capability < 8.0)",
+        "Use fp16 with torch.amp.GradScaler; bf16 here is emulated and slow.",
+    )
+
+
+def check_alloc_conf(facts: dict) -> Finding:
+    """project.alloc_conf: PYTORCH_CUDA_ALLOC_CONF set against fragmentation."""
+    fid = "project.alloc_conf"
+    env = facts.get("env", {})
+    value = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF")
+    if not facts.get("torch", {}).get("cuda") or not facts.get("device_nodes"):
+        return Finding(fid, OK, "not needed: no CUDA torch or no GPU in this project")
+    if value:
+        return Finding(fid, OK, f"PYTORCH_CUDA_ALLOC_CONF={value!r}")
+    return Finding(
+        fid,
+        WARN,
+        "PYTORCH_CUDA_ALLOC_CONF is unset: a fragmented cache can raise "
+        "'CUDA out of memory' with gigabytes 'reserved but unallocated'",
+        "Add `ENV PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` to the project's Dockerfile.",
+    )
+
+
+def analyze(facts: dict) -> list[Finding]:
+    """Every in-project finding from the probe's facts."""
+    facts = normalize(facts)
+    out = [
+        libs.check_copies(facts, "cudart"),
+        libs.check_copies(facts, "cudnn"),
+        check_visible_devices(facts),
+        check_torch(facts),
+    ]
+    gpus = torch_gpus(facts)
+    t = facts.get("torch", {})
+    if gpus and t.get("version"):
+        value = facts.get("env", {}).get("TORCH_CUDA_ARCH_LIST")
+        out.append(
+            cuda.check_torch_arch("project.torch_arch", t["version"], t.get("arch_flags"), gpus)
+        )
+        out.append(cuda.check_build_arch_list("project.build_arch_list", value, t["version"], gpus))
+    precision = check_precision(facts)
+    out += [precision] if precision else []
+    out.append(check_alloc_conf(facts))
+    return out
+
+
+# --- finding the project's container or image, and running the probe ---
+
+
+def find_container(dk: host.Docker, prefix: str, user: str, project: str) -> dict | None:
+    labels = [f"gpulab.instance={prefix}", f"gpulab.owner={user}", f"gpulab.project={project}"]
+    found = dk.call("containers", filters={"label": labels})
+    if found:
+        return found[0]
+    name = f"{prefix}-{user}--{project}"
+    return next(
+        (
+            c
+            for c in dk.call("containers", filters={"name": name})
+            if f"/{name}" in c.get("Names", [])
+        ),
+        None,
+    )
+
+
+def find_image(dk: host.Docker, site: dict, user: str, project: str) -> str | None:
+    """The project's newest image: labelled by its build, or the spawner's record of
+    its last image that built (``.gpulab/image.json`` in the project folder)."""
+    labels = [f"gpulab.owner={user}", f"gpulab.project={project}"]
+    repo = site["GPULAB_IMAGE_REPO"] + ":"
+    tags = [
+        (img["Created"], tag)
+        for img in dk.call("images", filters={"label": labels})
+        for tag in img.get("RepoTags") or []
+        if tag.startswith(repo)
+    ]
+    if tags:
+        return max(tags)[1]
+    record = settings.paths(site["GPULAB_HOME"])["projects"] / user / project / ".gpulab"
+    try:
+        tag = json.loads((record / "image.json").read_text())["last_good"]["tag"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return tag if images.image_id(dk.call, tag) else None
+
+
+def exec_probe(dk: host.Docker, container_id: str) -> dict:
+    source = Path(probe.__file__).read_text()
+    try:
+        eid = dk.call("exec_create", container_id, ["python3", "-c", source, "project"])["Id"]
+        out = dk.call("exec_start", eid).decode(errors="replace")
+    except docker_checks.DOCKER_ERRORS as e:
+        return {"error": docker_checks._short(e)}
+    facts = docker_checks.parse_probe_output(out)
+    if facts is None:
+        return {"error": "the probe printed no facts: " + " | ".join(out.strip().splitlines()[-3:])}
+    return facts
+
+
+def project_findings(
+    dk: host.Docker,
+    site: dict,
+    spec: str,
+    gpus: objects.GpuAssignment | None,
+) -> list[Finding]:
+    """All in-project findings for ``spec`` = USER/PROJECT; a throwaway container gets
+    ``gpus`` (every GPU, the way gpulab gives them), when the project is not running."""
+    user, _, project = spec.partition("/")
+    if not user or not project:
+        return [
+            Finding(
+                "project.container",
+                FAIL,
+                f"{spec!r} is not USER/PROJECT",
+                "Name the project as USER/PROJECT, e.g. `--project alice/one`.",
+            )
+        ]
+    prefix = site["GPULAB_CONTAINER_PREFIX"]
+    try:
+        container = find_container(dk, prefix, user, project)
+        if container and container.get("State") == "running":
+            where = f"the running container {container['Names'][0].lstrip('/')}"
+            facts = exec_probe(dk, container["Id"])
+        else:
+            image = find_image(dk, site, user, project)
+            if image is None:
+                return [
+                    Finding(
+                        "project.container",
+                        FAIL,
+                        f"project {spec} is not running and has no image",
+                        f"Start {spec} once from the hub (its image is built "
+                        "then), or check the name.",
+                    )
+                ]
+            given = f" with {len(gpus.uuids)} GPU(s)" if gpus else ""
+            where = (
+                f"a throwaway container of its image {image}{given} (the project is not running)"
+            )
+            host_config, env = docker_checks.gpu_container_args(gpus) if gpus else ({}, {})
+            facts = docker_checks.run_probe(
+                dk, image, ["project"], prefix, host_config=host_config, environment=env
+            )
+    except docker_checks.DOCKER_ERRORS as e:
+        return [
+            Finding(
+                "project.container",
+                FAIL,
+                f"Docker: {docker_checks._short(e)}",
+                "See docker.engine.",
+            )
+        ]
+    if "error" in facts:
+        return [
+            Finding(
+                "project.container",
+                FAIL,
+                f"probing {spec} in {where}: {facts['error']}",
+                "The image needs a python3 on its PATH (gpulab's base image has one).",
+            )
+        ]
+    seen = f"{spec}: checked in {where}, Python {facts.get('python', '?')}"
+    return [Finding("project.container", OK, seen), *analyze(facts)]

@@ -1,0 +1,234 @@
+"""Run every check, in an order where later ones reuse what earlier ones found,
+and keep the last report at ``<GPULAB_HOME>/hub/doctor-last.json``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from .. import host, images, settings
+from . import cuda, docker_checks, gpu, project, resources
+from .findings import FAIL, OK, WARN, Finding, exit_code
+
+MAX_IMAGES = 6  # images looked into per run (each is one short container)
+REPORT_NAME = "doctor-last.json"
+IMAGE_CACHE_NAME = "doctor-images.json"
+
+
+@dataclass
+class Options:
+    project: str | None = None  # USER/PROJECT
+    cpu_only: bool = False  # this host is meant to have no GPU
+    image: str | None = None  # image for the GPU test container (default: the base image)
+
+
+def report_path(site: dict) -> Path:
+    return settings.paths(site["GPULAB_HOME"])["hub"] / REPORT_NAME
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def images_in_use(dk: host.Docker, site: dict, projects_root: Path) -> list[str]:
+    """The base image, what project Dockerfiles start FROM, images of running projects."""
+    refs = [site["GPULAB_BASE_IMAGE"]]
+    for dockerfile in sorted(projects_root.glob("*/*/Dockerfile")):
+        try:
+            refs.append(images.base_of(dockerfile.read_text()))
+        except (OSError, ValueError):
+            continue
+    label = f"gpulab.instance={site['GPULAB_CONTAINER_PREFIX']}"
+    refs += [c["Image"] for c in dk.call("containers", filters={"label": label})]
+    return [r for r in dict.fromkeys(refs) if r]
+
+
+def image_facts(dk: host.Docker, ref: str, prefix: str, cache: dict) -> dict | None:
+    """Env and torch facts of a local image (cached by image ID: an ID never changes)."""
+    try:
+        inspected = dk.call("inspect_image", ref)
+    except docker_checks.DOCKER_ERRORS:
+        return None
+    image_id = inspected["Id"]
+    env = dict(e.split("=", 1) for e in inspected["Config"].get("Env") or [] if "=" in e)
+    if image_id not in cache:
+        facts = docker_checks.run_probe(dk, ref, ["image"], prefix)
+        if "error" in facts:
+            return {"id": image_id, "env": env, "error": facts["error"]}
+        cache[image_id] = facts
+    return {"id": image_id, "env": env, **cache[image_id]}
+
+
+def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) -> list[Finding]:
+    out = []
+    if "error" in facts:
+        out.append(
+            Finding(
+                f"image.{ref}.probe",
+                WARN,
+                f"cannot look inside {ref}: {facts['error']}",
+                "Give the image a python3 on its PATH (gpulab's "
+                "base image has one) so torch and its CUDA can be checked.",
+            )
+        )
+    t = facts.get("torch", {})
+    torch_cuda = gpu.version_tuple(t.get("cuda", ""))[:2] or None
+    image_cuda = cuda.image_cuda_version(facts["env"])
+    out.append(cuda.check_image_cuda(ref, image_cuda, torch_cuda, inv, cpu_only))
+    if inv.gpus:
+        version = t.get("version", "")
+        out.append(
+            cuda.check_torch_arch(f"image.{ref}.torch_arch", version, t.get("arch_flags"), inv.gpus)
+        )
+        out.append(
+            cuda.check_build_arch_list(
+                f"image.{ref}.build_arch_list",
+                facts["env"].get("TORCH_CUDA_ARCH_LIST"),
+                version,
+                inv.gpus,
+            )
+        )
+    return out
+
+
+def docker_findings(dk, info, site, environ, opts, inv, hub_dir) -> list[Finding]:
+    drivers = docker_checks.driver_dir(environ)
+    out = [docker_checks.check_gpu_access(info, inv, drivers, opts.cpu_only)]
+    prefix = site["GPULAB_CONTAINER_PREFIX"]
+    projects_root = settings.paths(site["GPULAB_HOME"])["projects"]
+    refs = images_in_use(dk, site, projects_root)
+    cache_file = hub_dir / IMAGE_CACHE_NAME
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    checked = refs[:MAX_IMAGES]
+    with ThreadPoolExecutor(3) as pool:
+        facts = dict(
+            zip(
+                checked, pool.map(lambda r: image_facts(dk, r, prefix, cache), checked), strict=True
+            )
+        )
+    present = [r for r in checked if facts[r] is not None]
+    test_image = opts.image or next((r for r in present if "error" not in facts[r]), None)
+    out.append(
+        docker_checks.check_gpu_container(dk, test_image, inv, info, drivers, prefix, opts.cpu_only)
+    )
+    base = site["GPULAB_BASE_IMAGE"]
+    if facts.get(base) is None:
+        out.append(
+            Finding(
+                f"image.{base}.present",
+                WARN,
+                f"the base image {base} is not built",
+                "Run `gpulab up`: it builds the base image new projects start FROM.",
+            )
+        )
+    more = f" (the first {MAX_IMAGES} of {len(refs)})" if len(refs) > MAX_IMAGES else ""
+    out.append(
+        Finding(
+            "images.in_use", OK, f"images in use{more}: " + (", ".join(present) or "none built yet")
+        )
+    )
+    for ref in present:
+        out += image_findings(ref, facts[ref], inv, opts.cpu_only)
+    with contextlib.suppress(OSError):  # a read-only hub folder: the cache only saves time
+        cache_file.write_text(json.dumps(cache))
+    volumes = [
+        v["Name"]
+        for v in dk.call("volumes").get("Volumes") or []
+        if v["Name"].startswith(f"{prefix}-hf-")
+    ]
+    out.append(resources.check_docker_disk(info))
+    out.append(
+        resources.check_hf_cache(
+            volumes, info.get("DockerRootDir", ""), "/cache/huggingface", environ
+        )
+    )
+    return out
+
+
+def run(environ, opts: Options) -> tuple[list[Finding], dict]:
+    """Every finding, and the report (with when, where, the exit code) to save."""
+    started = time.monotonic()
+    site = settings.site(environ)
+    paths = settings.paths(site["GPULAB_HOME"])
+    inv = gpu.inventory()
+    proc_version = _read("/proc/version")
+    wsl = resources.is_wsl2(proc_version, environ)
+    meminfo = _read("/proc/meminfo")
+    findings = [
+        gpu.check_driver(inv, gpu.nvidia_pci_devices(), wsl, opts.cpu_only),
+        resources.check_memory(meminfo, os.cpu_count() or 1),
+    ]
+    if wsl:
+        conf = resources.find_wslconfig(environ=environ)
+        findings.append(
+            resources.check_wsl2(
+                meminfo,
+                _read(str(conf)) if conf else None,
+                str(conf or "%UserProfile%\\.wslconfig"),
+            )
+        )
+    findings.append(
+        resources.check_disk(
+            "disk.gpulab_home",
+            "gpulab's projects and data",
+            site["GPULAB_HOME"],
+            resources.HOME_DISK,
+        )
+    )
+    dk = docker_checks.DoctorDocker()
+    engine, info = docker_checks.check_engine(dk)
+    findings.append(engine)
+    if info is not None:
+        try:
+            findings += docker_findings(dk, info, site, environ, opts, inv, paths["hub"])
+            if opts.project:
+                drivers = docker_checks.driver_dir(environ)
+                gpus = docker_checks.all_gpus(inv, info, drivers)
+                findings += project.project_findings(dk, site, opts.project, gpus)
+        except docker_checks.DOCKER_ERRORS as e:
+            findings.append(
+                Finding(
+                    "docker.engine",
+                    FAIL,
+                    f"the Docker engine stopped answering mid-check: {docker_checks._short(e)}",
+                    "Check `docker info` and the engine's log, then run again.",
+                )
+            )
+    report = {
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "project": opts.project,
+        "cpu_only": opts.cpu_only,
+        "exit_code": exit_code(findings),
+        "duration_s": round(time.monotonic() - started, 1),
+        "findings": [f.to_dict() for f in findings],
+    }
+    return findings, report
+
+
+def save(report: dict, path: Path) -> None:
+    """Write atomically, so the hub page never reads half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(path)
+
+
+def load_last(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
