@@ -14,10 +14,12 @@ import time
 import pytest
 import tornado.httpclient
 
+# pytest-jupyter's fixtures for this module only: as `pytest_plugins` they would apply
+# (with an autouse event-loop fixture) to every later test of the suite.
+from pytest_jupyter.jupyter_server import *  # noqa: F403
+
 from gpulab_jupyter import handlers
 from gpulab_jupyter.handlers import API_PREFIX
-
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 REASONS = {"no_driver", "none_allocated", "nvml_error", "starting", None}
 COMMON = {"available", "reason", "message", "interval", "min_interval", "process_interval"}
