@@ -440,3 +440,26 @@ def test_table_for_people():
     assert all(len(line) <= 80 for line in plain.splitlines())
     assert "-> Install it." in plain and "0 ok, 1 warnings, 0 failures" in plain
     assert "\033[33mwarn" in findings.render_table(rows, color=True)
+
+
+DOCUMENTED_IDS = (
+    "host.driver host.memory host.wsl2 host.hf_cache disk.gpulab_home disk.docker docker.engine "
+    "docker.gpu_access docker.gpu_container images.in_use image.<ref>.present image.<ref>.probe "
+    "image.<ref>.cuda image.<ref>.torch_arch image.<ref>.build_arch_list project.container "
+    "project.cudart project.cudnn project.visible_devices project.torch project.torch_arch "
+    "project.build_arch_list project.precision project.alloc_conf"
+).split()
+
+
+def test_every_check_is_documented_and_made_by_the_code():
+    doc = (Path(__file__).parents[1] / "docs" / "doctor.md").read_text()
+    source = "".join(p.read_text() for p in Path(findings.__file__).parent.glob("*.py"))
+    for fid in DOCUMENTED_IDS:
+        assert f"`{fid}`" in doc, f"docs/doctor.md does not describe {fid}"
+        if "<ref>" in fid:  # f"image.{ref}.cuda"
+            made = fid.rpartition(".")[2] + '"' in source
+        elif fid in ("project.cudart", "project.cudnn"):  # f"project.{fam}"
+            made = f'"{fid.rpartition(".")[2]}"' in source and 'f"project.{fam}"' in source
+        else:
+            made = f'"{fid}"' in source
+        assert made, f"no check makes {fid}"
