@@ -136,7 +136,9 @@ def build_sdist(src: Path, wheelhouse: Path) -> Path:
 def make_venv(path: Path) -> Path:
     """A throwaway environment (its own pip) that also sees the test runner's packages
     (IPython, ipykernel, gpulab_jupyter) after its own. Returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    made = subprocess.run([sys.executable, "-m", "venv", str(path)], capture_output=True)
+    if made.returncode != 0:  # no ensurepip (Debian without python3-venv): the runner's pip
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
     python = path / "bin" / "python"
     site_dir = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

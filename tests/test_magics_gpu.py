@@ -7,6 +7,7 @@ recorded. Skips, saying why, where there is no NVIDIA driver, no torch, or no nv
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import textwrap
 import time
@@ -166,7 +167,7 @@ def test_extension_built_here_is_verified_and_recorded(lab, gpu, extension):
     assert "the --check code ran" in out["stdout"]
     text = (lab["project"] / "Dockerfile").read_text()
     line = next(ln for ln in text.splitlines() if "tiny-cuda-ext==1.0" in ln)
-    assert f"TORCH_CUDA_ARCH_LIST='{arch}'" in line
+    assert f"TORCH_CUDA_ARCH_LIST={shlex.quote(arch)} " in line
     assert "FORCE_CUDA=1" in line and "MAX_JOBS=" in line
     assert "--no-build-isolation" in line
     assert line.endswith("&& python -c 'import tiny_cuda_ext'")

@@ -312,3 +312,16 @@ def test_cuda_code_without_a_gpu_installs_and_says_there_is_nothing_to_check(lab
     assert "libk.so has no code for this GPU (sm_90, compute capability 9.0)" in out["stdout"]
     assert "carries sm_80 only" in out["stdout"]
     assert "no kernel image is available for execution on the device" in out["stdout"]
+
+
+def test_a_local_wheel_needs_allow_local_and_is_recorded_pinned(lab):
+    wheel = next(lab["wh"].glob("tiny_other-1.0-*.whl"))
+    refused = lab["kernel"].run(f"%gpu_install {wheel}")
+    assert refused["status"] == "error" and "--allow-local" in refused["stderr"]
+    out = lab["kernel"].run(f"%gpu_install --allow-local {wheel}")
+    assert out["status"] == "ok", out
+    assert "is not visible to image builds" in out["stdout"]
+    assert managed_lines(lab["project"]) == [
+        "RUN python -m pip install --no-cache-dir tiny-other==1.0 && python -c 'import tiny_other'"
+    ]
+    lab["kernel"].run("%pip uninstall -q -y tiny-other")

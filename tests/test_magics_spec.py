@@ -127,3 +127,23 @@ def test_relevant_pip_lines():
         "torch==2.4.0"
     ]
     assert piplog.out_of_memory(["c++: fatal error: Killed signal terminated program cc1plus"])
+
+
+def test_the_recorded_line_of_a_package_compiled_for_this_gpu():
+    from gpulab_jupyter.magics.install import run_line
+
+    h100 = buildenv.GpuReport(gpus=[buildenv.Gpu(0, "NVIDIA H100 80GB HBM3", "9.0")])
+    benv = buildenv.build_env(["flash-attn"], h100, torch_installed=True, jobs=4)
+    assert benv.no_build_isolation  # flash-attn imports torch in its build
+    opts = options.parse("flash-attn")
+    line = run_line(opts.specs[0], "2.6.3", opts, benv.env, benv.no_build_isolation,
+                    ["flash_attn"])  # fmt: skip
+    assert line == (
+        "RUN TORCH_CUDA_ARCH_LIST=9.0+PTX CMAKE_CUDA_ARCHITECTURES='90-real;90-virtual' "
+        "CUDAARCHS='90-real;90-virtual' FLASH_ATTN_CUDA_ARCHS=90 FORCE_CUDA=1 MAX_JOBS=4 "
+        "CMAKE_BUILD_PARALLEL_LEVEL=4 python -m pip install --no-cache-dir "
+        "--no-build-isolation flash-attn==2.6.3 && python -c 'import flash_attn'"
+    )
+    none = buildenv.build_env(["six"], buildenv.GpuReport(problem="no driver"), False)
+    assert "TORCH_CUDA_ARCH_LIST" not in none.env and not none.no_build_isolation
+    assert none.notes == ["No GPU to build for (no driver): CUDA architectures are not set."]

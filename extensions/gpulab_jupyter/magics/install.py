@@ -38,7 +38,8 @@ def _direct_reference(name: str) -> str:
 def run_line(spec, version, opts, env, no_isolation, modules) -> str:
     """The pinned, self-verifying RUN line recorded for one package."""
     extras = f"[{','.join(spec.extras)}]" if spec.extras else ""
-    url = _direct_reference(spec.name) if spec.url else ""
+    remote = spec.url and not spec.url.startswith("file:")  # a build cannot see local files
+    url = _direct_reference(spec.name) if remote else ""
     req = f"{spec.name}{extras} @ {url}" if url else f"{spec.name}{extras}=={version}"
     cmd = ["python", "-m", "pip", "install", "--no-cache-dir"]
     cmd += ["--no-build-isolation"] if no_isolation else []
@@ -214,7 +215,8 @@ class Installer:
         if self.opts.apt:
             say(f"  apt: {' '.join(self.opts.apt)} recorded; a rebuild (restart the project) "
                 "installs it.")  # fmt: skip
-        local = [s.text for s in self.opts.specs if s.local] + self.opts.local_locations
+        local = [s.text for s in self.opts.specs if s.local or s.url.startswith("file:")]
+        local += self.opts.local_locations
         if local:
             say(f"  Note: {', '.join(local)} is not visible to image builds; the build installs "
                 "the pinned versions from the package index.")  # fmt: skip
