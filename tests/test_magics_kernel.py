@@ -106,6 +106,10 @@ def test_magics_load_by_themselves_and_with_load_ext(lab):
     assert out["stdout"].startswith("False\n")
     assert "usage: %gpu_install [options] PACKAGE" in out["stdout"]
     assert "--allow-torch-change" in out["stdout"]
+    out = lab["kernel"].run(
+        "%unload_ext gpulab_jupyter.magics\n%load_ext gpulab_jupyter\n%gpu_info"
+    )
+    assert out["status"] == "ok" and "No NVIDIA GPU" in out["stdout"], out
 
 
 def test_pure_package_installs_verifies_and_writes_exactly_one_line(lab):

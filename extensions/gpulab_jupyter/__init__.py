@@ -18,3 +18,10 @@ def _jupyter_server_extension_points():
     from .app import GPULabExtension
 
     return [{"module": "gpulab_jupyter", "app": GPULabExtension}]
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext gpulab_jupyter`` loads the magics, as ``%load_ext gpulab_jupyter.magics``."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
