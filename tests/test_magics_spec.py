@@ -130,7 +130,7 @@ def test_relevant_pip_lines():
 
 
 def test_the_recorded_line_of_a_package_compiled_for_this_gpu():
-    from gpulab_jupyter.magics.install import run_line
+    from gpulab_jupyter.magics.runline import run_line
 
     h100 = buildenv.GpuReport(gpus=[buildenv.Gpu(0, "NVIDIA H100 80GB HBM3", "9.0")])
     benv = buildenv.build_env(["flash-attn"], h100, torch_installed=True, jobs=4)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -14,6 +13,7 @@ from packaging.utils import canonicalize_name
 
 from . import buildenv, dockerfile, options, pipenv, piplog, verify
 from .progress import Progress, say
+from .runline import run_line
 from .spec import SpecError
 
 
@@ -23,32 +23,6 @@ class InstallFailed(Exception):
 
 def project_dir() -> Path:
     return Path(os.environ.get("GPULAB_PROJECT_DIR") or "/workspace")
-
-
-def _direct_reference(name: str) -> str:
-    """``URL@commit`` (VCS) or the URL an installed distribution came from."""
-    dist = verify._distribution(name)
-    data = json.loads((dist.read_text("direct_url.json") if dist else None) or "{}")
-    url, vcs = data.get("url", ""), data.get("vcs_info")
-    if vcs and vcs.get("commit_id"):
-        return f"{vcs['vcs']}+{url}@{vcs['commit_id']}"
-    return url
-
-
-def run_line(spec, version, opts, env, no_isolation, modules) -> str:
-    """The pinned, self-verifying RUN line recorded for one package."""
-    extras = f"[{','.join(spec.extras)}]" if spec.extras else ""
-    remote = spec.url and not spec.url.startswith("file:")  # a build cannot see local files
-    url = _direct_reference(spec.name) if remote else ""
-    req = f"{spec.name}{extras} @ {url}" if url else f"{spec.name}{extras}=={version}"
-    cmd = ["python", "-m", "pip", "install", "--no-cache-dir"]
-    cmd += ["--no-build-isolation"] if no_isolation else []
-    cmd += [*opts.recorded_options(spec.name), req]
-    words = [f"{k}={shlex.quote(v)}" for k, v in env.items()] + [shlex.quote(c) for c in cmd]
-    line = "RUN " + " ".join(words)
-    if modules:
-        line += " && python -c " + shlex.quote("import " + ", ".join(modules))
-    return line
 
 
 def _pip_args(opts, benv, constraint_file: str | None, extra=()) -> list[str]:
@@ -261,7 +235,7 @@ def record_apt(opts: options.Options, project: Path) -> None:
 
 def gpu_install(line: str) -> None:
     """Entry point of the magic; raises SpecError, DockerfileError or InstallFailed."""
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     opts = options.parse(line)
     if opts is None:
@@ -277,7 +251,13 @@ def gpu_install(line: str) -> None:
     if not opts.specs:
         return record_apt(opts, project)
     gpus = buildenv.detect_gpus()
-    with FileLock(pipenv.env_lock_path()):
+    lock = FileLock(pipenv.env_lock_path())
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        say("Another %gpu_install is running in this environment: waiting for it to finish…")
+        lock.acquire()
+    try:
         installer = Installer(opts, project)
         try:
             installer.run(gpus)
@@ -285,6 +265,8 @@ def gpu_install(line: str) -> None:
             installer.fail("installing (interrupted)", [], installer.before)
         finally:
             shutil.rmtree(installer.tmp, ignore_errors=True)
+    finally:
+        lock.release()
 
 
 __all__ = ["InstallFailed", "SpecError", "gpu_install", "project_dir"]
