@@ -1,0 +1,299 @@
+"""GPU allocation: which devices a project gets, and a durable record of who holds what.
+
+``choose`` decides, pure (no I/O, no clock); ``AllocationStore`` keeps the holdings
+in one JSON file, rewritten atomically under a file lock. Rules of ``choose``:
+``count=0`` without ``mig_profile``: no device; ``count>=1``: that many whole GPUs
+(never a MIG slice, never a GPU in MIG mode); ``mig_profile``: one MIG slice of it.
+``gpu_type`` must equal one of ``policy.allowed_types`` (case-insensitive) and
+matches the devices whose name contains it ("h100" ~ "NVIDIA H100 80GB HBM3").
+Exclusive: a device held by another project is busy; shared: busy once
+``shared_cap`` other projects hold it. Free devices the project already holds come
+first (a respawn keeps its GPUs), then the fewest-held, then the lowest index.
+``max_per_project`` caps one request; ``max_per_user`` an owner's holdings over all
+projects, counted per project. A slice whose parent GPU's UUID is held is busy.
+Refusals raise ``AllocationError``: what was asked, what is free, who holds the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from gpulab_hub.gpus import Device
+
+Held = dict[str, tuple["Holder", ...]]
+MOST = 4  # holders a refusal names per device (and of the owner's); the rest are counted
+Alive = Callable[[str, str], bool]
+
+
+@dataclass(frozen=True)
+class Holder:
+    owner: str
+    project: str
+    since: float  # epoch seconds
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.owner, self.project)
+
+
+@dataclass(frozen=True)
+class Policy:
+    mode: str = "exclusive"  # or "shared"
+    shared_cap: int = 2  # shared mode: most projects on one device
+    max_per_user: int | None = None  # devices one user may hold over all projects
+    max_per_project: int | None = None  # devices one project may ask for
+    allowed_types: tuple[str, ...] = ()  # GPU names a request may ask for; () = none
+    allow_mig: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("exclusive", "shared") or self.shared_cap < 1:
+            raise ValueError(f"GPU policy: mode 'exclusive' or 'shared', shared_cap >= 1: {self}")
+
+
+@dataclass(frozen=True)
+class Request:
+    owner: str
+    project: str
+    count: int = 0
+    gpu_type: str = ""
+    mig_profile: str = ""
+
+
+class AllocationError(Exception):
+    """A request that cannot be met; ``str()`` is the message for the user."""
+
+    def __init__(self, message: str, busy: Iterable[tuple[Device, tuple[Holder, ...]]] = ()):
+        super().__init__(message)
+        self.busy = tuple(busy)  # (device, its other holders) that stood in the way
+
+
+def label(d: Device) -> str:
+    return f"{'MIG slice' if d.parent_uuid else 'GPU'} {d.index} ({d.name})"
+
+
+def _who(holders: Sequence[Holder], on: Sequence[str] = ()) -> str:
+    """The first MOST holders (on those devices, if given) and since when; the rest counted."""
+    at = [f"{h.owner}/{h.project} since {_when(h.since)}" for h in holders[:MOST]]
+    at = [f"{d} for {t}" for d, t in zip(on, at, strict=True)] if on else at
+    return ", ".join(at) + (f" and {len(holders) - MOST} more" if len(holders) > MOST else "")
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _order(d: Device) -> tuple:
+    return tuple(int(p) if p.isdigit() else -1 for p in d.index.split(":")), d.uuid
+
+
+def _noun(r: Request) -> str:
+    kind = f"{r.gpu_type} " if r.gpu_type else ""
+    return f"{kind}{r.mig_profile} MIG slice" if r.mig_profile else kind + "GPU"
+
+
+def _fits(d: Device, r: Request) -> bool:
+    if r.gpu_type and r.gpu_type.strip().casefold() not in d.name.casefold():
+        return False
+    if r.mig_profile:
+        return bool(d.parent_uuid) and d.mig_profile == r.mig_profile
+    return not d.parent_uuid and not d.mig_mode
+
+
+def _too_few(devices: list[Device], kind: list[Device], r: Request) -> str:
+    has = f"this host has {_plural(len(kind), _noun(r))}"
+    if r.mig_profile:
+        profiles = ", ".join(sorted({d.mig_profile for d in devices if d.parent_uuid}))
+        return has + (f" (MIG profiles here: {profiles})" if profiles else "")
+    split = ", ".join(sorted({d.index.split(":")[0] for d in devices if d.mig_mode}))
+    return has + (f" (GPU {split} in MIG mode: ask for a MIG slice)" if split else "")
+
+
+def choose(devices: list[Device], held: Held, request: Request, policy: Policy) -> list[Device]:
+    """The devices ``request`` gets, given who holds what; raises AllocationError.
+
+    The request's own project's holdings do not stand in its way, and come first.
+    """
+    r, p = request, policy
+    what = f"a {_noun(r)}" if r.mig_profile else _plural(r.count, _noun(r))
+    ask = f"{r.owner}/{r.project} asked for {what}"
+    if r.count < 0:
+        raise AllocationError(f"{ask}: the number of GPUs cannot be negative.")
+    if r.mig_profile:
+        if not p.allow_mig:
+            raise AllocationError(f"{ask}, but MIG slices are not handed out here: ask for GPUs.")
+        if r.count > 1:
+            raise AllocationError(f"{ask} ×{r.count}: a project gets at most one MIG slice.")
+    need = 1 if r.mig_profile else r.count
+    if need == 0:
+        return []
+    if p.max_per_project is not None and need > p.max_per_project:
+        raise AllocationError(
+            f"{ask}, but a project may have at most {_plural(p.max_per_project, 'GPU')} here."
+        )
+    if r.gpu_type and r.gpu_type.strip().casefold() not in {t.casefold() for t in p.allowed_types}:
+        allowed = f"one may ask for {', '.join(p.allowed_types)}" if p.allowed_types else ""
+        raise AllocationError(f"{ask}, but {allowed or 'no GPU type may be asked for'} here.")
+    kind = [d for d in devices if _fits(d, r)]
+    if len(kind) < need:
+        raise AllocationError(f"{ask}, but {_too_few(devices, kind, r)}.")
+    if p.max_per_user is not None:
+        mine = [(u, h) for u, hs in held.items() for h in hs if h.owner == r.owner]
+        mine = [(u, h) for u, h in mine if h.project != r.project]
+        if len(mine) + need > p.max_per_user:
+            names = {d.uuid: label(d) for d in devices}
+            listed = _who([h for _, h in mine], [names.get(u, u) for u, _ in mine[:MOST]])
+            raise AllocationError(
+                f"{ask}, but {r.owner} may hold at most {_plural(p.max_per_user, 'GPU')} over "
+                f"all projects and holds {len(mine)} already" + (f": {listed}." if mine else ".")
+            )
+    cap = 1 if p.mode == "exclusive" else p.shared_cap
+    free: list[tuple[bool, int, tuple, Device]] = []
+    busy: list[tuple[Device, tuple[Holder, ...]]] = []
+    for d in kind:
+        hs = held.get(d.uuid, ()) + (held.get(d.parent_uuid, ()) if d.parent_uuid else ())
+        others = tuple(h for h in hs if h.project != r.project or h.owner != r.owner)
+        if len(others) < cap:
+            free.append((len(others) == len(hs), len(others), _order(d), d))
+        else:
+            busy.append((d, others))
+    if len(free) < need:
+        free_text = ", ".join(label(t[3]) for t in free) or "none"
+        full = "is held by" if cap == 1 else f"is full ({cap} projects):"
+        held_text = "; ".join(f"{label(d)} {full} {_who(hs)}" for d, hs in busy)
+        raise AllocationError(
+            f"{ask}, but {len(free)} of {_plural(len(kind), _noun(r))} "
+            f"{'is' if len(free) == 1 else 'are'} free "
+            f"({free_text}). {held_text}.",
+            busy,
+        )
+    free.sort(key=lambda t: t[:3])
+    return sorted((t[3] for t in free[:need]), key=_order)
+
+
+class AllocationStore:
+    """Who holds which device, in one JSON file; every change under a file lock.
+
+    Writes are atomic (temporary file, fsync, ``os.replace``), so a hub that
+    restarts finds every holding it recorded, and two hub processes or threads
+    sharing the file never hand out the same device twice in exclusive mode.
+    """
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self._clock = clock
+        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
+        self._thread_lock = threading.RLock()  # in-process waiters queue here, not polling
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _read(self) -> Held:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(text)["holdings"].items()
+            return _keep({str(u): tuple(map(_holder, hs)) for u, hs in data}, bool)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise AllocationError(
+                f"The GPU allocation record {self.path} cannot be read ({e!r}); no GPU is handed "
+                "out until an administrator repairs or removes it."
+            ) from e
+
+    def _write(self, held: Held) -> None:
+        data = {"version": 1, "holdings": {u: [asdict(h) for h in hs] for u, hs in held.items()}}
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fd = os.open(self.path.parent, os.O_RDONLY)  # the rename itself, durable
+        os.fsync(fd)
+        os.close(fd)
+
+    def holdings(self) -> Held:
+        with self._thread_lock, self._file_lock:
+            return self._read()
+
+    def held_by(self, owner: str, project: str) -> list[str]:
+        return _uuids(self.holdings(), (owner, project))
+
+    def allocate(
+        self, devices: list[Device], request: Request, policy: Policy, alive: Alive | None = None
+    ) -> list[Device]:
+        """Reserve devices for the request's project and record it; raises AllocationError.
+
+        What the project holds is kept where it still fits (a respawn after a hub
+        restart gets the same GPUs), released where not. Projects that
+        ``alive(owner, project)`` (called under the lock) calls dead lose their
+        holdings first; without it none does. A refused request writes nothing.
+        """
+        me = (request.owner, request.project)
+        with self._thread_lock, self._file_lock:
+            before = held = self._read()
+            if alive is not None:
+                held, _ = _drop_dead(held, alive, keep=me)
+            chosen = choose(devices, held, request, policy)
+            keep, had = {d.uuid for d in chosen}, set(_uuids(held, me))
+            after = {u: tuple(h for h in hs if h.key != me or u in keep) for u, hs in held.items()}
+            for u in sorted(keep - had):
+                after[u] = after.get(u, ()) + (Holder(*me, self._clock()),)
+            after = _keep(after, bool)
+            if after != before:
+                self._write(after)
+            return chosen
+
+    def release(self, owner: str, project: str) -> list[str]:
+        """Free what (owner, project) holds; the UUIDs freed (server stopped, culled, died)."""
+        with self._thread_lock, self._file_lock:
+            held = self._read()
+            freed = _uuids(held, (owner, project))
+            if freed:
+                self._write(_keep(held, lambda h: h.key != (owner, project)))
+            return freed
+
+    def release_dead(self, alive: Alive) -> list[tuple[str, str]]:
+        """Drop the holdings of every project ``alive`` calls dead; those (owner, project)."""
+        with self._thread_lock, self._file_lock:
+            held = self._read()
+            after, dead = _drop_dead(held, alive)
+            if dead:
+                self._write(after)
+            return dead
+
+
+def _uuids(held: Held, key: tuple[str, str]) -> list[str]:
+    return [u for u, hs in held.items() if any(h.key == key for h in hs)]
+
+
+def _holder(h: dict) -> Holder:
+    return Holder(str(h["owner"]), str(h["project"]), float(h["since"]))
+
+
+def _keep(held: Held, ok: Callable[[Holder], bool]) -> Held:
+    """``held`` with only the holders ``ok`` accepts, and no device left without one."""
+    kept = {u: tuple(h for h in hs if ok(h)) for u, hs in held.items()}
+    return {u: hs for u, hs in kept.items() if hs}
+
+
+def _drop_dead(held: Held, alive: Alive, keep: tuple = ()) -> tuple[Held, list[tuple[str, str]]]:
+    verdict: dict[tuple[str, str], bool] = {}
+    for h in (h for hs in held.values() for h in hs):
+        if h.key not in verdict:
+            verdict[h.key] = h.key == keep or bool(alive(*h.key))
+    return _keep(held, lambda h: verdict[h.key]), [k for k, ok in verdict.items() if not ok]
