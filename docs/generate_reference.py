@@ -16,9 +16,18 @@ from gpulab_hub.spawner import ProjectSpawner
 OUT = Path(__file__).with_name("reference.md")
 
 
+def gpulab_traits(cls) -> dict:
+    """The settings gpulab adds to a class: its own and its gpulab mixins'."""
+    inherited = {}
+    for base in cls.__mro__[1:]:
+        if not base.__module__.startswith("gpulab_hub") and hasattr(base, "class_traits"):
+            inherited.update(base.class_traits(config=True))
+    return {n: t for n, t in cls.class_traits(config=True).items() if n not in inherited}
+
+
 def trait_lines(cls) -> list[str]:
     lines = [f"## {cls.__name__}", ""]
-    for name, trait in sorted(cls.class_own_traits(config=True).items()):
+    for name, trait in sorted(gpulab_traits(cls).items()):
         first, _, rest = textwrap.dedent(trait.help).strip().partition("\n")
         body = " ".join((first + "\n" + textwrap.dedent(rest)).split())
         lines.append(f"- **`c.{cls.__name__}.{name}`** ({type(trait).__name__}): {body}")

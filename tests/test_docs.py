@@ -20,7 +20,8 @@ def test_reference_is_generated_from_the_code():
 
 @pytest.mark.parametrize("cls", [ProjectSpawner, GpulabAuthenticator])
 def test_every_setting_says_its_default_and_gives_an_example(cls):
-    for name, trait in cls.class_own_traits(config=True).items():
+    gen = runpy.run_path(str(DOCS / "generate_reference.py"))
+    for name, trait in gen["gpulab_traits"](cls).items():
         assert "Default" in trait.help, f"{cls.__name__}.{name} help lacks its default"
         assert f"c.{cls.__name__}.{name} = " in trait.help, (
             f"{cls.__name__}.{name} lacks an example"

@@ -321,3 +321,18 @@ def test_gpulab_build_and_images(hub, alice, two_projects, docker_engine):
 
     refused = hub.gpulab("build", "alice/Not-A-Name")
     assert refused.returncode == 1 and "Invalid project name" in refused.stderr
+
+
+def test_gpu_request_on_a_host_without_gpus_is_refused(alice):
+    told = spawn_failure(alice, "wants-gpu", {"gpus": 1})
+    assert "asks for 1 GPU(s), but no NVIDIA driver on this host" in told["message"]
+    # the same project without GPUs starts (CPU projects work on GPU-less hubs)
+    r = alice.api("POST", "/hub/api/users/alice/servers/wants-gpu", json={"gpus": 0})
+    assert r.status_code in (201, 202), r.text
+    alice.wait_ready("wants-gpu")
+    out = alice.execute(
+        "wants-gpu",
+        "import os; print(os.environ['NVIDIA_VISIBLE_DEVICES'], os.path.exists('/dev/nvidiactl'))",
+    )
+    assert out.split() == ["void", "False"]
+    alice.stop_project("wants-gpu")

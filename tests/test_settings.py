@@ -32,6 +32,7 @@ def test_defaults_give_a_working_single_machine_hub():
             "template_paths": [str(doctor.TEMPLATES)],
             "authenticator_class": "gpulab_hub.auth.GpulabAuthenticator",
             "allow_named_servers": True,
+            "redirect_to_server": False,
             "named_server_limit_per_user": 10,
             "spawner_class": "gpulab_hub.spawner.ProjectSpawner",
         }
@@ -45,6 +46,10 @@ def test_defaults_give_a_working_single_machine_hub():
             "image_repo": "gpulab/project",
             "prefix": "gpulab",
             "network_name": "host",
+            "allocations_file": "/srv/gpulab/hub/gpu-allocations.json",
+            "gpu_policy": "exclusive",
+            "gpu_isolation": "auto",
+            "driver_dir": "/usr/local/nvidia",
         }
     )
     assert c.Authenticator.admin_users == {"admin"}

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from . import baseimage, cli_images, gpus, host, settings
+from . import baseimage, cli_gpus, cli_images, gpus, host, settings
 from .doctor.cli import add_parser as add_doctor_parser
 
 INSTANCE_LABEL = "gpulab.instance"
@@ -180,6 +180,7 @@ def main(argv=None) -> int:
     sub.add_parser("status", help="show the hub and project containers").set_defaults(fn=cmd_status)
     add_doctor_parser(sub)
     cli_images.add_parsers(sub)
+    cli_gpus.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args, os.environ)

@@ -22,6 +22,7 @@ class Device:
     mig_mode: bool = False  # the parent GPU has MIG enabled
     parent_uuid: str = ""  # set for MIG slices
     mig_profile: str = ""  # e.g. "1g.10gb" for MIG slices
+    minor: int = -1  # /dev/nvidia<minor> (of the parent GPU for MIG slices)
 
 
 @dataclass
@@ -53,6 +54,14 @@ def _mig_profile(name: str) -> str:
     return name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""
 
 
+def _minor_number(gpu) -> int:
+    """The GPU's /dev/nvidia<N> number (NVML's minor number; the index if unknown)."""
+    from nvitop import libnvml
+
+    minor = libnvml.nvmlQuery("nvmlDeviceGetMinorNumber", gpu.handle)
+    return minor if isinstance(minor, int) else int(gpu.index)
+
+
 def inventory() -> Inventory:
     """Every GPU of this host, with MIG slices as devices of their own (where enabled)."""
     try:
@@ -75,11 +84,20 @@ def inventory() -> Inventory:
     for gpu in gpus:
         major, minor = gpu.cuda_compute_capability()
         cap = f"{major}.{minor}"
+        dev_minor = _minor_number(gpu)
         mig = bool(gpu.is_mig_mode_enabled())
         slices = gpu.mig_devices() if mig else []
         if not slices:
             inv.devices.append(
-                Device(str(gpu.index), gpu.uuid(), gpu.name(), gpu.memory_total(), cap, mig)
+                Device(
+                    str(gpu.index),
+                    gpu.uuid(),
+                    gpu.name(),
+                    gpu.memory_total(),
+                    cap,
+                    mig,
+                    minor=dev_minor,
+                )
             )
         for s in slices:
             inv.devices.append(
@@ -92,6 +110,7 @@ def inventory() -> Inventory:
                     mig_mode=True,
                     parent_uuid=gpu.uuid(),
                     mig_profile=_mig_profile(s.name()),
+                    minor=dev_minor,
                 )
             )
     return inv

@@ -6,9 +6,14 @@ keys and values listed here are accepted.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from html import escape
 
-ALLOWED = {"use_last_good": bool}
+ALLOWED = {"use_last_good": bool, "gpus": int, "gpu_type": str, "mig_profile": str}
+MAX_GPUS = 64
+_MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$")
+_TYPE = re.compile(r"^[A-Za-z0-9 ._-]{1,64}$")
 
 
 class OptionsError(ValueError):
@@ -24,20 +29,60 @@ def validate(user_options: dict) -> dict:
             raise OptionsError(
                 f"Unknown spawn option {key!r}; allowed: {', '.join(sorted(ALLOWED))}."
             )
-        if not isinstance(value, kind):
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise OptionsError(f"Spawn option {key!r} must be a {kind.__name__}.")
         clean[key] = value
+    if not 0 <= clean.get("gpus", 0) <= MAX_GPUS:
+        raise OptionsError(f"Spawn option 'gpus' must be between 0 and {MAX_GPUS}.")
+    if clean.get("mig_profile") and not _MIG.match(clean["mig_profile"]):
+        raise OptionsError("Spawn option 'mig_profile' must look like '1g.10gb'.")
+    if clean.get("gpu_type") and not _TYPE.match(clean["gpu_type"]):
+        raise OptionsError("Spawn option 'gpu_type' must be a GPU model name such as 'H100'.")
     return clean
 
 
-def form(last_good_description: str | None, build_failed: bool) -> str:
-    """HTML of the spawn form; empty (no form, start at once) unless there is a choice.
+@dataclass(frozen=True)
+class GpuChoices:
+    """What the spawn form offers on a host with GPUs."""
 
-    After a failed build, the user may start the last image that built and fix
-    the Dockerfile from inside the project.
-    """
-    if not (build_failed and last_good_description):
-        return ""
+    max_count: int
+    default_count: int
+    types: tuple[str, ...] = ()
+    mig_profiles: tuple[str, ...] = ()
+
+
+def _gpu_fields(g: GpuChoices) -> str:
+    counts = "".join(
+        f'<option value="{n}"{" selected" if n == g.default_count else ""}>{n}</option>'
+        for n in range(g.max_count + 1)
+    )
+    html = f"""
+<div class="mb-3">
+  <label class="form-label" for="gpulab-gpus">GPUs for this project</label>
+  <select class="form-select" name="gpus" id="gpulab-gpus">{counts}</select>
+</div>"""
+    if g.types:
+        opts = '<option value="">any</option>' + "".join(
+            f'<option value="{escape(t)}">{escape(t)}</option>' for t in g.types
+        )
+        html += f"""
+<div class="mb-3">
+  <label class="form-label" for="gpulab-gpu-type">GPU model</label>
+  <select class="form-select" name="gpu_type" id="gpulab-gpu-type">{opts}</select>
+</div>"""
+    if g.mig_profiles:
+        opts = '<option value="">a whole GPU</option>' + "".join(
+            f'<option value="{escape(p)}">MIG slice {escape(p)}</option>' for p in g.mig_profiles
+        )
+        html += f"""
+<div class="mb-3">
+  <label class="form-label" for="gpulab-mig">Or one MIG slice</label>
+  <select class="form-select" name="mig_profile" id="gpulab-mig">{opts}</select>
+</div>"""
+    return html
+
+
+def _last_good_fields(description: str) -> str:
     return f"""
 <p>The last build of this project's Dockerfile failed.</p>
 <div class="form-check">
@@ -49,15 +94,46 @@ def form(last_good_description: str | None, build_failed: bool) -> str:
   <input class="form-check-input" type="radio" name="image_choice" value="last-good"
          id="gpulab-last-good">
   <label class="form-check-label" for="gpulab-last-good">
-    Start the last image that built ({escape(last_good_description)}) and fix the
+    Start the last image that built ({escape(description)}) and fix the
     Dockerfile from inside
   </label>
-</div>
-"""
+</div>"""
+
+
+def form(
+    last_good_description: str | None, build_failed: bool, gpus: GpuChoices | None = None
+) -> str:
+    """HTML of the spawn form; empty (no form, start at once) unless there is a choice.
+
+    On a host with GPUs the user picks how many; after a failed build, they may
+    start the last image that built and fix the Dockerfile from inside.
+    """
+    html = _gpu_fields(gpus) if gpus else ""
+    if build_failed and last_good_description:
+        html += _last_good_fields(last_good_description)
+    return html
+
+
+def _first(formdata: dict[str, list[str]], key: str) -> str | None:
+    values = formdata.get(key)
+    return values[0] if values else None
 
 
 def from_form(formdata: dict[str, list[str]]) -> dict:
-    choice = (formdata.get("image_choice") or ["rebuild"])[0]
-    if choice not in ("rebuild", "last-good"):
-        raise OptionsError(f"Unknown image choice {choice!r}.")
-    return {"use_last_good": choice == "last-good"}
+    """Form fields -> user_options (then checked by validate())."""
+    opts: dict = {}
+    choice = _first(formdata, "image_choice")
+    if choice is not None:
+        if choice not in ("rebuild", "last-good"):
+            raise OptionsError(f"Unknown image choice {choice!r}.")
+        opts["use_last_good"] = choice == "last-good"
+    gpus = _first(formdata, "gpus")
+    if gpus is not None:
+        if not gpus.isdigit():
+            raise OptionsError("The number of GPUs must be a whole number.")
+        opts["gpus"] = int(gpus)
+    for key in ("gpu_type", "mig_profile"):
+        value = _first(formdata, key)
+        if value:
+            opts[key] = value
+    return validate(opts)

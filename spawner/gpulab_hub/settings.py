@@ -25,6 +25,9 @@ DEFAULTS = {
     "GPULAB_BASE_FROM": "gpulab/debian:bookworm",
     "GPULAB_TORCH_CUDA_ARCH_LIST": "",
     "GPULAB_TORCH": "",
+    "GPULAB_GPU_POLICY": "exclusive",
+    "GPULAB_GPU_ISOLATION": "auto",
+    "GPULAB_DRIVER_DIR": "/usr/local/nvidia",
     "GPULAB_IMAGE_REPO": "gpulab/project",
     "GPULAB_CONTAINER_PREFIX": "gpulab",
     "GPULAB_MAX_PROJECTS": "10",
@@ -83,6 +86,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.GpulabAuthenticator.first_admin_password_file = str(p["admin_password"])
 
     c.JupyterHub.allow_named_servers = True
+    # After login, land on the project list instead of starting a "default" project.
+    c.JupyterHub.redirect_to_server = False
     c.JupyterHub.named_server_limit_per_user = int(s["GPULAB_MAX_PROJECTS"])
 
     c.JupyterHub.spawner_class = "gpulab_hub.spawner.ProjectSpawner"
@@ -93,6 +98,10 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.ProjectSpawner.image_repo = s["GPULAB_IMAGE_REPO"]
     c.ProjectSpawner.prefix = s["GPULAB_CONTAINER_PREFIX"]
     c.ProjectSpawner.network_name = network
+    c.ProjectSpawner.allocations_file = str(hub_dir / "gpu-allocations.json")
+    c.ProjectSpawner.gpu_policy = s["GPULAB_GPU_POLICY"]
+    c.ProjectSpawner.gpu_isolation = s["GPULAB_GPU_ISOLATION"]
+    c.ProjectSpawner.driver_dir = s["GPULAB_DRIVER_DIR"]
     c.Spawner.default_url = "/lab"
     # Builds report progress on the spawn page; give them time.
     c.Spawner.start_timeout = 3600

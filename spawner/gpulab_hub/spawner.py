@@ -21,7 +21,8 @@ from dockerspawner import DockerSpawner
 from jupyterhub.utils import random_port
 from traitlets import Float, Int, Unicode, default
 
-from . import images, objects, options, projectimage
+from . import allocator, gpu_spawner, images, objects, options, projectimage
+from .gpu_spawner import GpuSettings
 from .projects import Project, ProjectError, ensure_project, project_name
 
 _STEP = re.compile(r"^Step (\d+)/(\d+)")
@@ -39,7 +40,7 @@ class SpawnError(Exception):
             self.jupyterhub_html_message = f"<p>{escape(message)}</p><pre>{escape(tail)}</pre>"
 
 
-class ProjectSpawner(DockerSpawner):
+class ProjectSpawner(DockerSpawner, GpuSettings):
     """Spawn each project (named server) in its own container and image."""
 
     projects_root = Unicode(
@@ -156,6 +157,7 @@ class ProjectSpawner(DockerSpawner):
 
     _executor = None
     _progress_events: list
+    _gpus: objects.GpuAssignment = objects.GpuAssignment()
 
     @default("prefix")
     def _default_prefix(self):
@@ -267,13 +269,31 @@ class ProjectSpawner(DockerSpawner):
 
     @staticmethod
     def _options_form(spawner) -> str:
+        """Blocking but quick: NVML inventory is cached, the rest is two small files."""
         try:
             project = spawner.project
         except ProjectError:
             return ""
         good = projectimage.last_good(project)
         return options.form(
-            good.describe() if good else None, projectimage.last_build_failed(project)
+            good.describe() if good else None,
+            projectimage.last_build_failed(project),
+            spawner.gpu_choices(),
+        )
+
+    def gpu_choices(self) -> options.GpuChoices | None:
+        inv = gpu_spawner.cached_inventory()
+        if not inv.devices:
+            return None
+        whole = [d for d in inv.devices if not d.parent_uuid and not d.mig_mode]
+        limit = min(len(whole), self.gpu_max_per_project or len(whole))
+        return options.GpuChoices(
+            max_count=limit,
+            default_count=min(self.default_gpus, limit),
+            types=tuple(self.gpu_allowed_types),
+            mig_profiles=tuple(sorted({d.mig_profile for d in inv.devices if d.mig_profile}))
+            if self.gpu_allow_mig
+            else (),
         )
 
     @default("options_from_form")
@@ -305,6 +325,7 @@ class ProjectSpawner(DockerSpawner):
             shm_size=self.shm_size,
             mem_limit=self.mem_limit,
             cpu_limit=self.cpu_limit,
+            gpus=self._gpus,
         )
 
     def get_env(self):
@@ -324,10 +345,17 @@ class ProjectSpawner(DockerSpawner):
             opts = options.validate(self.user_options)
             self._emit(2, f"Preparing project {project_name(self.name)}")
             self.image = await self._run(self._prepare_image, opts.get("use_last_good", False))
+            await self._reserve_gpus(opts)
             if self.network_name == objects.HOST_NETWORK:
                 self.port = random_port()
             self._emit(80, "Starting the project's container")
-            return await super().start()
+            try:
+                return await super().start()
+            except Exception:
+                await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+                raise
+        except allocator.AllocationError as e:
+            raise SpawnError(str(e)) from e
         except images.BuildError as e:
             message = (
                 f"The Dockerfile of project {self.project.name} failed to build. "
@@ -353,6 +381,33 @@ class ProjectSpawner(DockerSpawner):
                 "The Docker engine is not reachable, so the project cannot start. "
                 "Ask the administrator to start it (`gpulab up` does)."
             ) from e
+
+    async def _reserve_gpus(self, opts: dict) -> None:
+        inv = await self._run(gpu_spawner.cached_inventory)
+        default = self.default_gpus if inv.devices else 0
+        request = allocator.Request(
+            owner=self.user.name,
+            project=self.project.name,
+            count=opts.get("gpus", 0 if opts.get("mig_profile") else default),
+            gpu_type=opts.get("gpu_type", ""),
+            mig_profile=opts.get("mig_profile", ""),
+        )
+        self._gpus, devices = await self._run(
+            gpu_spawner.reserve, self, self._docker, self.prefix, request
+        )
+        for d in devices:
+            self._emit(75, f"Reserved GPU {d.index} ({d.name}, {d.uuid})")
+
+    async def stop(self, now=False):
+        await super().stop(now=now)
+        await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None:
+            # the container died or is gone: its GPUs are free again
+            await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+        return status
 
     async def get_ip_and_port(self):
         if self.network_name == objects.HOST_NETWORK:
