@@ -134,11 +134,16 @@ def _from_nvidia_smi() -> GpuReport | None:
     if done.returncode != 0:
         return GpuReport(problem="nvidia-smi failed: " + (done.stdout + done.stderr).strip()[:200])
     report = GpuReport()
+    mib = 1024**2
     for row in done.stdout.strip().splitlines():
-        idx, name, cap, total, used, uuid, driver = (c.strip() for c in row.split(","))
+        try:
+            idx, name, cap, total, used, uuid, driver = (c.strip() for c in row.split(","))
+            cap_key(cap)
+            gpu = Gpu(int(idx), name, cap, int(total) * mib, int(used) * mib, uuid)
+        except ValueError:
+            return GpuReport(problem=f"nvidia-smi gave an answer gpulab cannot read: {row!r}")
         report.driver = driver
-        mib = 1024**2
-        report.gpus.append(Gpu(int(idx), name, cap, int(total) * mib, int(used) * mib, uuid))
+        report.gpus.append(gpu)
     return report
 
 

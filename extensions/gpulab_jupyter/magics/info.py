@@ -31,9 +31,12 @@ def torch_info(timeout: float = 120) -> dict | None:
         importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return None
-    done = subprocess.run(
-        [sys.executable, "-c", _TORCH], capture_output=True, text=True, timeout=timeout
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _TORCH], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"import torch took over {timeout:.0f} s"}
     for line in done.stdout.splitlines():
         if line.startswith("@@gpulab-torch@@"):
             return json.loads(line.removeprefix("@@gpulab-torch@@"))
