@@ -32,11 +32,13 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 say "installing gpulab into .venv"
-.venv/bin/pip install -q -e ./spawner -e ./extensions 2>&1 | grep -v '^WARNING: Location' || true
+# JupyterLab too, so .venv/bin/jupyter runs gpulab's lab extension outside the hub.
+.venv/bin/pip install -q -e ./spawner -e ./extensions "jupyterlab==4.6.6" 2>&1 \
+  | grep -v '^WARNING: Location' || true
 if [ "$want_tests" = test ]; then
   .venv/bin/pip install -q -r tests/requirements.txt 2>&1 | grep -v '^WARNING: Location' || true
 fi
-.venv/bin/python -c "import gpulab_hub, gpulab_jupyter"
+.venv/bin/python -c "import gpulab_hub, gpulab_jupyter, jupyterlab"
 
 # The JupyterHub proxy, from npm, inside .venv.
 if [ ! -x .venv/node/node_modules/.bin/configurable-http-proxy ]; then
