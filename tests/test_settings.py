@@ -2,7 +2,7 @@
 
 from traitlets.config import Config
 
-from gpulab_hub import doctor, settings
+from gpulab_hub import doctor, settings, sharing
 
 
 def applied(environ) -> Config:
@@ -27,9 +27,21 @@ def test_defaults_give_a_working_single_machine_hub():
                     "/gpulab/doctor",
                     "gpulab_hub.doctor.web.DoctorHandler",
                     {"report_path": "/srv/gpulab/hub/doctor-last.json"},
-                )
+                ),
+                (
+                    "/gpulab/share/([^/]+)",
+                    "gpulab_hub.sharing.web.ShareHandler",
+                    {"max_hours": 168, "default_hours": 24},
+                ),
             ],
-            "template_paths": [str(doctor.TEMPLATES)],
+            "template_paths": [str(doctor.TEMPLATES), str(sharing.TEMPLATES)],
+            "load_roles": [
+                {
+                    "name": "user",
+                    "description": "Standard user privileges, plus sharing one's own projects",
+                    "scopes": ["self", "shares!user"],
+                }
+            ],
             "authenticator_class": "gpulab_hub.auth.GpulabAuthenticator",
             "allow_named_servers": True,
             "redirect_to_server": False,
@@ -64,6 +76,7 @@ def test_defaults_give_a_working_single_machine_hub():
     )
     assert c.ConfigurableHTTPProxy.api_url == "http://127.0.0.1:8001"
     assert c.Spawner.default_url == "/lab"
+    assert c.Spawner.args == ["--HubOAuth.cache_max_age=30"]
 
 
 def test_site_settings_override_defaults():
@@ -75,6 +88,7 @@ def test_site_settings_override_defaults():
             "GPULAB_ADMIN_PASSWORD": "s3cret-pass",
             "GPULAB_MAX_PROJECTS": "3",
             "GPULAB_OPEN_SIGNUP": "1",
+            "GPULAB_SHARE_MAX_HOURS": "12",
             "UNRELATED": "ignored",
         }
     )
@@ -84,6 +98,8 @@ def test_site_settings_override_defaults():
     assert c.Authenticator.admin_users == {"root"}
     assert c.GpulabAuthenticator.first_admin_password == "s3cret-pass"
     assert c.NativeAuthenticator.open_signup is True
+    # A link cannot outlast the maximum; its default shrinks to fit.
+    assert c.JupyterHub.extra_handlers[-1][2] == {"max_hours": 12, "default_hours": 12}
 
 
 def test_user_defined_network_listens_for_containers():

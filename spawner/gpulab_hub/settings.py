@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import doctor, objects
+from . import doctor, objects, sharing
 
 DEFAULTS = {
     "GPULAB_HOME": "/srv/gpulab",
@@ -32,6 +32,7 @@ DEFAULTS = {
     "GPULAB_CONTAINER_PREFIX": "gpulab",
     "GPULAB_MAX_PROJECTS": "10",
     "GPULAB_OPEN_SIGNUP": "0",
+    "GPULAB_SHARE_MAX_HOURS": "168",
 }
 
 
@@ -65,8 +66,12 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # Project containers keep running across hub restarts; `gpulab down` stops them.
     c.JupyterHub.cleanup_servers = False
     # `gpulab doctor`'s last report, for admins at /hub/gpulab/doctor (linked in the nav bar).
-    c.JupyterHub.extra_handlers = doctor.hub_handlers(hub_dir)
-    c.JupyterHub.template_paths = [str(doctor.TEMPLATES)]
+    # Owners share projects at /hub/gpulab/share/<project> (links last at most the max).
+    c.JupyterHub.extra_handlers = doctor.hub_handlers(hub_dir) + sharing.hub_handlers(
+        int(s["GPULAB_SHARE_MAX_HOURS"])
+    )
+    c.JupyterHub.template_paths = [str(doctor.TEMPLATES), str(sharing.TEMPLATES)]
+    c.JupyterHub.load_roles = [sharing.USER_ROLE]
 
     network = s["GPULAB_NETWORK"]
     if network == objects.HOST_NETWORK:
@@ -103,6 +108,9 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.ProjectSpawner.gpu_isolation = s["GPULAB_GPU_ISOLATION"]
     c.ProjectSpawner.driver_dir = s["GPULAB_DRIVER_DIR"]
     c.Spawner.default_url = "/lab"
+    # A project server trusts the hub's answer on a token this long: a revoked share
+    # stops working within it (JupyterHub's default is 300 s).
+    c.Spawner.args = [f"--HubOAuth.cache_max_age={sharing.REVOKE_WITHIN_S}"]
     # Builds report progress on the spawn page; give them time.
     c.Spawner.start_timeout = 3600
     c.Spawner.http_timeout = 120

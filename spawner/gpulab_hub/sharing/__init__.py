@@ -1,0 +1,36 @@
+"""Collaborator sharing of projects, on JupyterHub 6's own sharing API.
+
+The hub page /hub/gpulab/share/<project> lets a project's owner share it with
+a user or a group, make an expiring link (a JupyterHub share code, accepted at
+/hub/accept-share), see who has access, and revoke. settings.py wires it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TEMPLATES = Path(__file__).with_name("templates")
+PAGE = "/gpulab/share"
+DEFAULT_LINK_HOURS = 24
+# Project servers cache the hub's token checks this long, so revoking takes this long.
+REVOKE_WITHIN_S = 30
+
+# Every user may share their own projects. Not ``read:users:name``, which
+# JupyterHub's API wants for sharing by name: it would let users list each other;
+# the share page grants by name itself.
+USER_ROLE = {
+    "name": "user",
+    "description": "Standard user privileges, plus sharing one's own projects",
+    "scopes": ["self", "shares!user"],
+}
+
+
+def hub_handlers(max_hours: int) -> list[tuple]:
+    """JupyterHub ``extra_handlers``: the share page of each of the user's projects."""
+    return [
+        (
+            PAGE + r"/([^/]+)",
+            "gpulab_hub.sharing.web.ShareHandler",
+            {"max_hours": max_hours, "default_hours": min(DEFAULT_LINK_HOURS, max_hours)},
+        )
+    ]

@@ -1,0 +1,191 @@
+"""Collaborator sharing: the owner's share page, JupyterHub's sharing API and
+share links, against a real hub and a real project container."""
+
+from __future__ import annotations
+
+import re
+import time
+from html import unescape
+
+import pytest
+from hubclient import HubUser
+
+from gpulab_hub.sharing import REVOKE_WITHIN_S
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
+
+# Names of their own, so the suite's other modules on the same hub do not clash.
+OWNER, PROJECT = "shalice", "shared-one"
+PAGE = f"/hub/gpulab/share/{PROJECT}"
+CONTENTS = f"/user/{OWNER}/{PROJECT}/api/contents"
+
+
+def make_user(hub, admin: HubUser, name: str) -> HubUser:
+    user = HubUser(hub.url, name, f"{name}-Passw0rd-long")
+    assert user.signup().status_code == 200
+    assert admin.authorize(name).status_code == 200
+    assert user.login().status_code == 302
+    user.new_token()
+    return user
+
+
+def as_guest(user: HubUser) -> HubUser:
+    """A client for the owner's project, with ``user``'s token (HubUser.execute runs there)."""
+    guest = HubUser(user.base, OWNER, "")
+    guest.token = user.token
+    return guest
+
+
+def page_post(user: HubUser, **form):
+    xsrf = user.http.cookies.get("_xsrf", path="/hub/")
+    return user.http.post(user.base + PAGE, data={"_xsrf": xsrf, **form}, timeout=30)
+
+
+def accept(user: HubUser, accept_url: str):
+    """Accept a share link on JupyterHub's own page, as a browser would."""
+    page = user.http.get(user.base + accept_url, timeout=10)
+    if page.status_code != 200:
+        return page
+    xsrf = user.http.cookies.get("_xsrf", path="/hub/")
+    code = accept_url.split("code=", 1)[1]
+    return user.http.post(
+        user.base + "/hub/accept-share",
+        data={"_xsrf": xsrf, "code": code},
+        allow_redirects=False,
+        timeout=10,
+    )
+
+
+def wait_status(user: HubUser, path: str, status: int, within: float) -> int:
+    deadline = time.monotonic() + within
+    while True:
+        got = user.api("GET", path).status_code
+        if got == status or time.monotonic() > deadline:
+            return got
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def admin(hub):
+    a = HubUser(hub.url, "admin", hub.admin_password)
+    assert a.login().status_code == 302
+    a.new_token()
+    return a
+
+
+@pytest.fixture(scope="module")
+def people(hub, admin):
+    return {n: make_user(hub, admin, n) for n in (OWNER, "shbob", "shcarol", "shdave")}
+
+
+@pytest.fixture(scope="module")
+def project(people):
+    alice = people[OWNER]
+    alice.start_project(PROJECT)
+    yield
+    alice.stop_project(PROJECT)
+
+
+@pytest.fixture(scope="module")
+def short_link(people, project):
+    """A link made through the API with the shortest expiry JupyterHub allows (60 s)."""
+    r = people[OWNER].api(
+        "POST", f"/hub/api/share-codes/{OWNER}/{PROJECT}", json={"expires_in": 60}
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["accept_url"], time.monotonic() + 60
+
+
+def test_share_page_is_the_owners_only(people, project, short_link):
+    alice, bob = people[OWNER], people["shbob"]
+    page = alice.http.get(alice.base + PAGE, timeout=30)
+    assert page.status_code == 200, page.text
+    assert f"Share {PROJECT}" in page.text and "(owner)" in page.text
+    # The home page links to it.
+    home = alice.http.get(alice.base + "/hub/home", timeout=30)
+    assert f'href="/hub/gpulab/share/{PROJECT}"' in home.text
+    # Another user has no project of that name: the page (and its form) is not there.
+    assert bob.http.get(bob.base + PAGE, timeout=30).status_code == 404
+    assert page_post(bob, action="user", name="shdave").status_code == 404
+
+
+def test_collaborator_works_in_the_project_until_revoked(people, project):
+    alice, bob, dave = people[OWNER], people["shbob"], people["shdave"]
+    assert bob.api("GET", CONTENTS).status_code == 403
+    # The project server keeps the hub's answer on a token for a while: a fresh one.
+    bob.new_token()
+
+    r = page_post(alice, action="user", name="shbob")
+    assert r.status_code == 200, r.text
+    assert "Shared with user shbob." in r.text
+    assert "<strong>shbob</strong>" in r.text
+
+    assert bob.api("GET", CONTENTS).status_code == 200
+    assert as_guest(bob).execute(PROJECT, "import os; print(os.environ['JUPYTERHUB_USER'])") == (
+        f"{OWNER}\n"
+    )
+    # Unrelated users stay out.
+    assert dave.api("GET", CONTENTS).status_code == 403
+    # A collaborator cannot share further: neither with a user nor by link.
+    where = f"{OWNER}/{PROJECT}"
+    refused = bob.api("POST", f"/hub/api/shares/{where}", json={"user": "shdave"})
+    assert refused.status_code in (403, 404), refused.text
+    refused = bob.api("POST", f"/hub/api/share-codes/{where}", json={})
+    assert refused.status_code in (403, 404), refused.text
+    assert dave.api("GET", CONTENTS).status_code == 403
+
+    r = page_post(alice, action="revoke-user", name="shbob")
+    assert r.status_code == 200, r.text
+    assert "<strong>shbob</strong>" not in r.text
+    # The hub refuses at once; the project server's cache of token checks expires.
+    assert wait_status(bob, CONTENTS, 403, within=REVOKE_WITHIN_S + 15) == 403
+
+
+def test_groups_and_refusals_on_the_page(people, project, admin):
+    alice = people[OWNER]
+    r = admin.api("POST", "/hub/api/groups/shteam", json={"users": ["shcarol"]})
+    assert r.status_code == 201, r.text
+    r = page_post(alice, action="group", name="shteam")
+    assert r.status_code == 200 and "group <strong>shteam</strong>" in r.text
+    r = page_post(alice, action="revoke-group", name="shteam")
+    assert r.status_code == 200 and "<strong>shteam</strong>" not in r.text
+
+    r = page_post(alice, action="user", name="nosuchuser")
+    assert r.status_code == 400 and "No such user" in r.text
+    r = page_post(alice, action="user", name=OWNER)
+    assert r.status_code == 400 and "yours already" in r.text
+    r = page_post(alice, action="link", hours="100000")
+    assert r.status_code == 400 and "from 1 to 168 hours" in r.text
+
+
+def test_link_grants_access_until_revoked(people, project, short_link):
+    alice, carol, dave = people[OWNER], people["shcarol"], people["shdave"]
+    r = page_post(alice, action="link", hours="2")
+    assert r.status_code == 200, r.text
+    url = unescape(re.search(r'value="(http[^"]+accept-share\?code=[^"]+)"', r.text).group(1))
+    accept_url = url.removeprefix(alice.base)
+
+    # JupyterHub's accept page says whose project it is.
+    offer = carol.http.get(carol.base + accept_url, timeout=10)
+    assert offer.status_code == 200
+    assert f"{OWNER}'s server({PROJECT})" in offer.text
+    assert accept(carol, accept_url).status_code == 302
+    assert carol.api("GET", CONTENTS).status_code == 200
+    assert "<strong>shcarol</strong>" in alice.http.get(alice.base + PAGE, timeout=30).text
+
+    # A revoked link lets nobody in.
+    r = page_post(alice, action="link", hours="1")
+    second = unescape(re.search(r'value="http[^"]+(/hub/accept-share\?code=[^"]+)"', r.text)[1])
+    ids = re.findall(r'data-id="(sc_\d+)"', r.text)
+    r = page_post(alice, action="revoke-link", name=ids[-1])
+    assert r.status_code == 200 and "Link revoked." in r.text
+    assert accept(dave, second).status_code == 404
+    assert dave.api("GET", CONTENTS).status_code == 403
+
+
+def test_expired_link_grants_nothing(people, project, short_link):
+    dave = people["shdave"]
+    accept_url, expires = short_link
+    time.sleep(max(0.0, expires - time.monotonic()) + 2)
+    assert accept(dave, accept_url).status_code == 404
+    assert dave.api("GET", CONTENTS).status_code == 403
