@@ -268,17 +268,20 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         return self._options_form
 
     @staticmethod
-    def _options_form(spawner) -> str:
-        """Blocking but quick: NVML inventory is cached, the rest is two small files."""
+    def _options_form(spawner):
+        """The spawn form, made on a worker thread (NVML and files stay off the event loop)."""
+        return spawner._run(spawner._options_form_blocking)
+
+    def _options_form_blocking(self) -> str:
         try:
-            project = spawner.project
+            project = self.project
         except ProjectError:
             return ""
         good = projectimage.last_good(project)
         return options.form(
             good.describe() if good else None,
             projectimage.last_build_failed(project),
-            spawner.gpu_choices(),
+            self.gpu_choices(),
         )
 
     def gpu_choices(self) -> options.GpuChoices | None:
