@@ -364,7 +364,7 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
                 f"The Dockerfile of project {self.project.name} failed to build. "
                 f"Fix {self.project.dockerfile.name} in the project folder and start again."
             )
-            good = projectimage.last_good(self.project, self._docker)
+            good = await self._run(projectimage.last_good, self.project, self._docker)
             if good:
                 message += (
                     f" The last image that built ({good.describe()}) is kept: start the "
