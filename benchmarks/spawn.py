@@ -65,26 +65,7 @@ def cleanup_docker(dk: host.Docker) -> None:
     for c in dk.call("containers", all=True, filters={"name": PREFIX}):
         if any(name.startswith(ours) for name in c["Names"]):
             dk.call("remove_container", c["Id"], force=True, v=True)
-    everything = dk.call("images", all=True)
-    children: dict[str, list[str]] = {}
-    for img in everything:
-        children.setdefault(img.get("ParentId") or "", []).append(img["Id"])
-    doomed: list[str] = []
-
-    def visit(image: str) -> None:
-        for child in children.get(image, []):
-            visit(child)
-        if image not in doomed:
-            doomed.append(image)
-
-    for img in everything:
-        if any(t.startswith(f"{PREFIX}/") for t in img.get("RepoTags") or []):
-            visit(img["Id"])
-    for image in doomed:
-        try:
-            dk.call("remove_image", image, force=True)
-        except docker.errors.NotFound:
-            pass
+    host.remove_image_trees(dk, PREFIX)
     for vol in dk.call("volumes").get("Volumes") or []:
         if vol["Name"].startswith(f"{PREFIX}-hf-"):
             dk.call("remove_volume", vol["Name"], force=True)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import docker.errors
 import pytest
 
 from gpulab_hub import host
@@ -34,32 +33,7 @@ def free_port() -> int:
 def cleanup_docker(dk: host.Docker) -> None:
     for c in dk.call("containers", all=True, filters={"name": PREFIX}):
         dk.call("remove_container", c["Id"], force=True, v=True)
-    # Test images and every image built on them (tagged or left by a failed
-    # build), children before parents.
-    everything = dk.call("images", all=True)
-    children: dict[str, list[str]] = {}
-    for img in everything:
-        children.setdefault(img.get("ParentId") or "", []).append(img["Id"])
-    ours = [
-        img["Id"]
-        for img in everything
-        if any(t.startswith(f"{PREFIX}/") for t in img.get("RepoTags") or [])
-    ]
-    doomed: list[str] = []
-
-    def visit(image: str) -> None:
-        for child in children.get(image, []):
-            visit(child)
-        if image not in doomed:
-            doomed.append(image)
-
-    for image in ours:
-        visit(image)
-    for image in doomed:
-        try:
-            dk.call("remove_image", image, force=True)
-        except docker.errors.NotFound:
-            pass
+    host.remove_image_trees(dk, PREFIX)
     for vol in dk.call("volumes").get("Volumes") or []:
         if vol["Name"].startswith(PREFIX):
             dk.call("remove_volume", vol["Name"], force=True)

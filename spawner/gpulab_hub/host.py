@@ -199,3 +199,29 @@ def remove_containers(dk: Docker, label: str) -> list[str]:
         dk.call("remove_container", c["Id"], force=True, v=True)
         removed.append(c["Names"][0].lstrip("/"))
     return removed
+
+
+def remove_image_trees(dk: Docker, repo_prefix: str) -> int:
+    """Remove every image tagged ``<repo_prefix>/...`` and every image built on
+    one (tagged or left by a failed build), children before parents."""
+    everything = dk.call("images", all=True)
+    children: dict[str, list[str]] = {}
+    for img in everything:
+        children.setdefault(img.get("ParentId") or "", []).append(img["Id"])
+    doomed: list[str] = []
+
+    def visit(image: str) -> None:
+        for child in children.get(image, []):
+            visit(child)
+        if image not in doomed:
+            doomed.append(image)
+
+    for img in everything:
+        if any(t.startswith(f"{repo_prefix}/") for t in img.get("RepoTags") or []):
+            visit(img["Id"])
+    for image in doomed:
+        try:
+            dk.call("remove_image", image, force=True)
+        except docker.errors.NotFound:
+            pass
+    return len(doomed)
