@@ -17,7 +17,6 @@ Refusals raise ``AllocationError``: what was asked, what is free, who holds the 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from gpulab_hub import jsonfile
 from gpulab_hub.gpus import Device
 
 Held = dict[str, tuple["Holder", ...]]
@@ -213,18 +213,7 @@ class AllocationStore:
 
     def _write(self, held: Held) -> None:
         data = {"version": 1, "holdings": {u: [asdict(h) for h in hs] for u, hs in held.items()}}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        fd = os.open(self.path.parent, os.O_RDONLY)  # the rename itself, durable
-        os.fsync(fd)
-        os.close(fd)
+        jsonfile.write_atomic(self.path, data)
 
     def holdings(self) -> Held:
         with self._thread_lock, self._file_lock:

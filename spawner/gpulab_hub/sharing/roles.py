@@ -1,0 +1,59 @@
+"""The two share roles, as JupyterHub scopes.
+
+JupyterHub shares carry scopes limited to one server (``!server=owner/project``).
+``access:servers`` lets a person reach the project's server at all; gpulab's
+custom scopes then say what they may do there. The project image's authorizer
+(``gpulab_jupyter.authorizer``) reads them on every request:
+
+- viewer: ``read`` (open and read notebooks and files; nothing that writes,
+  starts kernels or opens terminals);
+- collaborator: ``execute``, which includes ``write`` and ``read``.
+
+Owners hold ``execute`` on their own servers through the ``user`` role.
+"""
+
+from __future__ import annotations
+
+PREFIX = "custom:gpulab:"
+READ, WRITE, EXECUTE = PREFIX + "read", PREFIX + "write", PREFIX + "execute"
+
+# c.JupyterHub.custom_scopes: the descriptions show on JupyterHub's accept-share page.
+CUSTOM_SCOPES = {
+    READ: {"description": "open and read the project's notebooks and files (read-only)"},
+    WRITE: {
+        "description": "edit and save the project's files",
+        "subscopes": [READ],
+    },
+    EXECUTE: {
+        "description": "run code in the project: kernels and terminals",
+        "subscopes": [WRITE, READ],
+    },
+}
+
+ROLES = {"viewer": READ, "collaborator": EXECUTE}
+DEFAULT_ROLE = "collaborator"
+
+# What a project server asks the hub to include in the tokens it is given, so its
+# authorizer sees them (c.Spawner.oauth_client_allowed_scopes).
+SERVER_CLIENT_SCOPES = [f"{scope}!server" for scope in (READ, WRITE, EXECUTE)]
+# Added to the ``user`` role: full rights on one's own servers.
+OWNER_SCOPES = [f"{EXECUTE}!user"]
+
+
+def share_scopes(role: str, owner: str, project: str) -> list[str]:
+    """The scopes of a share of ``owner/project`` in ``role`` (ValueError if unknown)."""
+    if role not in ROLES:
+        raise ValueError(f"Unknown role {role!r}: choose one of {', '.join(sorted(ROLES))}.")
+    server = f"server={owner}/{project}"
+    return [f"access:servers!{server}", f"{ROLES[role]}!{server}"]
+
+
+def role_of(scopes) -> str:
+    """The role a share's scopes give: "collaborator", "viewer", or "access only" (a
+    share without gpulab's scopes reaches the server, and its authorizer refuses it)."""
+    bases = {s.partition("!")[0] for s in scopes}
+    if EXECUTE in bases:
+        return "collaborator"
+    if READ in bases or WRITE in bases:
+        return "viewer"
+    return "access only"
