@@ -33,6 +33,15 @@ def test_defaults_give_a_working_single_machine_hub():
                     "gpulab_hub.sharing.web.ShareHandler",
                     {"max_hours": 168, "default_hours": 24},
                 ),
+                (
+                    "/gpulab/copy",
+                    "gpulab_hub.sharing.copy.CopyHandler",
+                    {
+                        "projects_root": "/srv/gpulab/projects",
+                        "hub_dir": "/srv/gpulab/hub",
+                        "public_links": False,
+                    },
+                ),
             ],
             "template_paths": [str(doctor.TEMPLATES), str(sharing.TEMPLATES)],
             "load_roles": [
@@ -89,6 +98,7 @@ def test_site_settings_override_defaults():
             "GPULAB_MAX_PROJECTS": "3",
             "GPULAB_OPEN_SIGNUP": "1",
             "GPULAB_SHARE_MAX_HOURS": "12",
+            "GPULAB_PUBLIC_LINKS": "1",
             "UNRELATED": "ignored",
         }
     )
@@ -99,7 +109,10 @@ def test_site_settings_override_defaults():
     assert c.GpulabAuthenticator.first_admin_password == "s3cret-pass"
     assert c.NativeAuthenticator.open_signup is True
     # A link cannot outlast the maximum; its default shrinks to fit.
-    assert c.JupyterHub.extra_handlers[-1][2] == {"max_hours": 12, "default_hours": 12}
+    handlers = {h[1].rsplit(".", 1)[-1]: h[2] for h in c.JupyterHub.extra_handlers}
+    assert handlers["ShareHandler"] == {"max_hours": 12, "default_hours": 12}
+    # The admin allowed public notebook links.
+    assert handlers["CopyHandler"]["public_links"] is True
 
 
 def test_user_defined_network_listens_for_containers():

@@ -33,6 +33,7 @@ DEFAULTS = {
     "GPULAB_MAX_PROJECTS": "10",
     "GPULAB_OPEN_SIGNUP": "0",
     "GPULAB_SHARE_MAX_HOURS": "168",
+    "GPULAB_PUBLIC_LINKS": "0",
 }
 
 
@@ -67,8 +68,12 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.JupyterHub.cleanup_servers = False
     # `gpulab doctor`'s last report, for admins at /hub/gpulab/doctor (linked in the nav bar).
     # Owners share projects at /hub/gpulab/share/<project> (links last at most the max).
+    # Save a copy at /hub/gpulab/copy; public notebook links only where the admin allows them.
     c.JupyterHub.extra_handlers = doctor.hub_handlers(hub_dir) + sharing.hub_handlers(
-        int(s["GPULAB_SHARE_MAX_HOURS"])
+        int(s["GPULAB_SHARE_MAX_HOURS"]),
+        hub_dir=hub_dir,
+        projects_root=p["projects"],
+        public_links=s["GPULAB_PUBLIC_LINKS"] == "1",
     )
     c.JupyterHub.template_paths = [str(doctor.TEMPLATES), str(sharing.TEMPLATES)]
     c.JupyterHub.load_roles = [sharing.USER_ROLE]

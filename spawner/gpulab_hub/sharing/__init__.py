@@ -25,12 +25,21 @@ USER_ROLE = {
 }
 
 
-def hub_handlers(max_hours: int) -> list[tuple]:
-    """JupyterHub ``extra_handlers``: the share page of each of the user's projects."""
+def hub_handlers(
+    max_hours: int, *, hub_dir=None, projects_root=None, public_links: bool = False
+) -> list[tuple]:
+    """JupyterHub ``extra_handlers``: the share page of each of the user's projects;
+    "save a copy" (sharing/copy.py)."""
+    files = {
+        "projects_root": str(projects_root),
+        "hub_dir": str(hub_dir),
+        "public_links": public_links,
+    }
     return [
         (
             PAGE + r"/([^/]+)",
             "gpulab_hub.sharing.web.ShareHandler",
             {"max_hours": max_hours, "default_hours": min(DEFAULT_LINK_HOURS, max_hours)},
-        )
+        ),
+        (r"/gpulab/copy", "gpulab_hub.sharing.copy.CopyHandler", files),
     ]

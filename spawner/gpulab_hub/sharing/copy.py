@@ -1,0 +1,317 @@
+"""Save a copy: a notebook someone may read, copied into one of their own projects.
+
+GET /hub/gpulab/copy?owner=alice&project=one&path=nb/x.ipynb says which notebook
+from whom, and offers the user's own projects (or a new one); POST copies it to
+the top of the chosen project as ``x (copy).ipynb`` (``x (copy 2).ipynb``, ...)
+and sends the user to it in JupyterLab. ``?public=<code>`` names the notebook of a
+public link instead (sharing/public.py): the code grants reading that one file.
+
+Who may read: the project's owner, or someone it is shared with as viewer or
+collaborator (gpulab's ``custom:gpulab:read`` scope or one that includes it, on
+that server). A share with ``access:servers`` only (phase 1, before roles) does
+not count: the project server's authorizer refuses it too.
+
+Paths are untrusted: each part must be a plain name (no ``..``, no hidden
+``.names`` such as ``.gpulab`` or ``.ipynb_checkpoints``), and the file is opened
+one folder at a time with O_NOFOLLOW, so no symbolic link is followed anywhere
+(a link swapped in later cannot lead out of the project).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from jupyterhub.handlers import BaseHandler
+from jupyterhub.slugs import is_valid_safe_slug
+from tornado import web
+from tornado.ioloop import IOLoop
+
+from gpulab_hub.projects import Project, ProjectError, ensure_project, project_name, safe_owner
+
+from . import roles
+
+PAGE = "/gpulab/copy"
+MAX_BYTES = 50 * 1024 * 1024  # the largest notebook copied (or shown on a public page)
+MAX_DEPTH = 16
+NOTEBOOK = ".ipynb"
+# One part of a path: letters (any script), digits, spaces and a few punctuation
+# marks; never starting with a dot or a space.
+_PART = re.compile(r"[^\W][\w .,()+@=&'~-]*", re.UNICODE)
+_COPY_TRIES = 100
+
+
+class FileRefused(Exception):
+    """A file that cannot be read or copied, with the reason to show and an HTTP status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def check_path(path: str) -> list[str]:
+    """The parts of a notebook's path inside a project, or FileRefused."""
+    if not path or len(path) > 1024 or path.startswith("/") or "\\" in path:
+        raise FileRefused(400, "Give the notebook's path inside the project, like nb/x.ipynb.")
+    parts = path.split("/")
+    if len(parts) > MAX_DEPTH:
+        raise FileRefused(400, "That path is too deep.")
+    for part in parts:
+        if (
+            not _PART.fullmatch(part)
+            or part.endswith(" ")
+            or len(part.encode()) > 255
+            or part in {".", ".."}
+        ):
+            raise FileRefused(400, f"Not a name gpulab copies: {part!r}.")
+    if not parts[-1].endswith(NOTEBOOK) or parts[-1] == NOTEBOOK:
+        raise FileRefused(400, "Only notebooks (.ipynb) can be copied.")
+    return parts
+
+
+def check_project(owner: str, project: str) -> None:
+    try:
+        safe_owner(owner)
+    except ProjectError as e:
+        raise FileRefused(404, "No such project.") from e
+    if not is_valid_safe_slug(project or ""):
+        raise FileRefused(404, "No such project.")
+
+
+def _open_dir(name: str, dir_fd: int | None) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+
+
+def open_project_dir(projects_root: str | Path, owner: str, project: str, parts=()) -> int:
+    """A descriptor of ``<root>/<owner>/<project>/<parts...>``, no link followed below root."""
+    check_project(owner, project)
+    fd = os.open(str(projects_root), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in (owner, project, *parts):
+            try:
+                new = _open_dir(name, fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise FileRefused(403, "The path leads through a link; not copied.") from e
+                raise FileRefused(404, "No such file in that project.") from e
+            os.close(fd)
+            fd = new
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_notebook(projects_root: str | Path, owner: str, project: str, path: str) -> bytes:
+    """The bytes of one notebook of ``owner/project``, opened without following links."""
+    parts = check_path(path)
+    dir_fd = open_project_dir(projects_root, owner, project, parts[:-1])
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise FileRefused(403, "That notebook is a link; not copied.") from e
+            raise FileRefused(404, "No such file in that project.") from e
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused(400, "That is not a notebook file.")
+        if st.st_size > MAX_BYTES:
+            raise FileRefused(413, f"That notebook is over {MAX_BYTES // 2**20} MiB.")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise FileRefused(413, f"That notebook is over {MAX_BYTES // 2**20} MiB.")
+    return data
+
+
+def copy_names(name: str):
+    """``x.ipynb`` -> ``x (copy).ipynb``, ``x (copy 2).ipynb``, ..."""
+    stem = name[: -len(NOTEBOOK)][:200]
+    yield f"{stem} (copy){NOTEBOOK}"
+    for n in range(2, _COPY_TRIES + 1):
+        yield f"{stem} (copy {n}){NOTEBOOK}"
+
+
+def write_copy(projects_root: str | Path, owner: str, project: str, name: str, data: bytes) -> str:
+    """Write ``data`` at the top of ``owner/project`` under a free copy name; that name.
+
+    The file is created exclusively (never over another) and given the owner of the
+    project folder, so the project's container user can edit it.
+    """
+    dir_fd = open_project_dir(projects_root, owner, project)
+    try:
+        folder = os.fstat(dir_fd)
+        for candidate in copy_names(name):
+            try:
+                fd = os.open(
+                    candidate,
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                    0o644,
+                    dir_fd=dir_fd,
+                )
+            except FileExistsError:
+                continue
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                    if os.geteuid() == 0:
+                        os.fchown(f.fileno(), folder.st_uid, folder.st_gid)
+            except BaseException:
+                os.unlink(candidate, dir_fd=dir_fd)
+                raise
+            return candidate
+        raise FileRefused(409, f"Too many copies of {name} in {project} already.")
+    finally:
+        os.close(dir_fd)
+
+
+def may_read(handler: BaseHandler, owner: str, project: str) -> bool:
+    """Whether the logged-in user may read ``owner/project``'s files (see module doc)."""
+    if handler.current_user.name == owner:
+        return True
+    server = f"server={owner}/{project}"
+    return any(handler.has_scope(f"{s}!{server}") for s in (roles.READ, roles.WRITE, roles.EXECUTE))
+
+
+@dataclass(frozen=True)
+class Source:
+    owner: str
+    project: str
+    path: str
+    public: str = ""  # the public link's code, when that is what grants reading
+
+    def query(self) -> str:
+        if self.public:
+            return urlencode({"public": self.public})
+        return urlencode({"owner": self.owner, "project": self.project, "path": self.path})
+
+
+class CopyHandler(BaseHandler):
+    def initialize(self, projects_root: str, hub_dir: str, public_links: bool):
+        self.projects_root = projects_root
+        self.hub_dir = hub_dir
+        self.public_links = public_links
+
+    def _source(self) -> Source:
+        """What to copy, checked against what the user may read (FileRefused if not)."""
+        code = self.get_argument("public", "")
+        if code:
+            from . import public  # here: public.py imports this module
+
+            link = public.find_link(self.hub_dir, code) if self.public_links else None
+            if link is None:
+                raise FileRefused(404, "That public link does not exist, or expired.")
+            return Source(link.owner, link.project, link.path, public=code)
+        owner = self.get_argument("owner", "")
+        project = self.get_argument("project", "")
+        path = self.get_argument("path", "")
+        check_project(owner, project)
+        check_path(path)
+        found = self.find_user(owner)
+        if found is None or project not in found.orm_user.orm_spawners:
+            raise FileRefused(404, "No such project.")
+        if not may_read(self, owner, project):
+            raise FileRefused(404, "No such project.")  # not even its existence
+        return Source(owner, project, path)
+
+    def _own_projects(self) -> list[str]:
+        return sorted(n for n in self.current_user.orm_user.orm_spawners if n)
+
+    async def _page(self, source: Source | None, status=200, error="", default=""):
+        html = await self.render_template(
+            "gpulab-copy.html",
+            source=source,
+            projects=self._own_projects(),
+            error=error,
+            default=default,
+            name=source.path.rsplit("/", 1)[-1] if source else "",
+        )
+        self.set_status(status)
+        self.finish(html)
+
+    @web.authenticated
+    async def get(self):
+        try:
+            source = self._source()
+        except FileRefused as e:
+            await self._page(None, status=e.status, error=str(e))
+            return
+        await self._page(source, default=self.get_argument("target", source.project))
+
+    def _new_project(self, name: str) -> str:
+        user = self.current_user
+        try:
+            name = project_name(name)
+        except ProjectError as e:
+            raise FileRefused(400, str(e)) from e
+        if name in user.orm_user.orm_spawners:
+            raise FileRefused(400, f"You have a project named {name} already; choose it above.")
+        limit = self.named_server_limit_per_user
+        if limit and len(self._own_projects()) >= limit:
+            raise FileRefused(400, f"You have {limit} projects, the most allowed.")
+        user.get_or_create_spawner(name, name)
+        return name
+
+    def _target(self) -> str:
+        new = self.get_body_argument("new_project", "").strip()
+        if new:
+            return self._new_project(new)
+        target = self.get_body_argument("target", "")
+        if target not in self._own_projects():
+            raise FileRefused(400, "Choose one of your projects.")
+        return target
+
+    @web.authenticated
+    async def post(self):
+        try:
+            source = self._source()
+            data = await self._run(
+                read_notebook, self.projects_root, source.owner, source.project, source.path
+            )
+            target = self._target()
+            spawner = self.current_user.spawners[target]
+            # A new project's folder and Dockerfile, as its first start would make them.
+            await self._run(self._ensure_folder, spawner)
+            me = self.current_user.name
+            name = source.path.rsplit("/", 1)[-1]
+            copied = await self._run(write_copy, self.projects_root, me, target, name, data)
+        except FileRefused as e:
+            await self._page(None, status=e.status, error=str(e))
+            return
+        self.log.info(
+            "gpulab: %s saved a copy of %s/%s:%s as %s/%s",
+            me,
+            source.owner,
+            source.project,
+            source.path,
+            target,
+            copied,
+        )
+        self.redirect(
+            f"{self.hub.base_url}user/{quote(me)}/{quote(target)}/lab/tree/{quote(copied)}"
+        )
+
+    @staticmethod
+    def _ensure_folder(spawner) -> None:
+        project = getattr(spawner, "project", None)
+        if not isinstance(project, Project) or project.path.is_dir():
+            return
+        ensure_project(
+            project,
+            spawner._render_dockerfile(project),
+            spawner.notebook_uid,
+            spawner.notebook_gid,
+        )
+
+    async def _run(self, fn, *args):
+        return await IOLoop.current().run_in_executor(None, fn, *args)
