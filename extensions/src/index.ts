@@ -1,6 +1,7 @@
 /**
  * gpulab's JupyterLab extension: a GPU status bar item and a GPU panel, fed by
- * the server extension under /api/gpulab/v1/ (works in any JupyterLab 4).
+ * the server extension under /api/gpulab/v1/ (works in any JupyterLab 4), and
+ * sharing of gpulab projects under JupyterHub (share.ts).
  */
 import {
   ILayoutRestorer,
@@ -14,6 +15,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { DEFAULT_THRESHOLDS, IThresholds } from './format';
 import { GpuModel } from './model';
 import { GpuPanel } from './panel';
+import sharing from './share';
 import { GpuStatusItem } from './statusbar';
 
 const PLUGIN_ID = 'gpulab-jupyter:plugin';
@@ -103,4 +105,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+export default [plugin, sharing];

@@ -1,0 +1,95 @@
+/**
+ * Where this JupyterLab runs: which hub, whose project, who is looking, and
+ * what the server lets them do. Outside JupyterHub every field is empty and
+ * nothing here throws.
+ */
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export interface IHubContext {
+  /** The hub's URL prefix ('/hub/'), or '' outside JupyterHub. */
+  hubPrefix: string;
+  /** The logged-in user. */
+  user: string;
+  /** The project's owner (the server's user). */
+  owner: string;
+  /** The project (the named server). */
+  project: string;
+}
+
+/** What the server's authorizer allows the logged-in user here. */
+export interface IPermissions {
+  read: boolean;
+  write: boolean;
+  run: boolean;
+}
+
+export const ALL_ALLOWED: IPermissions = { read: true, write: true, run: true };
+
+export function hubContext(): IHubContext {
+  return {
+    hubPrefix: PageConfig.getOption('hubPrefix'),
+    user: PageConfig.getOption('hubUser'),
+    owner: PageConfig.getOption('hubServerUser'),
+    project: PageConfig.getOption('hubServerName')
+  };
+}
+
+/** Under JupyterHub, in a project (a named server): sharing applies. */
+export function inProject(hub: IHubContext): boolean {
+  return !!(hub.hubPrefix && hub.owner && hub.project);
+}
+
+export function isOwner(hub: IHubContext): boolean {
+  return inProject(hub) && hub.user === hub.owner;
+}
+
+/** The hub's share page for this project, without its navigation bar. */
+export function shareUrl(hub: IHubContext): string {
+  // TODO(gpulab): <owner>/<project> for everyone once the hub has that form.
+  const parts = isOwner(hub) ? [hub.project] : [hub.owner, hub.project];
+  const where = parts.map(encodeURIComponent).join('/');
+  return URLExt.join(hub.hubPrefix, 'gpulab/share', where) + '?embed=1';
+}
+
+/** The hub's "save a copy" page for one file of this project. */
+export function copyUrl(hub: IHubContext, path: string): string {
+  const query = URLExt.objectToQueryString({
+    owner: hub.owner,
+    project: hub.project,
+    path
+  });
+  return URLExt.join(hub.hubPrefix, 'gpulab/copy') + query;
+}
+
+/**
+ * Ask jupyter_server's /api/me what its authorizer allows: reading and
+ * writing files, running kernels. On any failure, assume everything is
+ * allowed (the server still refuses what it refuses).
+ */
+export async function fetchPermissions(
+  settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+): Promise<IPermissions> {
+  const asked = { contents: ['read', 'write'], kernels: ['execute'] };
+  const url =
+    URLExt.join(settings.baseUrl, 'api/me') +
+    URLExt.objectToQueryString({ permissions: JSON.stringify(asked) });
+  try {
+    const response = await ServerConnection.makeRequest(url, {}, settings);
+    if (!response.ok) {
+      return ALL_ALLOWED;
+    }
+    const data = await response.json();
+    const got = (data && data.permissions) || {};
+    const has = (resource: string, action: string) =>
+      Array.isArray(got[resource]) && got[resource].includes(action);
+    return {
+      read: has('contents', 'read'),
+      write: has('contents', 'write'),
+      run: has('kernels', 'execute')
+    };
+  } catch (reason) {
+    console.warn('gpulab-jupyter: could not ask the server for permissions', reason);
+    return ALL_ALLOWED;
+  }
+}

@@ -1,0 +1,209 @@
+/**
+ * Sharing in JupyterLab, for gpulab projects under JupyterHub:
+ *
+ * - "Share" (File menu, command palette, top bar): a dialog with the hub's
+ *   share page for this project (who has access, links, revoke);
+ * - "Save a copy" (File menu, notebook toolbar): the hub's page that copies
+ *   the current notebook into one of the user's own projects;
+ * - for people the project is shared with read-only: a top bar notice, and
+ *   notebooks open without a kernel (the server refuses kernels to them; this
+ *   spares them JupyterLab's kernel error dialogs).
+ *
+ * Menus and toolbar items are declared in schema/share.json; outside JupyterHub
+ * the commands are hidden and nothing else happens.
+ */
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { Dialog, ICommandPalette, Notification } from '@jupyterlab/apputils';
+import { DocumentRegistry, IDocumentWidget } from '@jupyterlab/docregistry';
+import { copyIcon, lockIcon, shareIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+import {
+  ALL_ALLOWED,
+  copyUrl,
+  fetchPermissions,
+  hubContext,
+  IHubContext,
+  inProject,
+  IPermissions,
+  shareUrl
+} from './hub';
+
+export const SHARE = 'gpulab:share';
+export const SAVE_COPY = 'gpulab:save-copy';
+export const READ_ONLY = 'gpulab:read-only-info';
+
+/** How long JupyterLab waits for the server's answer on permissions at start. */
+const PERMISSIONS_TIMEOUT_MS = 5000;
+
+/** The hub's share page in a frame (same origin: the hub's pages allow it). */
+class ShareFrame extends Widget {
+  constructor(url: string, project: string) {
+    super();
+    this.addClass('jp-gpulab-ShareFrame');
+    const frame = document.createElement('iframe');
+    frame.src = url;
+    frame.title = `Share ${project}`;
+    frame.setAttribute('allow', 'clipboard-write');
+    frame.dataset.gpulab = 'share-frame';
+    this.node.appendChild(frame);
+  }
+}
+
+function openShareDialog(hub: IHubContext): Promise<void> {
+  const dialog = new Dialog({
+    title: `Share ${hub.project}`,
+    body: new ShareFrame(shareUrl(hub), hub.project),
+    buttons: [Dialog.okButton({ label: 'Done' })]
+  });
+  dialog.addClass('jp-gpulab-ShareDialog');
+  dialog.node.dataset.gpulab = 'share-dialog';
+  return dialog.launch().then(() => undefined);
+}
+
+/** The path of the document in ``widget``, if it is one. */
+function documentPath(widget: Widget | null): string {
+  const context = (widget as Partial<IDocumentWidget> | null)?.context;
+  return context && typeof context.path === 'string' ? context.path : '';
+}
+
+async function withTimeout<T>(promise: Promise<T>, ms: number, fallback: T): Promise<T> {
+  let timer = 0;
+  const late = new Promise<T>(resolve => {
+    timer = window.setTimeout(() => resolve(fallback), ms);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    window.clearTimeout(timer);
+  }
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'gpulab-jupyter:share',
+  description:
+    'Share a gpulab project from JupyterLab, save a copy of a notebook, and the read-only view of shared projects.',
+  autoStart: true,
+  optional: [ICommandPalette],
+  activate: async (app: JupyterFrontEnd, palette: ICommandPalette | null) => {
+    const hub = hubContext();
+    const shared = inProject(hub);
+    let permissions: IPermissions = ALL_ALLOWED;
+    // The last document the user looked at, for "Save a copy" from the top bar.
+    let lastPath = '';
+    let lastNotice = 0;
+
+    const pathFor = (args: { path?: unknown }) => {
+      if (typeof args.path === 'string' && args.path) {
+        return args.path;
+      }
+      return documentPath(app.shell.currentWidget) || lastPath;
+    };
+
+    app.commands.addCommand(SHARE, {
+      label: 'Share',
+      caption: shared
+        ? `Share ${hub.project}: people, groups, links; who has access`
+        : 'Share this project (in a gpulab project only)',
+      icon: shareIcon,
+      className: 'jp-gpulab-ShareButton',
+      isVisible: () => shared,
+      execute: () => (shared ? openShareDialog(hub) : undefined)
+    });
+
+    app.commands.addCommand(SAVE_COPY, {
+      label: 'Save a copy',
+      caption: 'Copy this notebook into one of your own projects, and open it there',
+      icon: copyIcon,
+      isVisible: () => shared,
+      isEnabled: args => shared && !!pathFor(args),
+      execute: args => {
+        const path = pathFor(args);
+        if (!shared || !path) {
+          return;
+        }
+        window.open(copyUrl(hub, path), '_blank');
+      }
+    });
+
+    app.commands.addCommand(READ_ONLY, {
+      label: () => `Viewing ${hub.owner}'s project read-only — Save a copy to run it`,
+      caption: `${hub.owner} shared ${hub.project} with you to read: kernels and terminals do not start, files are not saved. Click to copy the current notebook into a project of yours.`,
+      icon: lockIcon,
+      className: 'jp-gpulab-ReadOnly',
+      isVisible: () => shared && !permissions.write,
+      isEnabled: () => !!pathFor({}),
+      execute: () => app.commands.execute(SAVE_COPY, {})
+    });
+
+    if (palette) {
+      palette.addItem({ command: SHARE, category: 'Sharing' });
+      palette.addItem({ command: SAVE_COPY, category: 'Sharing' });
+    }
+
+    const noticeNoKernel = (path: string) => {
+      const now = Date.now();
+      if (now - lastNotice < 5000) {
+        return;
+      }
+      lastNotice = now;
+      Notification.warning(
+        `${hub.owner} shared this project with you read-only: code does not run here. Save a copy to run it in a project of yours.`,
+        {
+          autoClose: 10000,
+          actions: [
+            {
+              label: 'Save a copy',
+              callback: () => void app.commands.execute(SAVE_COPY, { path })
+            }
+          ]
+        }
+      );
+    };
+
+    // Notebooks of a project where the user may not run code: no kernel, and
+    // a notice instead of JupyterLab's kernel dialogs when they try.
+    const noKernels: DocumentRegistry.IWidgetExtension<Widget, DocumentRegistry.IModel> = {
+      createNew: (widget, context) => {
+        if (permissions.run) {
+          return;
+        }
+        const session = context.sessionContext;
+        session.kernelPreference = {
+          ...session.kernelPreference,
+          shouldStart: false,
+          canStart: false,
+          autoStartDefault: false
+        };
+        session.startKernel = async () => {
+          noticeNoKernel(context.path);
+          return false;
+        };
+        widget.addClass('jp-gpulab-mod-readOnly');
+      }
+    };
+    app.docRegistry.addWidgetExtension('Notebook', noKernels);
+
+    app.shell.currentChanged?.connect(() => {
+      const path = documentPath(app.shell.currentWidget);
+      if (path) {
+        lastPath = path;
+      }
+      app.commands.notifyCommandChanged(SAVE_COPY);
+      app.commands.notifyCommandChanged(READ_ONLY);
+    });
+
+    if (!shared) {
+      return;
+    }
+    permissions = await withTimeout(fetchPermissions(), PERMISSIONS_TIMEOUT_MS, ALL_ALLOWED);
+    document.body.dataset.gpulabAccess = permissions.write
+      ? 'write'
+      : permissions.read
+        ? 'read'
+        : 'none';
+    app.commands.notifyCommandChanged();
+  }
+};
+
+export default plugin;
