@@ -166,11 +166,26 @@ def idle_rss() -> dict:
                 statistics.median(s.rss_mib() for _ in range(3)), 1
             )
     out["added_mib"] = round(out["with_extension_mib"] - out["without_extension_mib"], 1)
+    # Compiling a module from source costs RSS that an installed package (with its .pyc)
+    # does not: say whether that was so here.
+    out["bytecode_cached"] = bytecode_cached()
     nvml = nvml_itself_mib()
     if nvml is not None:  # what any NVML user pays, whoever calls it
         out["nvml_library_itself_mib"] = nvml
         out["extension_own_mib"] = round(out["added_mib"] - nvml, 1)
     return out
+
+
+def bytecode_cached() -> bool:
+    import importlib.util
+
+    import gpulab_jupyter.nvml
+    import gpulab_jupyter.sampler
+
+    return all(
+        Path(importlib.util.cache_from_source(m.__file__)).exists()
+        for m in (gpulab_jupyter.nvml, gpulab_jupyter.sampler)
+    )
 
 
 NVML_RSS = """

@@ -260,3 +260,36 @@ def test_sampler_tick_cost_per_gpu():
     print(f"sampler tick: {per_gpu_us:.1f} µs per GPU")
     s.stop()
     assert per_gpu_us < 1000
+
+
+def test_lean_nvml_binding_agrees_with_pynvml():
+    """The sampler's own ctypes NVML calls read what nvidia-ml-py reads, field by field."""
+    import pynvml
+
+    from gpulab_jupyter import devices
+    from gpulab_jupyter.nvml import Nvml
+
+    lean = Nvml.load()
+    pynvml.nvmlInit()
+    try:
+        ours, theirs = devices.enumerate_devices(lean), devices.enumerate_devices(pynvml)
+        keys = ("nvml_index", "uuid", "name", "minor", "mig_enabled")
+        assert [[getattr(d, k) for k in keys] for d in ours] == [
+            [getattr(d, k) for k in keys] for d in theirs
+        ]
+        assert lean.nvmlSystemGetDriverVersion() == pynvml.nvmlSystemGetDriverVersion()
+        for a, b in zip(ours, theirs, strict=True):
+            devices.describe(lean, a)
+            devices.describe(pynvml, b)
+            assert (a.memory_total, a.power_limit) == (b.memory_total, b.power_limit)
+            fa, fb = devices.read_fast(lean, a), devices.read_fast(pynvml, b)
+            assert fa.keys() == fb.keys()
+            assert fa["memory_total"] == fb["memory_total"] > 0
+            assert abs(fa["memory_used"] - fb["memory_used"]) < 256 * MIB
+            assert abs(fa["temperature"] - fb["temperature"]) <= 3
+            assert sorted(p for p, _ in devices.gpu_processes(lean, a)) == sorted(
+                p for p, _ in devices.gpu_processes(pynvml, b)
+            )
+    finally:
+        pynvml.nvmlShutdown()
+        lean.nvmlShutdown()

@@ -1,7 +1,8 @@
 """Which GPUs belong to this container, and what NVML says about them.
 
-Everything here runs on the sampler thread. ``nvml`` is the ``pynvml`` module
-(nvidia-ml-py), passed in by the sampler after it initialised NVML; nothing is
+Everything here runs on the sampler thread. ``nvml`` is an initialised
+:class:`gpulab_jupyter.nvml.Nvml` (or the ``pynvml`` module, which has the same
+names), passed in by the sampler; nothing is
 imported or initialised at import time. The choice of devices
 (:func:`select`) is a pure function of the enumerated devices and the
 environment, so it is tested without a GPU.

@@ -156,19 +156,18 @@ class GPUSampler(LoggingConfigurable):
         if visible is not None and visible.strip().lower() in gpus.NO_GPU_VALUES:
             sel = gpus.select([], visible)
             return self._fail(sel.reason, sel.message)
-        import pynvml
+        from .nvml import Nvml, NVMLError, NVMLError_DriverNotLoaded, NVMLError_LibraryNotFound
 
         try:
             if self._nvml is None:
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            found = gpus.enumerate_devices(pynvml)
-            self._extra = {"driver_version": pynvml.nvmlSystemGetDriverVersion()}
-        except pynvml.NVMLError_LibraryNotFound:
+                self._nvml = Nvml.load()
+            found = gpus.enumerate_devices(self._nvml)
+            self._extra = {"driver_version": self._nvml.nvmlSystemGetDriverVersion()}
+        except NVMLError_LibraryNotFound:
             return self._fail("no_driver", NO_DRIVER)
-        except pynvml.NVMLError_DriverNotLoaded:
+        except NVMLError_DriverNotLoaded:
             return self._fail("no_driver", DRIVER_NOT_LOADED)
-        except pynvml.NVMLError as e:
+        except NVMLError as e:
             return self._fail("nvml_error", f"NVML failed: {e}")
         if not found:
             return self._fail("none_allocated", NO_DEVICE)
@@ -177,7 +176,7 @@ class GPUSampler(LoggingConfigurable):
         if not sel.devices:
             return self._fail(sel.reason, sel.message)
         for d in sel.devices:
-            gpus.describe(pynvml, d)
+            gpus.describe(self._nvml, d)
         self._devices = sel.devices
         self._state = {"available": True, "reason": None, "message": ""}
         names = ", ".join(f"{d.name} ({d.uuid})" for d in sel.devices)
