@@ -234,7 +234,7 @@ class CopyHandler(BaseHandler):
             projects=self._own_projects(),
             error=error,
             default=default,
-            name=source.path.rsplit("/", 1)[-1] if source else "",
+            notebook_name=source.path.rsplit("/", 1)[-1] if source else "",
         )
         self.set_status(status)
         self.finish(html)
@@ -275,31 +275,28 @@ class CopyHandler(BaseHandler):
     async def post(self):
         try:
             source = self._source()
+        except FileRefused as e:
+            await self._page(None, status=e.status, error=str(e))
+            return
+        me = self.current_user.name
+        name = source.path.rsplit("/", 1)[-1]
+        try:
             data = await self._run(
                 read_notebook, self.projects_root, source.owner, source.project, source.path
             )
             target = self._target()
-            spawner = self.current_user.spawners[target]
             # A new project's folder and Dockerfile, as its first start would make them.
-            await self._run(self._ensure_folder, spawner)
-            me = self.current_user.name
-            name = source.path.rsplit("/", 1)[-1]
+            await self._run(self._ensure_folder, self.current_user.spawners[target])
             copied = await self._run(write_copy, self.projects_root, me, target, name, data)
         except FileRefused as e:
-            await self._page(None, status=e.status, error=str(e))
+            await self._page(source, status=e.status, error=str(e))
             return
         self.log.info(
             "gpulab: %s saved a copy of %s/%s:%s as %s/%s",
-            me,
-            source.owner,
-            source.project,
-            source.path,
-            target,
-            copied,
+            *(me, source.owner, source.project, source.path, target, copied),
         )
-        self.redirect(
-            f"{self.hub.base_url}user/{quote(me)}/{quote(target)}/lab/tree/{quote(copied)}"
-        )
+        lab = f"user/{quote(me)}/{quote(target)}/lab/tree/{quote(copied)}"
+        self.redirect(self.hub.base_url + lab)
 
     @staticmethod
     def _ensure_folder(spawner) -> None:
