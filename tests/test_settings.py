@@ -42,6 +42,35 @@ def test_defaults_give_a_working_single_machine_hub():
                         "public_links": False,
                     },
                 ),
+                (
+                    "/gpulab/shared",
+                    "gpulab_hub.sharing.received.SharedWithMeHandler",
+                    {
+                        "projects_root": "/srv/gpulab/projects",
+                        "hub_dir": "/srv/gpulab/hub",
+                        "public_links": False,
+                    },
+                ),
+                (
+                    "/gpulab/public-links/([^/]+)",
+                    "gpulab_hub.sharing.public.PublicLinksHandler",
+                    {
+                        "projects_root": "/srv/gpulab/projects",
+                        "hub_dir": "/srv/gpulab/hub",
+                        "public_links": False,
+                        "max_hours": 168,
+                    },
+                ),
+                (
+                    "/gpulab/p/([^/]+)",
+                    "gpulab_hub.sharing.public.PublicNotebookHandler",
+                    {
+                        "projects_root": "/srv/gpulab/projects",
+                        "hub_dir": "/srv/gpulab/hub",
+                        "public_links": False,
+                        "max_hours": 168,
+                    },
+                ),
             ],
             "template_paths": [str(doctor.TEMPLATES), str(sharing.TEMPLATES)],
             "load_roles": [
@@ -113,6 +142,8 @@ def test_site_settings_override_defaults():
     assert handlers["ShareHandler"] == {"max_hours": 12, "default_hours": 12}
     # The admin allowed public notebook links.
     assert handlers["CopyHandler"]["public_links"] is True
+    assert handlers["PublicNotebookHandler"]["public_links"] is True
+    assert handlers["PublicLinksHandler"]["max_hours"] == 12
 
 
 def test_user_defined_network_listens_for_containers():

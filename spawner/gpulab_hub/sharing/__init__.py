@@ -29,7 +29,7 @@ def hub_handlers(
     max_hours: int, *, hub_dir=None, projects_root=None, public_links: bool = False
 ) -> list[tuple]:
     """JupyterHub ``extra_handlers``: the share page of each of the user's projects;
-    "save a copy" (sharing/copy.py)."""
+    "save a copy" (copy.py); "shared with me" (received.py); public links (public.py)."""
     files = {
         "projects_root": str(projects_root),
         "hub_dir": str(hub_dir),
@@ -42,4 +42,15 @@ def hub_handlers(
             {"max_hours": max_hours, "default_hours": min(DEFAULT_LINK_HOURS, max_hours)},
         ),
         (r"/gpulab/copy", "gpulab_hub.sharing.copy.CopyHandler", files),
+        (r"/gpulab/shared", "gpulab_hub.sharing.received.SharedWithMeHandler", files),
+        (
+            r"/gpulab/public-links/([^/]+)",
+            "gpulab_hub.sharing.public.PublicLinksHandler",
+            {**files, "max_hours": max_hours},
+        ),
+        (
+            r"/gpulab/p/([^/]+)",
+            "gpulab_hub.sharing.public.PublicNotebookHandler",
+            {**files, "max_hours": max_hours},
+        ),
     ]

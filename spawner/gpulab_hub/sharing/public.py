@@ -1,0 +1,337 @@
+"""Public notebook links: one notebook, read-only, for people without an account.
+
+Off unless the admin sets ``GPULAB_PUBLIC_LINKS=1``. The owner makes and revokes
+links at /hub/gpulab/public-links/<project>; each link names ONE notebook of that
+project, fixed when it is made, and expires (at most GPULAB_SHARE_MAX_HOURS).
+Anyone with the link sees /hub/gpulab/p/<code>: the notebook rendered by
+nbconvert with its outputs sanitized, no kernel, served with a Content-Security-
+Policy that lets no script run (the page comes from the hub's origin, where users
+have their login cookies). The path is opened again on each view without
+following links (sharing/copy.py), so nothing else in the project, or outside it,
+is reachable. Codes are ``secrets.token_urlsafe(32)``; only their SHA-256 is kept,
+in ``<hub dir>/public-links.json`` (file-locked, written atomically).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+from filelock import FileLock
+from jupyterhub.handlers import BaseHandler
+from tornado import web
+from tornado.ioloop import IOLoop
+
+from gpulab_hub import jsonfile
+
+from .copy import FileRefused, check_path, read_notebook
+
+LINKS_FILE = "public-links.json"
+MAX_LINKS_PER_PROJECT = 50
+MAX_LISTED = 500  # notebooks offered when making a link
+_CODE = re.compile(r"[A-Za-z0-9_-]{32,64}")
+_ID = re.compile(r"pl_[0-9a-f]{12}")
+# Nothing runs: no scripts, no plugins, no fetches; inline styles and data: images only.
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'; sandbox allow-popups "
+    "allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation"
+)
+GONE = "This link does not exist: it was revoked, it expired, or it never was."
+
+
+@dataclass(frozen=True)
+class PublicLink:
+    id: str
+    hash: str
+    owner: str
+    project: str
+    path: str
+    created_at: float
+    expires_at: float
+
+    @property
+    def expired(self) -> bool:
+        return time.time() >= self.expires_at
+
+    def expires_text(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.expires_at))
+
+
+def _digest(code: str) -> str:
+    return hashlib.sha256(code.encode()).hexdigest()
+
+
+class PublicLinkStore:
+    """``{"links": [...]}`` in one JSON file; every change under a file lock."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
+        self._thread_lock = threading.RLock()
+
+    def _read(self) -> list[PublicLink]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        links = []
+        for raw in data.get("links", []) if isinstance(data, dict) else []:
+            try:
+                links.append(PublicLink(**raw))
+            except TypeError:
+                continue
+        return links
+
+    def _write(self, links: list[PublicLink]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        jsonfile.write_atomic(self.path, {"version": 1, "links": [asdict(x) for x in links]})
+
+    def create(self, owner: str, project: str, path: str, seconds: float) -> tuple[str, PublicLink]:
+        """A new link; its code (shown once, never stored) and its record."""
+        code = secrets.token_urlsafe(32)
+        now = time.time()
+        link = PublicLink(
+            id="pl_" + secrets.token_hex(6),
+            hash=_digest(code),
+            owner=owner,
+            project=project,
+            path=path,
+            created_at=now,
+            expires_at=now + seconds,
+        )
+        with self._thread_lock, self._file_lock:
+            links = [x for x in self._read() if not x.expired]
+            mine = [x for x in links if (x.owner, x.project) == (owner, project)]
+            if len(mine) >= MAX_LINKS_PER_PROJECT:
+                raise FileRefused(400, f"A project has at most {MAX_LINKS_PER_PROJECT} links.")
+            self._write([*links, link])
+        return code, link
+
+    def list(self, owner: str, project: str) -> list[PublicLink]:
+        with self._thread_lock, self._file_lock:
+            links = self._read()
+        return [x for x in links if (x.owner, x.project) == (owner, project) and not x.expired]
+
+    def revoke(self, owner: str, project: str, link_id: str) -> bool:
+        with self._thread_lock, self._file_lock:
+            links = self._read()
+            kept = [
+                x
+                for x in links
+                if not x.expired
+                and not (x.id == link_id and (x.owner, x.project) == (owner, project))
+            ]
+            gone = len([x for x in links if not x.expired]) - len(kept)
+            if kept != links:
+                self._write(kept)
+        return gone > 0
+
+    def forget(self, owner: str, project: str) -> None:
+        """Drop every link of a deleted project."""
+        with self._thread_lock, self._file_lock:
+            links = self._read()
+            kept = [x for x in links if (x.owner, x.project) != (owner, project)]
+            if kept != links:
+                self._write(kept)
+
+    def find(self, code: str) -> PublicLink | None:
+        """The unexpired link of ``code``, or None."""
+        if not _CODE.fullmatch(code or ""):
+            return None
+        digest = _digest(code)
+        with self._thread_lock, self._file_lock:
+            links = self._read()
+        for link in links:
+            if secrets.compare_digest(link.hash, digest) and not link.expired:
+                return link
+        return None
+
+
+def store(hub_dir: str | Path) -> PublicLinkStore:
+    return PublicLinkStore(Path(hub_dir) / LINKS_FILE)
+
+
+def find_link(hub_dir: str | Path, code: str) -> PublicLink | None:
+    return store(hub_dir).find(code)
+
+
+def notebooks_in(folder: Path) -> list[str]:
+    """The notebooks of a project (relative paths), not in hidden folders, no links."""
+    found = []
+    for top, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        rel = Path(top).relative_to(folder)
+        for name in sorted(files):
+            path = (rel / name).as_posix()
+            if name.endswith(".ipynb") and not os.path.islink(os.path.join(top, name)):
+                try:
+                    check_path(path)
+                except FileRefused:
+                    continue
+                found.append(path)
+                if len(found) >= MAX_LISTED:
+                    return found
+    return found
+
+
+def render_notebook(data: bytes) -> str:
+    """The notebook as sanitized HTML (cells and outputs; no page around it)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+    except nbformat.ValidationError as e:
+        raise ValueError(f"not a valid notebook: {e}") from e
+    exporter = HTMLExporter(template_name="basic", sanitize_html=True)
+    body, _ = exporter.from_notebook_node(nb)
+    return body
+
+
+def highlight_css() -> str:
+    from pygments.formatters import HtmlFormatter
+
+    return HtmlFormatter(style="default").get_style_defs(".highlight")
+
+
+class _Base(BaseHandler):
+    def initialize(self, projects_root: str, hub_dir: str, public_links: bool, max_hours: int):
+        self.projects_root = projects_root
+        self.links = store(hub_dir)
+        self.enabled = public_links
+        self.max_hours = max_hours
+
+    async def _run(self, fn, *args):
+        return await IOLoop.current().run_in_executor(None, fn, *args)
+
+
+class PublicLinksHandler(_Base):
+    """The owner's page: the public links of one project; make and revoke them."""
+
+    def _check(self, project: str) -> None:
+        if not self.enabled:
+            raise web.HTTPError(
+                404, "Public links are turned off on this hub (an admin can turn them on)."
+            )
+        if project not in self.current_user.orm_spawners:
+            raise web.HTTPError(404, f"You have no project named {project!r}.")
+
+    async def _page(self, project: str, status=200, message="", error="", new_url=""):
+        owner = self.current_user.name
+        folder = Path(self.projects_root) / owner / project
+        html = await self.render_template(
+            "gpulab-public-links.html",
+            project=project,
+            links=self.links.list(owner, project),
+            notebooks=await self._run(notebooks_in, folder) if folder.is_dir() else [],
+            message=message,
+            error=error,
+            new_url=new_url,
+            max_hours=self.max_hours,
+            default_hours=min(24, self.max_hours),
+        )
+        self.set_status(status)
+        self.finish(html)
+
+    @web.authenticated
+    async def get(self, project: str):
+        self._check(project)
+        await self._page(project)
+
+    async def _create(self, project: str) -> tuple[str, str]:
+        owner = self.current_user.name
+        path = self.get_body_argument("path", "").strip()
+        try:
+            hours = int(self.get_body_argument("hours", "24"))
+        except ValueError as e:
+            raise FileRefused(400, "Hours must be a whole number.") from e
+        if not 1 <= hours <= self.max_hours:
+            raise FileRefused(400, f"A link lasts from 1 to {self.max_hours} hours.")
+        # The notebook must be there, a notebook, and reached without links.
+        await self._run(read_notebook, self.projects_root, owner, project, path)
+        code, link = self.links.create(owner, project, path, hours * 3600)
+        request = self.request
+        url = f"{request.protocol}://{request.host}{self.hub.base_url}gpulab/p/{code}"
+        self.log.info("gpulab: %s made public link %s for %s:%s", owner, link.id, project, path)
+        return f"Public link made for {path}; it works for {hours} h.", url
+
+    @web.authenticated
+    async def post(self, project: str):
+        self._check(project)
+        action = self.get_body_argument("action", "")
+        try:
+            if action == "create":
+                message, url = await self._create(project)
+                await self._page(project, message=message, new_url=url)
+                return
+            if action == "revoke":
+                link_id = self.get_body_argument("id", "")
+                if not _ID.fullmatch(link_id) or not self.links.revoke(
+                    self.current_user.name, project, link_id
+                ):
+                    raise FileRefused(404, "No such link.")
+                await self._page(project, message="Public link revoked.")
+                return
+            raise FileRefused(400, f"Unknown action {action!r}.")
+        except FileRefused as e:
+            await self._page(project, status=e.status, error=str(e))
+
+
+class PublicNotebookHandler(_Base):
+    """/hub/gpulab/p/<code>: the notebook of a public link, for anyone (no login)."""
+
+    def _plain(self, status: int, message: str) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(message + "\n")
+
+    @property
+    def content_security_policy(self):
+        return CSP
+
+    def set_default_headers(self):
+        super().set_default_headers()
+        self.set_header("X-Content-Type-Options", "nosniff")
+        self.set_header("Referrer-Policy", "no-referrer")
+        self.set_header("Cache-Control", "no-store")
+
+    def write_error(self, status_code, **kwargs):
+        self._plain(status_code, "This page cannot be shown.")
+
+    async def get(self, code: str):
+        if not self.enabled:
+            self._plain(404, "Public links are turned off on this hub.")
+            return
+        link = self.links.find(code)
+        if link is None:
+            self._plain(404, GONE)
+            return
+        try:
+            data = await self._run(
+                read_notebook, self.projects_root, link.owner, link.project, link.path
+            )
+            body = await self._run(render_notebook, data)
+        except FileRefused:
+            self._plain(404, "The notebook of this link is not there any more.")
+            return
+        except (ValueError, UnicodeDecodeError):  # not JSON, not a notebook
+            self._plain(404, "The notebook of this link cannot be shown.")
+            return
+        copy_page = f"{self.hub.base_url}gpulab/copy?" + urlencode({"public": code})
+        html = await self.render_template(
+            "gpulab-public.html",
+            link=link,
+            notebook=body,
+            css=highlight_css(),
+            save_url=f"{self.hub.base_url}login?next={quote(copy_page, safe='')}",
+        )
+        self.finish(html)

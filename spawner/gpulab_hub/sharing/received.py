@@ -1,0 +1,176 @@
+"""The hub page /hub/gpulab/shared: projects shared with the logged-in user.
+
+Lists JupyterHub's shares of the user (``orm.User.all_shared_with_me``: shared
+with them directly or with one of their groups): owner, project, role, whether
+the owner's server runs, an Open link. The user can **leave** a share made to
+them directly (JupyterHub's own self-revocation, ``Share`` deleted); a share made
+to a group is the group's, and only the owner (or an admin, by removing them
+from the group) ends it. A **collaborator** may **start** the owner's stopped
+server when the owner allowed it (``collaborators_may_start`` in the owner's
+sharing policy, sharing/policy.py): shares cannot carry ``servers`` scopes, so the
+check is made here and the hub starts the server as JupyterHub's admin spawn does,
+with the options the owner last started it with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from jupyterhub import orm
+from jupyterhub.handlers import BaseHandler
+from jupyterhub.slugs import is_valid_safe_slug
+from tornado import web
+
+from . import roles
+from .policy import SharingPolicyStore
+
+PAGE = "/gpulab/shared"
+POLICY_FILE = "sharing.json"
+
+
+@dataclass
+class Received:
+    owner: str
+    project: str
+    role: str
+    via: str  # "" for a share to the user, else the group's name
+    since: str
+    expires: str
+    state: str  # "running", "starting", "stopping", "stopped"
+    url: str
+    may_start: bool
+
+
+def policy_store(hub_dir: str | Path) -> SharingPolicyStore:
+    return SharingPolicyStore(Path(hub_dir) / POLICY_FILE)
+
+
+class SharedWithMeHandler(BaseHandler):
+    def initialize(self, hub_dir: str, **_):
+        self.policies = policy_store(hub_dir)
+
+    def _state(self, share: orm.Share) -> tuple[str, str]:
+        """The owner's server: its state and URL."""
+        owner = self.users[share.owner]
+        spawner = owner.spawners[share.spawner.name]
+        if spawner.ready:
+            state = "running"
+        elif spawner.pending == "stop":
+            state = "stopping"
+        elif spawner.pending:
+            state = "starting"
+        else:
+            state = "stopped"
+        return state, owner.server_url(share.spawner.name)
+
+    def _received(self) -> list[Received]:
+        rows = []
+        for share in self.current_user.orm_user.all_shared_with_me:
+            if share.owner is None or share.spawner is None:
+                continue
+            owner, project = share.owner.name, share.spawner.name
+            role = roles.role_of(share.scopes)
+            state, url = self._state(share)
+            expires = getattr(share, "expires_at", None)
+            rows.append(
+                Received(
+                    owner=owner,
+                    project=project,
+                    role=role,
+                    via=share.group.name if share.group is not None else "",
+                    since=share.created_at.strftime("%Y-%m-%d %H:%M UTC"),
+                    expires=expires.strftime("%Y-%m-%d %H:%M UTC") if expires else "",
+                    state=state,
+                    url=url,
+                    may_start=role == "collaborator"
+                    and self.policies.get(owner, project).collaborators_may_start,
+                )
+            )
+        rows.sort(key=lambda r: (r.owner, r.project, r.via))
+        return rows
+
+    async def _page(self, status=200, message="", error=""):
+        rows = self._received()
+        html = await self.render_template(
+            "gpulab-shared.html",
+            rows=rows,
+            message=message,
+            error=error,
+            refresh=any(r.state in ("starting", "stopping") for r in rows),
+        )
+        self.set_status(status)
+        self.finish(html)
+
+    @web.authenticated
+    async def get(self):
+        await self._page()
+
+    def _spawner(self, owner: str, project: str) -> orm.Spawner:
+        found = self.find_user(owner) if owner else None
+        if found is None or not is_valid_safe_slug(project or ""):
+            raise web.HTTPError(404, "Nothing of that name is shared with you.")
+        spawner = found.orm_user.orm_spawners.get(project)
+        if spawner is None:
+            raise web.HTTPError(404, "Nothing of that name is shared with you.")
+        return spawner
+
+    def _shares(self, spawner: orm.Spawner) -> list[orm.Share]:
+        me = self.current_user.orm_user
+        return [s for s in me.all_shared_with_me if s.spawner_id == spawner.id]
+
+    def _leave(self, owner: str, project: str) -> str:
+        spawner = self._spawner(owner, project)
+        share = orm.Share.find(self.db, spawner, self.current_user.orm_user)
+        if share is None:
+            groups = [s.group.name for s in self._shares(spawner) if s.group is not None]
+            if groups:
+                raise web.HTTPError(
+                    400,
+                    f"{owner} shared {project} with your group {', '.join(groups)}: you cannot "
+                    "leave a group's share; ask the owner or an admin.",
+                )
+            raise web.HTTPError(404, "Nothing of that name is shared with you.")
+        self.db.delete(share)
+        self.db.commit()
+        self.log.info("gpulab: %s left the share of %s/%s", self.current_user.name, owner, project)
+        return f"You left {owner}'s project {project}."
+
+    async def _start(self, owner: str, project: str) -> str:
+        spawner = self._spawner(owner, project)
+        shares = self._shares(spawner)
+        if not shares:
+            raise web.HTTPError(404, "Nothing of that name is shared with you.")
+        if not any(roles.role_of(s.scopes) == "collaborator" for s in shares):
+            raise web.HTTPError(403, f"Only collaborators may start {owner}'s project.")
+        if not self.policies.get(owner, project).collaborators_may_start:
+            raise web.HTTPError(
+                403, f"{owner} has not allowed collaborators to start {project}; ask {owner}."
+            )
+        user = self.users[spawner.user]
+        running = user.spawners[project]
+        if running.ready or running.pending:
+            return f"{owner}'s project {project} is running or starting already."
+        self.log.info(
+            "gpulab: collaborator %s starts %s/%s", self.current_user.name, owner, project
+        )
+        # Returns when it runs, or after JupyterHub's slow-spawn wait while it goes on.
+        await self.spawn_single_user(user, project)
+        return f"Starting {owner}'s project {project}."
+
+    @web.authenticated
+    async def post(self):
+        action = self.get_body_argument("action", "")
+        owner = self.get_body_argument("owner", "")
+        project = self.get_body_argument("project", "")
+        try:
+            if action == "leave":
+                message = self._leave(owner, project)
+            elif action == "start":
+                message = await self._start(owner, project)
+            else:
+                raise web.HTTPError(400, f"Unknown action {action!r}.")
+        except web.HTTPError as e:
+            await self._page(status=e.status_code, error=e.log_message or "Refused.")
+            return
+        await self._page(message=message)
