@@ -120,10 +120,11 @@ def read_notebook(projects_root: str | Path, owner: str, project: str, path: str
             raise FileRefused(404, "No such file in that project.") from e
     finally:
         os.close(dir_fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise FileRefused(400, "That is not a notebook file.")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise FileRefused(400, "That is not a notebook file.")
         if st.st_size > MAX_BYTES:
             raise FileRefused(413, f"That notebook is over {MAX_BYTES // 2**20} MiB.")
         data = f.read(MAX_BYTES + 1)
