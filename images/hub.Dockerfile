@@ -16,8 +16,9 @@ COPY spawner/ spawner/
 COPY extensions/ extensions/
 COPY images/ images/
 COPY jupyterhub_config.py ./
+# nbconvert (a dependency of gpulab-hub) renders public notebook links.
 RUN pip install --no-cache-dir ./spawner \
- && python -c "import gpulab_hub.spawner, gpulab_hub.auth"
+ && python -c "import gpulab_hub.spawner, gpulab_hub.auth, gpulab_hub.sharing.public, nbconvert"
 
 EXPOSE 8000
 # Makes sure the base image for projects exists, then runs the hub in the foreground.
