@@ -100,7 +100,10 @@ def test_context_trusts_host_certificates_and_carries_wheels(tmp_path):
     ]
     dockerfile = files["Dockerfile"].decode()
     assert f"pip install --no-cache-dir /opt/gpulab/wheels/{torch.name}" in dockerfile
-    assert 'python -c "import jupyterhub, jupyterlab, gpulab_jupyter"' in dockerfile
+    assert (
+        'python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, gpulab_jupyter"'
+        in dockerfile
+    )
 
 
 @pytest.mark.parametrize("template", ["project.Dockerfile.j2", "hub.Dockerfile"])

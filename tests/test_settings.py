@@ -29,9 +29,13 @@ def test_defaults_give_a_working_single_machine_hub():
                     {"report_path": "/srv/gpulab/hub/doctor-last.json"},
                 ),
                 (
-                    "/gpulab/share/([^/]+)",
+                    "/gpulab/share/([^/]+)(?:/([^/]+))?",
                     "gpulab_hub.sharing.web.ShareHandler",
-                    {"max_hours": 168, "default_hours": 24},
+                    {
+                        "max_hours": 168,
+                        "default_hours": 24,
+                        "policy_path": "/srv/gpulab/hub/sharing.json",
+                    },
                 ),
                 (
                     "/gpulab/copy",
@@ -77,9 +81,10 @@ def test_defaults_give_a_working_single_machine_hub():
                 {
                     "name": "user",
                     "description": "Standard user privileges, plus sharing one's own projects",
-                    "scopes": ["self", "shares!user"],
+                    "scopes": ["self", "shares!user", "custom:gpulab:execute!user"],
                 }
             ],
+            "custom_scopes": sharing.roles.CUSTOM_SCOPES,
             "authenticator_class": "gpulab_hub.auth.GpulabAuthenticator",
             "allow_named_servers": True,
             "redirect_to_server": False,
@@ -114,7 +119,45 @@ def test_defaults_give_a_working_single_machine_hub():
     )
     assert c.ConfigurableHTTPProxy.api_url == "http://127.0.0.1:8001"
     assert c.Spawner.default_url == "/lab"
-    assert c.Spawner.args == ["--HubOAuth.cache_max_age=30"]
+    assert c.Spawner.args == [
+        "--HubOAuth.cache_max_age=30",
+        "--ServerApp.authorizer_class=gpulab_jupyter.authorizer.ProjectAuthorizer",
+        "--ProjectAuthorizer.shares_max_age=30",
+    ]
+
+
+def test_project_servers_enforce_the_share_roles():
+    c = applied({})
+    scopes = c.JupyterHub.custom_scopes
+    assert sorted(scopes) == [
+        "custom:gpulab:execute",
+        "custom:gpulab:read",
+        "custom:gpulab:write",
+    ]
+    assert scopes["custom:gpulab:execute"]["subscopes"] == [
+        "custom:gpulab:write",
+        "custom:gpulab:read",
+    ]
+    # Browser tokens of a project server may carry gpulab's scopes on that server
+    # (JupyterHub adds the server's own access scope itself).
+    assert c.Spawner.oauth_client_allowed_scopes == [
+        "custom:gpulab:read!server",
+        "custom:gpulab:write!server",
+        "custom:gpulab:execute!server",
+    ]
+    # The server's own token may read the server's shares (the authorizer looks up
+    # the roles of people whose browser token has no gpulab scope).
+    assert c.Spawner.server_token_scopes == [
+        "users:activity!user",
+        "access:servers!server",
+        "read:shares!server",
+    ]
+    # The class named on the command line is the one the image installs.
+    from gpulab_jupyter.authorizer import ProjectAuthorizer
+
+    assert sharing.roles.AUTHORIZER_CLASS == (
+        f"{ProjectAuthorizer.__module__}.{ProjectAuthorizer.__qualname__}"
+    )
 
 
 def test_site_settings_override_defaults():
@@ -139,7 +182,11 @@ def test_site_settings_override_defaults():
     assert c.NativeAuthenticator.open_signup is True
     # A link cannot outlast the maximum; its default shrinks to fit.
     handlers = {h[1].rsplit(".", 1)[-1]: h[2] for h in c.JupyterHub.extra_handlers}
-    assert handlers["ShareHandler"] == {"max_hours": 12, "default_hours": 12}
+    assert handlers["ShareHandler"] == {
+        "max_hours": 12,
+        "default_hours": 12,
+        "policy_path": "/data/gpulab/hub/sharing.json",
+    }
     # The admin allowed public notebook links.
     assert handlers["CopyHandler"]["public_links"] is True
     assert handlers["PublicNotebookHandler"]["public_links"] is True

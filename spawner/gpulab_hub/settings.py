@@ -77,6 +77,11 @@ def apply(c, environ, images_dir: str | Path) -> None:
     )
     c.JupyterHub.template_paths = [str(doctor.TEMPLATES), str(sharing.TEMPLATES)]
     c.JupyterHub.load_roles = [sharing.USER_ROLE]
+    # Viewer and collaborator: gpulab's scopes, asked for by the project servers'
+    # authorizer (docs/sharing.md). Browser tokens of a project server may carry them.
+    c.JupyterHub.custom_scopes = sharing.roles.CUSTOM_SCOPES
+    c.Spawner.oauth_client_allowed_scopes = sharing.roles.SERVER_CLIENT_SCOPES
+    c.Spawner.server_token_scopes = sharing.roles.SERVER_TOKEN_SCOPES
 
     network = s["GPULAB_NETWORK"]
     if network == objects.HOST_NETWORK:
@@ -115,7 +120,13 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.Spawner.default_url = "/lab"
     # A project server trusts the hub's answer on a token this long: a revoked share
     # stops working within it (JupyterHub's default is 300 s).
-    c.Spawner.args = [f"--HubOAuth.cache_max_age={sharing.REVOKE_WITHIN_S}"]
+    # gpulab's authorizer enforces the viewer role (only where the hub starts the
+    # server: a plain JupyterLab is unaffected).
+    c.Spawner.args = [
+        f"--HubOAuth.cache_max_age={sharing.REVOKE_WITHIN_S}",
+        f"--ServerApp.authorizer_class={sharing.roles.AUTHORIZER_CLASS}",
+        f"--ProjectAuthorizer.shares_max_age={sharing.REVOKE_WITHIN_S}",
+    ]
     # Builds report progress on the spawn page; give them time.
     c.Spawner.start_timeout = 3600
     c.Spawner.http_timeout = 120

@@ -47,11 +47,14 @@ RUN if existing=$(id -nu 1000 2>/dev/null); then \
 COPY --chown=1000:100 wheels/ /opt/gpulab/wheels/
 USER 1000:100
 
-# Every dependency is installed and verified in the same RUN.
+# Every dependency is installed and verified in the same RUN. jupyter-collaboration
+# makes edits live for everyone in a shared project (gpulab keeps it read-only for
+# viewers: gpulab_jupyter/collab.py).
 RUN python3 -m venv --system-site-packages /opt/gpulab/venv \
  && pip install --no-cache-dir jupyterhub==6.1.1 jupyterlab==4.6.6 \
+      jupyter-collaboration==5.0.4 \
       /opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl \
- && python -c "import jupyterhub, jupyterlab, gpulab_jupyter"
+ && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, gpulab_jupyter"
 
 # IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
 RUN mkdir -p /opt/gpulab/venv/etc/ipython \

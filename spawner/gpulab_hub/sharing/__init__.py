@@ -9,19 +9,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import roles
+
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/share"
 DEFAULT_LINK_HOURS = 24
 # Project servers cache the hub's token checks this long, so revoking takes this long.
 REVOKE_WITHIN_S = 30
+# In the hub's folder: what each owner allows the people a project is shared with.
+POLICY_FILE = "sharing.json"
 
 # Every user may share their own projects. Not ``read:users:name``, which
 # JupyterHub's API wants for sharing by name: it would let users list each other;
-# the share page grants by name itself.
+# the share page grants by name itself. Owners may do everything on their own
+# project servers (gpulab's ``execute`` scope, which the servers' authorizer asks for).
 USER_ROLE = {
     "name": "user",
     "description": "Standard user privileges, plus sharing one's own projects",
-    "scopes": ["self", "shares!user"],
+    "scopes": ["self", "shares!user", *roles.OWNER_SCOPES],
 }
 
 
@@ -37,9 +42,14 @@ def hub_handlers(
     }
     return [
         (
-            PAGE + r"/([^/]+)",
+            # /<project> for its owner; /<owner>/<project> for a collaborator re-sharing
+            PAGE + r"/([^/]+)(?:/([^/]+))?",
             "gpulab_hub.sharing.web.ShareHandler",
-            {"max_hours": max_hours, "default_hours": min(DEFAULT_LINK_HOURS, max_hours)},
+            {
+                "max_hours": max_hours,
+                "default_hours": min(DEFAULT_LINK_HOURS, max_hours),
+                "policy_path": str(Path(hub_dir) / POLICY_FILE) if hub_dir else None,
+            },
         ),
         (r"/gpulab/copy", "gpulab_hub.sharing.copy.CopyHandler", files),
         (r"/gpulab/shared", "gpulab_hub.sharing.received.SharedWithMeHandler", files),

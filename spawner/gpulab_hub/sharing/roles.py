@@ -38,6 +38,13 @@ DEFAULT_ROLE = "collaborator"
 SERVER_CLIENT_SCOPES = [f"{scope}!server" for scope in (READ, WRITE, EXECUTE)]
 # Added to the ``user`` role: full rights on one's own servers.
 OWNER_SCOPES = [f"{EXECUTE}!user"]
+# The project server's own token (c.Spawner.server_token_scopes): JupyterHub's
+# ``server`` role, plus reading the server's shares. JupyterHub puts no share's
+# custom scopes into the browser's OAuth token, so the authorizer looks the
+# person's share up in this list.
+SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", "read:shares!server"]
+# The project server's authorizer, installed in the project image (gpulab-jupyter).
+AUTHORIZER_CLASS = "gpulab_jupyter.authorizer.ProjectAuthorizer"
 
 
 def share_scopes(role: str, owner: str, project: str) -> list[str]:

@@ -1,24 +1,43 @@
 """The hub page /hub/gpulab/share/<project>: the owner shares a project.
 
-Listing, links and revoking go through JupyterHub's sharing REST API
-(``/hub/api/shares``, ``/hub/api/share-codes``) with a short-lived token of the
-logged-in owner, limited to that one project, so JupyterHub's own permission
-checks apply; the token is deleted when the request is done. Sharing with a
-user or group by name is done here with JupyterHub's ``orm.Share.grant``: its
-API would need every user to hold ``read:users:name`` (the names of all users).
+Each share is made as a viewer (read-only) or a collaborator (see roles.py).
+The owner's listing, links and revoking go through JupyterHub's sharing REST
+API (``/hub/api/shares``, ``/hub/api/share-codes``) with a short-lived token of
+the logged-in owner, limited to that one project, so JupyterHub's own
+permission checks apply; the token is deleted when the request is done.
+Sharing with a user or group by name is done here with JupyterHub's
+``orm.Share.grant``: its API would need every user to hold ``read:users:name``.
+
+Re-share: /hub/gpulab/share/<owner>/<project> serves a collaborator of that
+project when its owner allowed re-sharing (policy.py). They may share it with a
+user, a group or by link, as viewer or collaborator (at most their own role),
+and see who has access; they cannot revoke anything (JupyterHub does not record
+who made a share) or change the owner's settings. The hub holds no ``shares``
+permission of theirs on that server, so this page does it with JupyterHub's
+``orm`` after its own checks. Anyone else gets 404 (403 for a collaborator
+whose owner did not allow it).
+
+``?embed=1`` renders the page without the hub's navigation bar and lets
+same-origin pages frame it (JupyterLab's Share dialog shows it in an iframe).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC
 from urllib.parse import quote, urlencode
 
 from jupyterhub import orm
 from jupyterhub.handlers import BaseHandler
+from jupyterhub.utils import utcnow
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+from . import roles
+from .policy import ProjectSharing, SharingPolicyStore
+
 TOKEN_SECONDS = 120
+SETTINGS = ("collaborators_may_start", "collaborators_may_reshare")
 
 
 class ApiError(Exception):
@@ -27,15 +46,64 @@ class ApiError(Exception):
         self.status = status
 
 
+def iso(when) -> str | None:
+    return when.replace(tzinfo=UTC).isoformat() if when else None
+
+
 class ShareHandler(BaseHandler):
-    def initialize(self, max_hours: int, default_hours: int):
+    def initialize(self, max_hours: int, default_hours: int, policy_path=None):
         self.max_hours = max_hours
         self.default_hours = default_hours
+        self.policy = SharingPolicyStore(policy_path) if policy_path else None
 
-    def _check_owner(self, project: str) -> None:
-        if project not in self.current_user.orm_spawners:
-            raise web.HTTPError(404, f"You have no project named {project!r}.")
+    @property
+    def embed(self) -> bool:
+        return self.get_query_argument("embed", "") == "1"
 
+    @property
+    def content_security_policy(self):
+        """JupyterHub forbids framing its pages; the embedded share page allows its own
+        origin (JupyterLab's Share dialog) and no other."""
+        csp = super().content_security_policy
+        if self.embed:
+            csp = csp.replace("frame-ancestors 'none'", "frame-ancestors 'self'")
+        return csp
+
+    # --- who may use the page, on which project -------------------------------------
+    def _target(self, first: str, second: str | None) -> tuple[str, str, bool]:
+        """(owner, project, resharing) of the request, or 404/403."""
+        me = self.current_user
+        if second is None or first == me.name:
+            project = first if second is None else second
+            if project not in me.orm_spawners:
+                raise web.HTTPError(404, f"You have no project named {project!r}.")
+            return me.name, project, False
+        spawner = self._spawner(first, second)
+        if spawner is None or self._my_role(spawner) != "collaborator":
+            raise web.HTTPError(404, f"No project {first}/{second} is shared with you.")
+        if not self._settings(first, second).collaborators_may_reshare:
+            raise web.HTTPError(403, f"{first} has not allowed sharing {second} on.")
+        return first, second, True
+
+    def _spawner(self, owner: str, project: str):
+        user = orm.User.find(self.db, owner)
+        return user.orm_spawners.get(project) if user is not None else None
+
+    def _my_role(self, spawner) -> str:
+        me = self.current_user.orm_user
+        scopes: set[str] = set()
+        for target in (me, *me.groups):
+            share = orm.Share.find(self.db, spawner, target)
+            if share is not None:
+                scopes.update(share.scopes)
+        return roles.role_of(scopes)
+
+    def _settings(self, owner: str, project: str):
+        if self.policy is None:
+            return ProjectSharing()
+        return self.policy.get(owner, project)
+
+    # --- the owner's calls to JupyterHub's REST API ---------------------------------
     def _token(self, project: str) -> str:
         owner = self.current_user.name
         server = f"{owner}/{project}"
@@ -45,11 +113,13 @@ class ShareHandler(BaseHandler):
             scopes=[
                 f"shares!server={server}",
                 f"access:servers!server={server}",
+                # share codes may carry gpulab's role scopes (JupyterHub checks them)
+                f"{roles.EXECUTE}!server={server}",
             ],
         )
 
-    def _drop_token(self, token: str) -> None:
-        found = orm.APIToken.find(self.db, token)
+    def _drop_token(self, token: str | None) -> None:
+        found = orm.APIToken.find(self.db, token) if token else None
         if found is not None:
             self.db.delete(found)
             self.db.commit()
@@ -77,12 +147,42 @@ class ShareHandler(BaseHandler):
             raise ApiError(response.code, message)
         return json.loads(text) if text else None
 
-    async def _listing(self, token: str, project: str) -> dict:
-        where = f"/{quote(self.current_user.name)}/{quote(project)}"
+    async def _listing(self, token: str | None, owner: str, project: str) -> dict:
+        if token is None:  # re-share: read the hub's tables
+            return self._listing_orm(self._spawner(owner, project))
+        where = f"/{quote(owner)}/{quote(project)}"
         shares = await self._api(token, "GET", "/shares" + where)
         codes = await self._api(token, "GET", "/share-codes" + where)
         return {"shares": shares["items"], "codes": codes["items"]}
 
+    def _listing_orm(self, spawner) -> dict:
+        now = utcnow(with_tz=False)
+        shares = self.db.query(orm.Share).filter_by(spawner_id=spawner.id)
+        codes = self.db.query(orm.ShareCode).filter_by(spawner_id=spawner.id)
+        return {
+            "shares": [
+                {
+                    "scopes": s.scopes,
+                    "user": {"name": s.user.name} if s.user else None,
+                    "group": {"name": s.group.name} if s.group else None,
+                    "kind": "group" if s.group else "user",
+                    "created_at": iso(s.created_at),
+                }
+                for s in shares
+            ],
+            "codes": [
+                {
+                    "scopes": c.scopes,
+                    "id": f"sc_{c.id}",
+                    "expires_at": iso(c.expires_at),
+                    "exchange_count": c.exchange_count,
+                }
+                for c in codes
+                if c.expires_at is None or c.expires_at > now
+            ],
+        }
+
+    # --- the form's actions ---------------------------------------------------------
     def _hours(self) -> int:
         try:
             hours = int(self.get_body_argument("hours", str(self.default_hours)))
@@ -92,66 +192,111 @@ class ShareHandler(BaseHandler):
             raise ApiError(400, f"A link lasts from 1 to {self.max_hours} hours.")
         return hours
 
-    def _grant(self, project: str, kind: str, name: str) -> None:
+    def _role(self) -> str:
+        role = self.get_body_argument("role", roles.DEFAULT_ROLE)
+        if role not in roles.ROLES:
+            raise ApiError(400, f"Choose a role: {', '.join(sorted(roles.ROLES))}.")
+        return role
+
+    def _grant(self, owner: str, project: str, kind: str, name: str, resharing: bool) -> str:
         """Share with a user or group by name: what POST /hub/api/shares/... does, less its
         need of ``read:users:name`` (gpulab does not let users list each other)."""
-        owner = self.current_user
-        if not self.has_scope(f"shares!server={owner.name}/{project}"):
+        role = self._role()
+        if not resharing and not self.has_scope(f"shares!server={owner}/{project}"):
             raise ApiError(403, "You may not share this project.")
         if not name:
             raise ApiError(400, f"Name the {kind} to share with.")
         if kind == "user":
             target = orm.User.find(self.db, name)
-            if target is not None and target.id == owner.orm_user.id:
-                raise ApiError(400, "The project is yours already.")
+            if target is not None and target.name == owner:
+                whose = f"{owner}'s" if resharing else "yours"
+                raise ApiError(400, f"The project is {whose} already.")
+            if target is not None and target.id == self.current_user.orm_user.id:
+                raise ApiError(400, "You have access already.")
         else:
             target = orm.Group.find(self.db, name)
         if target is None:
             raise ApiError(400, f"No such {kind}: {name}")
-        # JupyterHub's default share: access to this one server.
-        orm.Share.grant(self.db, owner.orm_spawners[project], target)
+        spawner = self._spawner(owner, project)
+        scopes = roles.share_scopes(role, owner, project)
+        if not resharing:
+            # The owner sets the role: a collaborator made viewer loses the rest.
+            others = {f"{scope}!server={owner}/{project}" for scope in roles.ROLES.values()}
+            orm.Share.revoke(self.db, spawner, target, scopes=sorted(others - set(scopes)))
+        # A re-share only adds: it never lowers anyone's access.
+        orm.Share.grant(self.db, spawner, target, scopes=scopes)
+        return f"Shared with {kind} {name} as {role}."
 
-    async def _act(self, token: str, project: str) -> tuple[str, dict | None]:
-        """Do the form's action; what to tell the owner, and the new link if one was made."""
+    async def _link(self, token, owner: str, project: str) -> tuple[str, dict]:
+        hours = self._hours()
+        role = self._role()
+        scopes = roles.share_scopes(role, owner, project)
+        if token is None:
+            share_code, code = orm.ShareCode.new(
+                self.db, self._spawner(owner, project), scopes=scopes, expires_in=hours * 3600
+            )
+            link = {
+                "accept_url": f"{self.hub.base_url}accept-share?{urlencode({'code': code})}",
+                "expires_at": iso(share_code.expires_at),
+            }
+        else:
+            where = f"/{quote(owner)}/{quote(project)}"
+            body = {"expires_in": hours * 3600, "scopes": scopes}
+            link = await self._api(token, "POST", "/share-codes" + where, body)
+        request = self.request
+        link["full_accept_url"] = f"{request.protocol}://{request.host}{link['accept_url']}"
+        return f"Link made ({role}); it works for {hours} h and only for logged-in users.", link
+
+    async def _act(self, token, owner: str, project: str, resharing: bool):
+        """Do the form's action; what to tell the user, and the new link if one was made."""
         action = self.get_body_argument("action", "")
         name = self.get_body_argument("name", "").strip()
-        where = f"/{quote(self.current_user.name)}/{quote(project)}"
         if action in ("user", "group"):
-            self._grant(project, action, name)
-            return f"Shared with {action} {name}.", None
+            return self._grant(owner, project, action, name, resharing), None
+        if action == "link":
+            return await self._link(token, owner, project)
+        if resharing:
+            raise ApiError(403, "Only the owner may revoke access or change settings.")
+        where = f"/{quote(owner)}/{quote(project)}"
         if action in ("revoke-user", "revoke-group"):
             kind = action.removeprefix("revoke-")
             await self._api(token, "PATCH", "/shares" + where, {kind: name})
             return f"Revoked the access of {kind} {name}.", None
-        if action == "link":
-            hours = self._hours()
-            code = await self._api(
-                token, "POST", "/share-codes" + where, {"expires_in": hours * 3600}
-            )
-            request = self.request
-            code["full_accept_url"] = f"{request.protocol}://{request.host}{code['accept_url']}"
-            return f"Link made; it works for {hours} h and only for logged-in users.", code
         if action == "revoke-link":
             await self._api(token, "DELETE", "/share-codes" + where, query={"id": name})
             return "Link revoked.", None
+        if action == "settings" and self.policy is not None:
+            chosen = set(self.get_body_arguments("allow"))
+            self.policy.set(owner, project, **{key: key in chosen for key in SETTINGS})
+            return "Settings saved.", None
         raise ApiError(400, f"Unknown action {action!r}.")
 
-    async def _page(self, project: str, status=200, message="", error="", new_link=None):
-        token = self._token(project)
+    # --- the page -------------------------------------------------------------------
+    async def _page(self, owner, project, resharing, status=200, message="", error="", link=None):
+        token = None if resharing else self._token(project)
         try:
-            listing = await self._listing(token, project)
+            listing = await self._listing(token, owner, project)
         except ApiError as e:
             raise web.HTTPError(e.status, str(e)) from e
         finally:
             self._drop_token(token)
+        for entry in listing["shares"] + listing["codes"]:
+            entry["role"] = roles.role_of(entry.get("scopes") or ())
         html = await self.render_template(
             "gpulab-share.html",
             project=project,
-            owner=self.current_user.name,
-            project_url=self.current_user.server_url(project),
+            owner=owner,
+            resharing=resharing,
+            embed=self.embed,
+            form_action=self.request.path + ("?embed=1" if self.embed else ""),
+            project_url=f"{self.base_url}user/{quote(owner)}/{quote(project)}/",
+            settings=self._settings(owner, project),
+            can_set=self.policy is not None and not resharing,
+            role_names=list(roles.ROLES),
+            default_role=roles.DEFAULT_ROLE,
             message=message,
             error=error,
-            new_link=new_link,
+            new_link=link,
             max_hours=self.max_hours,
             default_hours=self.default_hours,
             **listing,
@@ -160,19 +305,19 @@ class ShareHandler(BaseHandler):
         self.finish(html)
 
     @web.authenticated
-    async def get(self, project: str):
-        self._check_owner(project)
-        await self._page(project)
+    async def get(self, first: str, second: str | None = None):
+        owner, project, resharing = self._target(first, second)
+        await self._page(owner, project, resharing)
 
     @web.authenticated
-    async def post(self, project: str):
-        self._check_owner(project)
-        token = self._token(project)
+    async def post(self, first: str, second: str | None = None):
+        owner, project, resharing = self._target(first, second)
+        token = None if resharing else self._token(project)
         try:
-            message, new_link = await self._act(token, project)
+            message, link = await self._act(token, owner, project, resharing)
         except ApiError as e:
-            await self._page(project, status=e.status, error=str(e))
+            await self._page(owner, project, resharing, status=e.status, error=str(e))
             return
         finally:
             self._drop_token(token)
-        await self._page(project, message=message, new_link=new_link)
+        await self._page(owner, project, resharing, message=message, link=link)

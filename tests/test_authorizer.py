@@ -1,0 +1,173 @@
+"""The project server's authorizer: its decision table, scope checks, share lookup,
+the guard of routes that never ask it, and the read-only filter of RTC messages."""
+
+from __future__ import annotations
+
+import pycrdt
+import pytest
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from tornado import web
+
+from gpulab_jupyter import authorizer, collab
+from gpulab_jupyter.authorizer import EXECUTE, READ, WRITE, grants, needed_scope
+
+OWNER, PROJECT = "alice", "one"
+SERVER = f"server={OWNER}/{PROJECT}"
+
+
+@pytest.mark.parametrize(
+    ("action", "resource", "needed"),
+    [
+        # what a viewer needs to open and read
+        ("read", "contents", READ),
+        ("read", "kernelspecs", READ),
+        ("read", "kernels", READ),
+        ("read", "sessions", READ),
+        ("read", "terminals", READ),
+        ("read", "api", READ),
+        ("read", "nbconvert", READ),
+        # file writes
+        ("write", "contents", WRITE),
+        ("write", "csp", WRITE),
+        # running code, and everything else that is not a read
+        ("write", "kernels", EXECUTE),  # POST /api/kernels starts a kernel
+        ("write", "sessions", EXECUTE),
+        ("write", "terminals", EXECUTE),
+        ("write", "kernelspecs", EXECUTE),
+        ("write", "nbconvert", EXECUTE),
+        ("write", "config", EXECUTE),
+        ("write", "server", EXECUTE),  # shutdown
+        ("write", "unknown", EXECUTE),  # settings, workspaces, extension manager
+        ("execute", "kernels", EXECUTE),  # the kernel websocket
+        ("execute", "terminals", EXECUTE),
+        ("execute", "events", EXECUTE),
+        ("execute", "lsp", EXECUTE),
+        ("execute", "contents", EXECUTE),
+        # default deny
+        ("delete", "contents", None),
+        ("", "contents", None),
+    ],
+)
+def test_decision_table(action, resource, needed):
+    assert needed_scope(action, resource) == needed
+
+
+VIEWER = [f"access:servers!{SERVER}", f"{READ}!{SERVER}"]
+COLLABORATOR = [f"access:servers!{SERVER}", f"{EXECUTE}!{SERVER}"]
+
+
+def test_roles_grant_what_they_say():
+    assert grants(VIEWER, READ, OWNER, PROJECT)
+    assert not grants(VIEWER, WRITE, OWNER, PROJECT)
+    assert not grants(VIEWER, EXECUTE, OWNER, PROJECT)
+    # Share scopes come unexpanded: execute alone includes write and read.
+    for needed in (READ, WRITE, EXECUTE):
+        assert grants(COLLABORATOR, needed, OWNER, PROJECT)
+    assert grants([f"{WRITE}!{SERVER}"], READ, OWNER, PROJECT)
+    assert not grants([f"{WRITE}!{SERVER}"], EXECUTE, OWNER, PROJECT)
+
+
+def test_scopes_of_other_servers_and_users_grant_nothing():
+    assert not grants([f"{EXECUTE}!server={OWNER}/other"], READ, OWNER, PROJECT)
+    assert not grants([f"{EXECUTE}!server=bob/{PROJECT}"], READ, OWNER, PROJECT)
+    assert not grants([f"{EXECUTE}!user=bob"], READ, OWNER, PROJECT)
+    assert not grants([f"access:servers!{SERVER}", "admin:servers"], READ, OWNER, PROJECT)
+    # A share of the phase before roles: access, no gpulab scope.
+    assert not grants([f"access:servers!{SERVER}"], READ, OWNER, PROJECT)
+    # The owner's role (!user=owner) and an admin-granted unfiltered scope do grant.
+    assert grants([f"{EXECUTE}!user={OWNER}"], EXECUTE, OWNER, PROJECT)
+    assert grants([READ], READ, OWNER, PROJECT)
+    assert not grants(COLLABORATOR, "custom:gpulab:admin", OWNER, PROJECT)
+
+
+def test_share_lookup_by_user_and_group():
+    shares = [
+        {"user": {"name": "bob"}, "group": None, "scopes": VIEWER},
+        {"user": None, "group": {"name": "team"}, "scopes": COLLABORATOR},
+    ]
+    assert authorizer.shared_scopes(shares, "bob", []) == frozenset(VIEWER)
+    assert authorizer.shared_scopes(shares, "carol", ["team"]) == frozenset(COLLABORATOR)
+    assert authorizer.shared_scopes(shares, "bob", ["team"]) == frozenset(VIEWER + COLLABORATOR)
+    assert authorizer.shared_scopes(shares, "dave", ["other"]) == frozenset()
+    assert authorizer.shared_scopes(shares, "dave", None) == frozenset()
+
+
+class _DocSessionLike(APIHandler):
+    pass
+
+
+def test_only_jupyter_collaborations_document_session_put_counts_as_read():
+    _DocSessionLike.__name__ = "DocSessionHandler"
+    assert not authorizer.is_document_session(object.__new__(_DocSessionLike), "write")
+    _DocSessionLike.__module__ = "jupyter_server_ydoc.handlers"
+    handler = object.__new__(_DocSessionLike)
+    assert authorizer.is_document_session(handler, "write")
+    assert not authorizer.is_document_session(handler, "execute")
+
+
+class _Unguarded(JupyterHandler):
+    @web.authenticated
+    def put(self):
+        self.finish("saved")
+
+    def delete(self):
+        self.finish("gone")
+
+
+class _Guarded(APIHandler):
+    auth_resource = "contents"
+
+    @web.authenticated
+    @authorized
+    def post(self):
+        self.finish("made")
+
+
+class _NotJupyter(web.RequestHandler):
+    def post(self):
+        self.finish("x")
+
+
+def test_guard_routes_wraps_each_write_that_never_asks_the_authorizer():
+    app = web.Application([(r"/a", _Unguarded), (r"/b", _Guarded), (r"/c", _NotJupyter)])
+    app.add_handlers(r".*$", [(r"/d", _Unguarded)])
+    rules = authorizer.all_rules(app)
+    assert {rule.target for rule in rules} == {_Unguarded, _Guarded, _NotJupyter}
+    original_post = _Guarded.post
+    done = authorizer.guard_routes(rules)
+    assert done == [
+        f"{__name__}._Unguarded.delete",
+        f"{__name__}._Unguarded.put",
+    ]
+    assert authorizer.asks_authorizer(_Unguarded.put)
+    assert authorizer.asks_authorizer(_Unguarded.delete)
+    assert _Guarded.post is original_post  # already asked: left alone
+    assert not authorizer.asks_authorizer(_NotJupyter.post)
+    # A second sweep finds nothing left to guard.
+    assert authorizer.guard_routes(rules) == []
+
+
+def _save_message(save_id: int) -> bytes:
+    return bytes([collab.RAW, 4]) + b"save" + bytes([save_id])
+
+
+def test_rtc_messages_a_viewer_may_send():
+    doc = pycrdt.Doc()
+    doc["source"] = text = pycrdt.Text()
+    step1 = pycrdt.create_sync_message(doc)
+    assert collab.reader_may_send(step1)
+    updates = []
+    doc.observe(lambda event: updates.append(event.update))
+    text += "changed by a viewer"
+    update = pycrdt.create_update_message(updates[-1])
+    assert not collab.reader_may_send(update)
+    step2 = bytes([collab.SYNC, 1]) + update[2:]
+    assert not collab.reader_may_send(step2)
+    assert collab.reader_may_send(bytes([collab.AWARENESS, 1, 0]))
+    assert not collab.reader_may_send(_save_message(7))
+    assert collab.is_save(_save_message(7)) == 7
+    assert collab.is_save(step1) is None
+    assert not collab.reader_may_send(b"")
+    assert not collab.reader_may_send(bytes([125, 0]))  # chat and anything unknown
+    assert collab.read_var_uint(bytes([0xAC, 0x02])) == (300, 2)
