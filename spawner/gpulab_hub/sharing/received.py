@@ -156,7 +156,9 @@ class SharedWithMeHandler(BaseHandler):
         )
         # Returns when it runs, or after JupyterHub's slow-spawn wait while it goes on.
         await self.spawn_single_user(user, project)
-        return f"Starting {owner}'s project {project}."
+        if running.ready:
+            return f"{owner}'s project {project} is running."
+        return f"Starting {owner}'s project {project}: this page shows when it runs."
 
     @web.authenticated
     async def post(self):
