@@ -117,7 +117,7 @@ def test_collaborator_works_in_the_project_until_revoked(people, project):
 
     r = page_post(alice, action="user", name="shbob")
     assert r.status_code == 200, r.text
-    assert "Shared with user shbob." in r.text
+    assert "Shared with user shbob as collaborator." in r.text
     assert "<strong>shbob</strong>" in r.text
 
     assert bob.api("GET", CONTENTS).status_code == 200
@@ -189,3 +189,111 @@ def test_expired_link_grants_nothing(people, project, short_link):
     time.sleep(max(0.0, expires - time.monotonic()) + 2)
     assert accept(dave, accept_url).status_code == 404
     assert dave.api("GET", CONTENTS).status_code == 403
+
+
+def role_in_listing(page_html: str, name: str) -> str | None:
+    m = re.search(r'data-role="([^"]+)">\s*<td>\w+ <strong>' + re.escape(name), page_html)
+    return m[1] if m else None
+
+
+def test_roles_viewer_then_collaborator_then_viewer(people, project):
+    alice, dave = people[OWNER], people["shdave"]
+    kernels = f"/user/{OWNER}/{PROJECT}/api/kernels"
+    r = page_post(alice, action="user", name="shdave", role="viewer")
+    assert r.status_code == 200 and "Shared with user shdave as viewer." in r.text, r.text
+    assert role_in_listing(r.text, "shdave") == "viewer"
+    dave.new_token()
+    assert dave.api("GET", CONTENTS).status_code == 200
+    refused = dave.api("POST", kernels, json={"name": "python3"})
+    assert refused.status_code == 403, refused.text
+
+    r = page_post(alice, action="user", name="shdave", role="collaborator")
+    assert role_in_listing(r.text, "shdave") == "collaborator"
+    # A higher role works within seconds (the server asks the hub again when it refuses).
+    deadline = time.monotonic() + 10
+    while (started := dave.api("POST", kernels, json={"name": "python3"})).status_code == 403:
+        assert time.monotonic() < deadline, started.text
+        time.sleep(1)
+    assert started.status_code == 201, started.text
+    assert alice.api("DELETE", f"{kernels}/{started.json()['id']}").status_code == 204
+
+    # The owner sets the role: back to viewer takes execute away (within the cache time).
+    r = page_post(alice, action="user", name="shdave", role="viewer")
+    assert role_in_listing(r.text, "shdave") == "viewer"
+    deadline = time.monotonic() + REVOKE_WITHIN_S + 15
+    while time.monotonic() < deadline:
+        got = dave.api("POST", kernels, json={"name": "python3"})
+        if got.status_code == 403:
+            break
+        if got.status_code == 201:
+            alice.api("DELETE", f"{kernels}/{got.json()['id']}")
+        time.sleep(2)
+    assert got.status_code == 403, got.text
+
+    r = page_post(alice, action="user", name="shdave", role="owner")
+    assert r.status_code == 400 and "Choose a role" in r.text
+    r = page_post(alice, action="link", hours="1", role="viewer")
+    assert r.status_code == 200 and "Link made (viewer)" in r.text
+    assert 'data-role="viewer">' in r.text.split('class="share-code"')[-1][:200]
+    r = page_post(alice, action="revoke-user", name="shdave")
+    assert r.status_code == 200 and role_in_listing(r.text, "shdave") is None
+
+
+def test_reshare_only_when_the_owner_allows(people, project):
+    alice, bob, dave = people[OWNER], people["shbob"], people["shdave"]
+    reshare = f"/hub/gpulab/share/{OWNER}/{PROJECT}"
+
+    def post(user, **form):
+        xsrf = user.http.cookies.get("_xsrf", path="/hub/")
+        return user.http.post(user.base + reshare, data={"_xsrf": xsrf, **form}, timeout=30)
+
+    page_post(alice, action="revoke-user", name="shcarol")  # from the link test
+    page_post(alice, action="user", name="shbob", role="collaborator")
+    page_post(alice, action="user", name="shdave", role="viewer")
+    # Not allowed yet: the collaborator is refused; a viewer or stranger finds nothing.
+    assert bob.http.get(bob.base + reshare, timeout=30).status_code == 403
+    assert post(bob, action="user", name="shcarol").status_code == 403
+    assert dave.http.get(dave.base + reshare, timeout=30).status_code == 404
+    assert people["shcarol"].http.get(bob.base + reshare, timeout=30).status_code == 404
+
+    r = page_post(alice, action="settings", allow="collaborators_may_reshare")
+    assert r.status_code == 200 and "Settings saved." in r.text
+    assert 'id="may-reshare"' in r.text and 'value="collaborators_may_reshare" checked' in r.text
+    page = bob.http.get(bob.base + reshare, timeout=30)
+    assert page.status_code == 200 and 'id="reshare-note"' in page.text
+    assert "Revoke" not in page.text and 'id="settings-form"' not in page.text
+    assert dave.http.get(dave.base + reshare, timeout=30).status_code == 404  # viewers never
+
+    carol = people["shcarol"]
+    r = post(bob, action="user", name="shcarol", role="viewer")
+    assert r.status_code == 200 and "Shared with user shcarol as viewer." in r.text, r.text
+    carol.new_token()
+    assert carol.api("GET", CONTENTS).status_code == 200
+    r = post(bob, action="link", hours="1", role="collaborator")
+    assert r.status_code == 200 and "accept-share?code=" in r.text
+    # Only the owner revokes and changes the rules; a re-share never lowers access.
+    assert post(bob, action="revoke-user", name="shcarol").status_code == 403
+    assert post(bob, action="settings").status_code == 403
+    r = post(bob, action="user", name=OWNER, role="viewer")
+    assert r.status_code == 400 and f"{OWNER}'s already" in unescape(r.text)
+    post(bob, action="user", name="shdave", role="viewer")
+    assert role_in_listing(alice.http.get(alice.base + PAGE).text, "shdave") == "viewer"
+
+    r = page_post(alice, action="settings")  # nothing ticked: re-sharing off again
+    assert 'value="collaborators_may_reshare" checked' not in r.text
+    assert bob.http.get(bob.base + reshare, timeout=30).status_code == 403
+    for name in ("shbob", "shcarol", "shdave"):
+        page_post(alice, action="revoke-user", name=name)
+
+
+def test_embedded_page_may_be_framed_by_the_same_origin_only(people, project):
+    alice = people[OWNER]
+    plain = alice.http.get(alice.base + PAGE, timeout=30)
+    assert "frame-ancestors 'none'" in plain.headers["Content-Security-Policy"]
+    assert 'id="jupyterhub-logo"' in plain.text
+    embedded = alice.http.get(alice.base + PAGE + "?embed=1", timeout=30)
+    assert embedded.status_code == 200
+    assert "frame-ancestors 'self'" in embedded.headers["Content-Security-Policy"]
+    assert 'id="jupyterhub-logo"' not in embedded.text  # no navigation bar
+    # Its forms keep it embedded.
+    assert f'action="{PAGE}?embed=1"' in embedded.text
