@@ -1,5 +1,7 @@
 """Site settings (GPULAB_* variables) -> a plain traitlets Config."""
 
+import json
+
 from traitlets.config import Config
 
 from gpulab_hub import doctor, settings, sharing
@@ -35,6 +37,7 @@ def test_defaults_give_a_working_single_machine_hub():
                         "max_hours": 168,
                         "default_hours": 24,
                         "policy_path": "/srv/gpulab/hub/sharing.json",
+                        "group_roles_path": "/srv/gpulab/hub/group-share-roles.json",
                     },
                 ),
                 (
@@ -186,6 +189,7 @@ def test_site_settings_override_defaults():
         "max_hours": 12,
         "default_hours": 12,
         "policy_path": "/data/gpulab/hub/sharing.json",
+        "group_roles_path": "/data/gpulab/hub/group-share-roles.json",
     }
     # The admin allowed public notebook links.
     assert handlers["CopyHandler"]["public_links"] is True
@@ -202,3 +206,35 @@ def test_user_defined_network_listens_for_containers():
 
 def test_empty_variables_fall_back_to_defaults():
     assert settings.site({"GPULAB_HOME": ""})["GPULAB_HOME"] == "/srv/gpulab"
+
+
+def test_group_share_roles_survive_a_hub_restart(tmp_path):
+    """JupyterHub deletes at start the roles load_roles does not name: the roles that
+    mirror group shares are recorded in the hub's folder and loaded from there."""
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    (hub / "group-share-roles.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "roles": {
+                    "gpulab-group-share-0123": {
+                        "description": "gpulab: alice/one shared with group team",
+                        "scopes": ["access:servers!server=alice/one"],
+                        "group": "team",
+                        "project": "alice/one",
+                    }
+                },
+            }
+        )
+    )
+    c = Config()
+    settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
+    assert c.JupyterHub.load_roles[1:] == [
+        {
+            "name": "gpulab-group-share-0123",
+            "description": "gpulab: alice/one shared with group team",
+            "scopes": ["access:servers!server=alice/one"],
+            "groups": ["team"],
+        }
+    ]

@@ -141,14 +141,20 @@ def test_collaborator_works_in_the_project_until_revoked(people, project):
     assert wait_status(bob, CONTENTS, 403, within=REVOKE_WITHIN_S + 15) == 403
 
 
-def test_groups_and_refusals_on_the_page(people, project, admin):
+def test_groups_and_refusals_on_the_page(hub, people, project, admin):
     alice = people[OWNER]
-    r = admin.api("POST", "/hub/api/groups/shteam", json={"users": ["shcarol"]})
+    # A member of her own: a token refused here is remembered by the server for 30 s.
+    erin = make_user(hub, admin, "sherin")
+    r = admin.api("POST", "/hub/api/groups/shteam", json={"users": ["sherin"]})
     assert r.status_code == 201, r.text
-    r = page_post(alice, action="group", name="shteam")
+    r = page_post(alice, action="group", name="shteam", role="viewer")
     assert r.status_code == 200 and "group <strong>shteam</strong>" in r.text
+    # A member of the group reaches the project (JupyterHub 6.1 alone would refuse her:
+    # gpulab mirrors the group share as a role the group holds).
+    assert wait_status(erin, CONTENTS, 200, within=REVOKE_WITHIN_S + 10) == 200
     r = page_post(alice, action="revoke-group", name="shteam")
     assert r.status_code == 200 and "<strong>shteam</strong>" not in r.text
+    assert wait_status(erin, CONTENTS, 403, within=REVOKE_WITHIN_S + 10) == 403
 
     r = page_post(alice, action="user", name="nosuchuser")
     assert r.status_code == 400 and "No such user" in r.text

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import doctor, objects, sharing
+from .sharing import groupshares
 
 DEFAULTS = {
     "GPULAB_HOME": "/srv/gpulab",
@@ -76,7 +77,9 @@ def apply(c, environ, images_dir: str | Path) -> None:
         public_links=s["GPULAB_PUBLIC_LINKS"] == "1",
     )
     c.JupyterHub.template_paths = [str(doctor.TEMPLATES), str(sharing.TEMPLATES)]
-    c.JupyterHub.load_roles = [sharing.USER_ROLE]
+    # Roles mirroring group shares are made at run time; JupyterHub deletes at start any
+    # role it is not given here (see sharing/groupshares.py).
+    c.JupyterHub.load_roles = [sharing.USER_ROLE, *groupshares.load_roles(hub_dir)]
     # Viewer and collaborator: gpulab's scopes, asked for by the project servers'
     # authorizer (docs/sharing.md). Browser tokens of a project server may carry them.
     c.JupyterHub.custom_scopes = sharing.roles.CUSTOM_SCOPES

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import roles
+from . import groupshares, roles
 
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/share"
@@ -49,6 +49,7 @@ def hub_handlers(
                 "max_hours": max_hours,
                 "default_hours": min(DEFAULT_LINK_HOURS, max_hours),
                 "policy_path": str(Path(hub_dir) / POLICY_FILE) if hub_dir else None,
+                "group_roles_path": str(Path(hub_dir) / groupshares.FILE_NAME) if hub_dir else None,
             },
         ),
         (r"/gpulab/copy", "gpulab_hub.sharing.copy.CopyHandler", files),

@@ -34,6 +34,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from . import roles
+from .groupshares import GroupShareRoles
 from .policy import ProjectSharing, SharingPolicyStore
 
 TOKEN_SECONDS = 120
@@ -51,10 +52,13 @@ def iso(when) -> str | None:
 
 
 class ShareHandler(BaseHandler):
-    def initialize(self, max_hours: int, default_hours: int, policy_path=None):
+    def initialize(
+        self, max_hours: int, default_hours: int, policy_path=None, group_roles_path=None
+    ):
         self.max_hours = max_hours
         self.default_hours = default_hours
         self.policy = SharingPolicyStore(policy_path) if policy_path else None
+        self.group_roles = GroupShareRoles(group_roles_path) if group_roles_path else None
 
     @property
     def embed(self) -> bool:
@@ -273,6 +277,10 @@ class ShareHandler(BaseHandler):
 
     # --- the page -------------------------------------------------------------------
     async def _page(self, owner, project, resharing, status=200, message="", error="", link=None):
+        spawner = self._spawner(owner, project)
+        if self.group_roles is not None and spawner is not None:
+            # Group shares reach members' tokens only through roles (see groupshares.py).
+            self.group_roles.sync_project(self.db, spawner)
         token = None if resharing else self._token(project)
         try:
             listing = await self._listing(token, owner, project)
