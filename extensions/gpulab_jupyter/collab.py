@@ -76,6 +76,7 @@ def room_handler_class():
 
     class ReadOnlyRoomHandler(YDocWebSocketHandler):
         gpulab_may_write = False
+        gpulab_dropped = 0
 
         async def get(self, *args, **kwargs):
             user = self.current_user
@@ -94,7 +95,9 @@ def room_handler_class():
             if save_id is not None:
                 reply = {"type": "save", "responseTo": save_id, "status": "failed"}
                 await self.send(self._encode_json_message(reply))
-            self.log.info("gpulab: read-only %s: dropped a change to room", self.current_user)
+            self.gpulab_dropped += 1
+            if self.gpulab_dropped == 1:  # once per connection: a viewer typing sends many
+                self.log.info("gpulab: read-only %s: dropping changes to room", self.current_user)
             return None
 
     ReadOnlyRoomHandler.__gpulab_base__ = YDocWebSocketHandler
