@@ -15,7 +15,7 @@
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { Dialog, ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { DocumentRegistry, IDocumentWidget } from '@jupyterlab/docregistry';
-import { copyIcon, lockIcon, shareIcon } from '@jupyterlab/ui-components';
+import { copyIcon, shareIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
 import {
@@ -93,11 +93,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     let lastPath = '';
     let lastNotice = 0;
 
+    // The notebook to copy: the one named, the current one, or the last one seen.
     const pathFor = (args: { path?: unknown }) => {
-      if (typeof args.path === 'string' && args.path) {
-        return args.path;
-      }
-      return documentPath(app.shell.currentWidget) || lastPath;
+      const path =
+        typeof args.path === 'string' && args.path
+          ? args.path
+          : documentPath(app.shell.currentWidget) || lastPath;
+      return path.endsWith('.ipynb') ? path : '';
     };
 
     app.commands.addCommand(SHARE, {
@@ -115,6 +117,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       label: 'Save a copy',
       caption: 'Copy this notebook into one of your own projects, and open it there',
       icon: copyIcon,
+      className: 'jp-gpulab-SaveCopyButton',
       isVisible: () => shared,
       isEnabled: args => shared && !!pathFor(args),
       execute: args => {
@@ -129,11 +132,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(READ_ONLY, {
       label: () => `Viewing ${hub.owner}'s project read-only — Save a copy to run it`,
       caption: `${hub.owner} shared ${hub.project} with you to read: kernels and terminals do not start, files are not saved. Click to copy the current notebook into a project of yours.`,
-      icon: lockIcon,
       className: 'jp-gpulab-ReadOnly',
       isVisible: () => shared && !permissions.write,
-      isEnabled: () => !!pathFor({}),
-      execute: () => app.commands.execute(SAVE_COPY, {})
+      execute: () => {
+        if (pathFor({})) {
+          return app.commands.execute(SAVE_COPY, {});
+        }
+        Notification.info('Open a notebook of this project, then Save a copy of it.', {
+          autoClose: 5000
+        });
+      }
     });
 
     if (palette) {
@@ -165,14 +173,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // a notice instead of JupyterLab's kernel dialogs when they try.
     const noKernels: DocumentRegistry.IWidgetExtension<Widget, DocumentRegistry.IModel> = {
       createNew: (widget, context) => {
+        if (!permissions.write) {
+          // JupyterLab's own read-only state: its save button says so instead of trying.
+          context.model.readOnly = true;
+        }
         if (permissions.run) {
           return;
         }
+        // Neither start a kernel nor join the kernel someone else runs on this notebook.
         const session = context.sessionContext;
         session.kernelPreference = {
           ...session.kernelPreference,
           shouldStart: false,
           canStart: false,
+          shouldReuse: false,
           autoStartDefault: false
         };
         session.startKernel = async () => {
@@ -186,7 +200,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     app.shell.currentChanged?.connect(() => {
       const path = documentPath(app.shell.currentWidget);
-      if (path) {
+      if (path.endsWith('.ipynb')) {
         lastPath = path;
       }
       app.commands.notifyCommandChanged(SAVE_COPY);
