@@ -40,15 +40,10 @@ export function inProject(hub: IHubContext): boolean {
   return !!(hub.hubPrefix && hub.owner && hub.project);
 }
 
-export function isOwner(hub: IHubContext): boolean {
-  return inProject(hub) && hub.user === hub.owner;
-}
-
 /** The hub's share page for this project, without its navigation bar. */
 export function shareUrl(hub: IHubContext): string {
-  // TODO(gpulab): <owner>/<project> for everyone once the hub has that form.
-  const parts = isOwner(hub) ? [hub.project] : [hub.owner, hub.project];
-  const where = parts.map(encodeURIComponent).join('/');
+  // The owner's own page, or (where the owner allows it) a collaborator's re-share page.
+  const where = [hub.owner, hub.project].map(encodeURIComponent).join('/');
   return URLExt.join(hub.hubPrefix, 'gpulab/share', where) + '?embed=1';
 }
 

@@ -16,6 +16,7 @@ import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application'
 import { Dialog, ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { DocumentRegistry, IDocumentWidget } from '@jupyterlab/docregistry';
 import { copyIcon, shareIcon } from '@jupyterlab/ui-components';
+import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
 import {
@@ -79,6 +80,32 @@ async function withTimeout<T>(promise: Promise<T>, ms: number, fallback: T): Pro
   }
 }
 
+/** Commands that run code or (re)start a kernel. */
+const RUNS_CODE = /^(notebook|runmenu|kernelmenu|console):[\w-]*(run|restart|execute)/;
+
+/**
+ * Where the user may not run code, the run commands (keys, toolbar, menus)
+ * show ``refuse`` instead: without a kernel, JupyterLab would clear the outputs
+ * of the cells it was asked to run. Markdown cells still render.
+ */
+function guardRunCommands(app: JupyterFrontEnd, refuse: () => void): void {
+  const commands = app.commands;
+  const execute = commands.execute.bind(commands);
+  commands.execute = (id: string, args?: ReadonlyPartialJSONObject) => {
+    if (!RUNS_CODE.test(id)) {
+      return execute(id, args);
+    }
+    type Notebook = { activeCell?: { model?: { type?: string } } };
+    const notebook = (app.shell.currentWidget as { content?: Notebook } | null)?.content;
+    const cell = notebook?.activeCell?.model?.type;
+    if (id === 'notebook:run-cell-and-select-next' && cell && cell !== 'code') {
+      return execute(id, args);
+    }
+    refuse();
+    return Promise.resolve(undefined);
+  };
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpulab-jupyter:share',
   description:
@@ -109,7 +136,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         : 'Share this project (in a gpulab project only)',
       icon: shareIcon,
       className: 'jp-gpulab-ShareButton',
-      isVisible: () => shared,
+      // Viewers never share on (only collaborators may, where the owner allows it).
+      isVisible: () => shared && permissions.write,
       execute: () => (shared ? openShareDialog(hub) : undefined)
     });
 
@@ -211,12 +239,18 @@ const plugin: JupyterFrontEndPlugin<void> = {
       return;
     }
     permissions = await withTimeout(fetchPermissions(), PERMISSIONS_TIMEOUT_MS, ALL_ALLOWED);
+    if (!permissions.run) {
+      guardRunCommands(app, () => noticeNoKernel(documentPath(app.shell.currentWidget)));
+    }
     document.body.dataset.gpulabAccess = permissions.write
       ? 'write'
       : permissions.read
         ? 'read'
         : 'none';
-    app.commands.notifyCommandChanged();
+    // One by one: toolbar buttons ignore a change that names no command.
+    for (const id of [SHARE, SAVE_COPY, READ_ONLY]) {
+      app.commands.notifyCommandChanged(id);
+    }
   }
 };
 
