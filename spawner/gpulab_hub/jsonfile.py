@@ -23,3 +23,28 @@ def write_atomic(path: Path, data) -> None:
     fd = os.open(path.parent, os.O_RDONLY)  # the rename itself, durable
     os.fsync(fd)
     os.close(fd)
+
+
+class LockedRecord:
+    """One JSON file ``{"version": 1, <section>: {...}}`` read and changed under a file lock
+    (other hub processes) and a thread lock (this one); the base of small hub-side stores."""
+
+    section = "items"
+
+    def __init__(self, path: Path):
+        from filelock import FileLock
+
+        self.path = Path(path)
+        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
+        self._thread_lock = threading.RLock()
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        return data.get(self.section, {}) if isinstance(data, dict) else {}
+
+    def _write(self, records: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, {"version": 1, self.section: records})

@@ -16,11 +16,8 @@ revoked through JupyterHub's REST API takes effect there at the next visit.
 from __future__ import annotations
 
 import hashlib
-import json
-import threading
 from pathlib import Path
 
-from filelock import FileLock
 from jupyterhub import orm
 from jupyterhub import roles as hub_roles
 
@@ -36,20 +33,10 @@ def role_name(owner: str, project: str, group: str) -> str:
     return ROLE_PREFIX + digest
 
 
-class GroupShareRoles:
+class GroupShareRoles(jsonfile.LockedRecord):
     """The mirror roles, in ``path``; every change under a file lock."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
-        self._thread_lock = threading.RLock()
-
-    def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        return data.get("roles", {}) if isinstance(data, dict) else {}
+    section = "roles"
 
     def role_specs(self) -> list[dict]:
         """The roles as ``c.JupyterHub.load_roles`` entries."""
@@ -87,8 +74,7 @@ class GroupShareRoles:
                 role = hub_roles.create_role(db, {"name": name, **spec})
                 hub_roles.grant_role(db, orm_group, role)
                 recorded[name] = {**spec, "group": group_name, "project": f"{owner}/{project}"}
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            jsonfile.write_atomic(self.path, {"version": 1, "roles": recorded})
+            self._write(recorded)
 
     def sync_project(self, db, spawner) -> None:
         """Every group share of the project, and every recorded role of it, in step."""

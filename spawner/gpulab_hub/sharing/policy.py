@@ -6,12 +6,7 @@ project's files, and must not be able to grant themselves more.
 
 from __future__ import annotations
 
-import json
-import threading
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-
-from filelock import FileLock
 
 from gpulab_hub import jsonfile
 
@@ -22,20 +17,10 @@ class ProjectSharing:
     collaborators_may_reshare: bool = False  # share the project on with others
 
 
-class SharingPolicyStore:
+class SharingPolicyStore(jsonfile.LockedRecord):
     """One JSON file of ``{"owner/project": {...}}``; every change under a file lock."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
-        self._thread_lock = threading.RLock()
-
-    def _read(self) -> dict:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        return data.get("projects", {}) if isinstance(data, dict) else {}
+    section = "projects"
 
     def get(self, owner: str, project: str) -> ProjectSharing:
         with self._thread_lock, self._file_lock:
@@ -50,8 +35,7 @@ class SharingPolicyStore:
             current = ProjectSharing(**projects.get(key, {}))
             new = ProjectSharing(**{**asdict(current), **{k: bool(v) for k, v in changes.items()}})
             projects[key] = asdict(new)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            jsonfile.write_atomic(self.path, {"version": 1, "projects": projects})
+            self._write(projects)
             return new
 
     def forget(self, owner: str, project: str) -> None:
@@ -59,4 +43,4 @@ class SharingPolicyStore:
         with self._thread_lock, self._file_lock:
             projects = self._read()
             if projects.pop(f"{owner}/{project}", None) is not None:
-                jsonfile.write_atomic(self.path, {"version": 1, "projects": projects})
+                self._write(projects)
