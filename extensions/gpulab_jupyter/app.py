@@ -32,6 +32,7 @@ class GPULabExtension(ExtensionApp):
                 self.guard_routes()
 
             web_app.add_handlers = add_guarded_handlers
+            hide_server_token(self.serverapp)
             self.guard_routes()
 
     def guard_routes(self):
@@ -41,6 +42,11 @@ class GPULabExtension(ExtensionApp):
         from .collab import guard_rooms
 
         try:
+            # JupyterLab puts the server's token into its page settings when it adds
+            # its routes (pages take the visitor's own token instead).
+            page_config = self.serverapp.web_app.settings.get("page_config_data") or {}
+            if page_config.get("token"):
+                page_config["token"] = ""
             rules = all_rules(self.serverapp.web_app)
             guarded = guard_routes(rules)
             rooms = guard_rooms(rules)
@@ -63,3 +69,28 @@ def uses_project_authorizer(serverapp) -> bool:
     JupyterLab may have no jupyterhub)."""
     authorizer = getattr(serverapp, "authorizer", None)
     return any(cls.__module__ == "gpulab_jupyter.authorizer" for cls in type(authorizer).__mro__)
+
+
+def hide_server_token(serverapp) -> None:
+    """Keep the server's own token (``$JUPYTERHUB_API_TOKEN``) out of every page.
+
+    JupyterHub's identity provider answers ``token`` with that token, and
+    jupyter_server writes ``IdentityProvider.token`` into its pages (error pages
+    included: ``data-jupyter-api-token``) and JupyterLab into its page settings, so
+    anyone who may load a page here, a viewer too, could read it. It stays where the
+    server needs it (``hub_auth.api_token``, for its requests to the hub); the
+    identity provider's ``token``, which only a server that logs people in by token
+    needs, says "" (JupyterHub logs them in).
+    """
+    provider = serverapp.identity_provider
+    cls = type(provider)
+    if not getattr(cls, "gpulab_hides_token", False):
+        provider.__class__ = type(
+            cls.__name__,
+            (cls,),
+            {"token": property(lambda _: ""), "gpulab_hides_token": True, "__module__": __name__},
+        )
+    serverapp.web_app.settings["token"] = ""
+    page_config = serverapp.web_app.settings.get("page_config_data") or {}
+    if page_config.get("token"):
+        page_config["token"] = ""

@@ -35,9 +35,16 @@ and, since JupyterHub puts no share's custom scopes into the browser's OAuth
 token, the hub's list of this server's shares (``GET /hub/api/shares/<owner>/
 <project>``, with the server's own token, which gpulab's hub gives
 ``read:shares!server``), refreshed at most every ``shares_max_age`` seconds and
-at once (at most every 2 s) when someone's access is not in it. The owner may do
-everything. Anyone else, admins included, needs a share: without one every
-authorized request is refused. Unknown actions are refused.
+at once (at most every 2 s) when someone's access is not in it. Every token needs
+the scope, the owner's included: the owner's browser and API tokens carry
+``execute`` through the ``user`` role; the server's own token
+(``$JUPYTERHUB_API_TOKEN``, which belongs to the owner) carries none of gpulab's
+scopes and is refused everything. Anyone else, admins included, needs a share:
+without one every authorized request is refused. Unknown actions are refused.
+
+Websockets are authorized when they open; :mod:`.connections` checks the open ones
+again every ``connections_recheck_s`` seconds and closes those whose person lost
+what they were allowed (a revoked or lowered share, a revoked token).
 """
 
 from __future__ import annotations
@@ -52,7 +59,10 @@ from urllib.parse import quote, urlencode
 from jupyterhub.services.auth import check_scopes
 from jupyterhub.singleuser.extension import JupyterHubAuthorizer
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.websocket import WebSocketHandler
 from traitlets import Float
+
+from .connections import OpenConnections
 
 PREFIX = "custom:gpulab:"
 READ, WRITE, EXECUTE = PREFIX + "read", PREFIX + "write", PREFIX + "execute"
@@ -106,12 +116,19 @@ def is_document_session(handler, action: str) -> bool:
 
 
 class ProjectAuthorizer(JupyterHubAuthorizer):
-    """Default deny: each request needs the gpulab scope of the table above."""
+    """Default deny: each request needs the gpulab scope of the table above, from
+    every token (no one is let in for being the owner: the owner's tokens carry it)."""
 
     shares_max_age = Float(
         30.0,
         help="Seconds a listing of this server's shares is used before it is asked for again "
         "(a revoked share stops working within this time).",
+    ).tag(config=True)
+    connections_recheck_s = Float(
+        10.0,
+        help="Seconds between two checks of the open websockets (kernels, terminals, "
+        "collaboration rooms): one whose person lost the access it opened with is closed "
+        "(0: never).",
     ).tag(config=True)
 
     def __init__(self, **kwargs):
@@ -122,23 +139,32 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
         self._shares: list[dict] = []
         self._fetched_at = -math.inf
         self._lock: asyncio.Lock | None = None
-
-    def is_owner(self, hub_user: dict) -> bool:
-        return hub_user.get("kind", "user") == "user" and hub_user.get("name") == self.owner
+        self.connections = OpenConnections(
+            self._still_allowed, self.connections_recheck_s, self.log
+        )
 
     async def is_authorized(self, handler, user, action, resource):
         # JupyterHub's own check (access to this server), kept as a second lock.
         if not super().is_authorized(handler, user, action, resource):
             return False
-        needed = READ if is_document_session(handler, action) else needed_scope(action, resource)
         hub_user = getattr(user, "hub_user", None) or {}
+        allowed = await self.allows(hub_user, action, resource, handler)
+        if allowed and isinstance(handler, WebSocketHandler):
+            token = self.hub_auth.get_token(handler) or ""
+            self.connections.watch(handler, token, action, resource)
+        return allowed
+
+    async def allows(self, hub_user: dict, action: str, resource: str, handler=None) -> bool:
+        """Whether JupyterHub's model of a token (``hub_user``) holds the scope that
+        ``action`` on ``resource`` needs here, in itself or through a share."""
+        needed = READ if is_document_session(handler, action) else needed_scope(action, resource)
         if needed is None or not hub_user.get("name"):
             return False
-        if self.is_owner(hub_user):
-            return True
         own = set(hub_user.get("scopes") or ())
-        if grants(own, needed, self.owner, self.server_name):
+        if grants(own, needed, *self._where):
             return True
+        if hub_user.get("kind", "user") != "user":
+            return False  # services hold no shares
         allowed = grants(own | await self._shared(hub_user, fresh=False), needed, *self._where)
         if not allowed:
             allowed = grants(own | await self._shared(hub_user, fresh=True), needed, *self._where)
@@ -147,6 +173,18 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
                 "gpulab: %s may not %s %s (needs %s)", hub_user["name"], action, resource, needed
             )
         return allowed
+
+    async def _still_allowed(self, handler, token: str, allowed) -> bool:
+        """For an open websocket: whether ``token`` still reaches this server and may
+        still do each (action, resource) in ``allowed`` (the hub asked afresh)."""
+        model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)
+        if not model or not self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):
+            return False
+        await self._shared(model, fresh=True)  # a listing at most REFRESH_MIN_S old
+        for action, resource in allowed:
+            if not await self.allows(model, action, resource, handler):
+                return False
+        return True
 
     @property
     def _where(self) -> tuple[str, str]:
@@ -194,13 +232,17 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
 
 
 # --- routes that never ask the authorizer --------------------------------------------
-# JupyterLab's own routes (settings, workspaces, extension and plugin manager, builds)
-# are only @web.authenticated: the authorizer above is not asked. ``guard_routes``
-# wraps every such method that changes something (POST, PUT, PATCH, DELETE) in
-# jupyter_server's ``@authorized`` as a "write", so they need ``execute`` (or ``write``
-# for a handler whose resource is "contents").
+# JupyterLab's own routes (pages, settings, workspaces, extension and plugin manager,
+# builds), jupyter-collaboration's room websocket and others are only
+# @web.authenticated: the authorizer above is not asked. ``guard_routes`` wraps every
+# such method: those that change something (POST, PUT, PATCH, DELETE) in
+# jupyter_server's ``@authorized`` as a "write", so they need ``execute`` (or
+# ``write`` for a handler whose resource is "contents"); GET and HEAD as a "read"
+# (``read``), after authentication, so that a browser not yet logged in is still
+# sent to log in.
 
 MUTATING = ("post", "put", "patch", "delete")
+READING = ("get", "head")
 
 
 def all_rules(web_app) -> list:
@@ -222,20 +264,46 @@ def _authorized_code():
 
 
 def asks_authorizer(method) -> bool:
-    """Whether ``method`` is (or wraps) one made by jupyter_server's ``@authorized``."""
+    """Whether ``method`` is (or wraps) one made by jupyter_server's ``@authorized``
+    or by :func:`read_guard`."""
     code = _authorized_code()
     seen = 0
     while method is not None and seen < 20:
-        if getattr(method, "__code__", None) is code:
+        if getattr(method, "__code__", None) is code or getattr(method, "__gpulab_reads__", 0):
             return True
         method = getattr(method, "__wrapped__", None)
         seen += 1
     return False
 
 
+def read_guard(method, resource: str):
+    """``method`` (a GET or HEAD) asking the authorizer for "read" on ``resource``
+    first. A request without a user is handled as ``@web.authenticated`` does
+    (redirect to log in, or 403), never by ``method`` itself."""
+    import functools
+    import inspect
+
+    from jupyter_core.utils import ensure_async
+    from tornado import web
+
+    @functools.wraps(method)
+    async def reading(self, *args, **kwargs):
+        user = self.current_user
+        if not user:
+            out = web.authenticated(method)(self, *args, **kwargs)
+        elif await ensure_async(self.authorizer.is_authorized(self, user, "read", resource)):
+            out = method(self, *args, **kwargs)
+        else:
+            raise web.HTTPError(403, f"User is not authorized to read on resource: {resource}.")
+        return await out if inspect.isawaitable(out) else out
+
+    reading.__gpulab_reads__ = 1
+    return reading
+
+
 def guard_routes(rules) -> list[str]:
-    """Make each mutating method of the rules' handlers ask the authorizer; names of
-    the methods guarded here."""
+    """Make each method of the rules' handlers ask the authorizer; names of the
+    methods guarded here."""
     from jupyter_server.auth.decorator import authorized
     from jupyter_server.base.handlers import JupyterHandler
     from tornado.web import RequestHandler
@@ -244,13 +312,16 @@ def guard_routes(rules) -> list[str]:
     for cls in {rule.target for rule in rules}:
         if not issubclass(cls, JupyterHandler):
             continue
-        for name in MUTATING:
+        for name in MUTATING + READING:
             method = getattr(cls, name, None)
             if method is None or method is getattr(RequestHandler, name, None):
                 continue
             if asks_authorizer(method) or getattr(method, "__allow_unauthenticated", False):
                 continue
             resource = getattr(cls, "auth_resource", None) or "unknown"
-            setattr(cls, name, authorized("write", resource=resource)(method))
+            if name in READING:
+                setattr(cls, name, read_guard(method, resource))
+            else:
+                setattr(cls, name, authorized("write", resource=resource)(method))
             done.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
     return sorted(done)

@@ -9,7 +9,9 @@ authorizer once, when the websocket opens, whether this person may write
 contents. If not, it passes on only what reading needs (sync step 1, which asks
 the room for its content, and awareness: who is there, cursors) and drops sync
 step 2, sync updates, "save" (answered "failed") and any other message, so a
-viewer sees the document live and cannot change it.
+viewer sees the document live and cannot change it. The room also asks for "read"
+(jupyter_server_ydoc asks nothing), checks the Origin as kernel websockets do, and
+is re-checked while open (connections.py): a revoked person's room closes.
 
 Only active where jupyter_server_ydoc is installed (gpulab's project images).
 """
@@ -73,6 +75,8 @@ def room_handler_class():
         from jupyter_server_ydoc.handlers import YDocWebSocketHandler
     except ImportError:
         return None
+    from jupyter_server.base.websocket import WebSocketMixin
+    from tornado import web
 
     class ReadOnlyRoomHandler(YDocWebSocketHandler):
         gpulab_may_write = False
@@ -81,12 +85,18 @@ def room_handler_class():
         async def get(self, *args, **kwargs):
             user = self.current_user
             if user:
-                self.gpulab_may_write = bool(
-                    await ensure_async(
-                        self.authorizer.is_authorized(self, user, "write", "contents")
-                    )
-                )
+                may = self.authorizer.is_authorized
+                if not await ensure_async(may(self, user, "read", "contents")):
+                    raise web.HTTPError(403, "not authorized to read this project")
+                may_write = await ensure_async(may(self, user, "write", "contents"))
+                self.gpulab_may_write = bool(may_write)
             return await super().get(*args, **kwargs)
+
+        def check_origin(self, origin):
+            # jupyter_server_ydoc lets every origin in; gpulab asks what kernel and
+            # terminal websockets ask (same host, or the server's allow_origin), so a
+            # page of another origin cannot use a visitor's cookie to join a room.
+            return WebSocketMixin.check_origin(self, origin)
 
         async def on_message(self, message):
             if self.gpulab_may_write or (isinstance(message, bytes) and reader_may_send(message)):

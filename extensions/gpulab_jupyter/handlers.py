@@ -1,13 +1,18 @@
 """REST handlers of the user side, under the versioned prefix /api/gpulab/v1/.
 
-Every handler is ``@tornado.web.authenticated``. The GPU routes only read what
-the sampler thread left; the JSON is documented in docs/gpu-status-api.md.
+Every handler is ``@tornado.web.authenticated`` and asks the server's authorizer
+(jupyter_server's ``@authorized``, resource ``gpulab``): under gpulab's hub a
+"read" needs the ``custom:gpulab:read`` scope on this project, so only the
+owner and the people it is shared with get answers (kernel ids and notebook
+paths included). The GPU routes only read what the sampler thread left; the JSON
+is documented in docs/gpu-status-api.md.
 """
 
 import json
 import os
 
 import tornado.web
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 API_PREFIX = "api/gpulab/v1"
@@ -23,8 +28,13 @@ def project_info(environ):
     }
 
 
-class InfoHandler(APIHandler):
+class _GPULabHandler(APIHandler):
+    auth_resource = "gpulab"
+
+
+class InfoHandler(_GPULabHandler):
     @tornado.web.authenticated
+    @authorized
     def get(self):
         from . import __version__
 
@@ -32,7 +42,7 @@ class InfoHandler(APIHandler):
         self.finish(json.dumps(body))
 
 
-class _SamplerHandler(APIHandler):
+class _SamplerHandler(_GPULabHandler):
     @property
     def sampler(self):
         return self.settings["gpulab_sampler"]
@@ -56,6 +66,7 @@ class GPUStatusHandler(_SamplerHandler):
     """Now: every GPU of this container, or why there is none. ``?interval=`` asks for a pace."""
 
     @tornado.web.authenticated
+    @authorized
     def get(self):
         self.sampler.request_interval(self.float_argument("interval"))
         self.write_json(self.sampler.status_body())
@@ -65,6 +76,7 @@ class GPUHistoryHandler(_SamplerHandler):
     """The last minutes, for sparklines; ``?since=<timestamp>`` gives only what is newer."""
 
     @tornado.web.authenticated
+    @authorized
     def get(self):
         self.write_json(self.sampler.history(self.float_argument("since")))
 
@@ -73,6 +85,7 @@ class GPUProcessesHandler(_SamplerHandler):
     """This container's processes on its GPUs, with their kernels and notebooks."""
 
     @tornado.web.authenticated
+    @authorized
     async def get(self):
         body = self.sampler.processes()
         kernels, by_pid = await self.kernels()
