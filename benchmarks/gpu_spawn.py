@@ -24,6 +24,7 @@ from gpulab_hub import allocator, gpus, host, hostimage, objects
 
 PREFIX = "gpulabbench-gpu"
 IMAGE = f"{PREFIX}/host-userland:latest"
+NETWORK = f"{PREFIX}-net"
 PROBE = (
     "import torch; d = 'cuda' if torch.cuda.is_available() else 'cpu'; "
     "a = torch.ones(256, 256, device=d); print('ready', d, float((a @ a).sum()))"
@@ -31,7 +32,7 @@ PROBE = (
 
 
 def start_once(dk: host.Docker, root: Path, name: str, g: objects.GpuAssignment, python: str):
-    for sub in ("datasets", "models", "outputs"):
+    for sub in ("datasets", "models/bench", "outputs/bench"):
         (root / "data" / sub).mkdir(parents=True, exist_ok=True)
     (root / name).mkdir(exist_ok=True)
     spec = objects.container_spec(
@@ -39,12 +40,13 @@ def start_once(dk: host.Docker, root: Path, name: str, g: objects.GpuAssignment,
             name=f"{PREFIX}-bench--{name}",
             image=IMAGE,
             command=[python, "-c", PROBE],
-            env={},
+            env={"HOME": "/tmp"},
             project_dir=str(root / name),
             data_root=str(root / "data"),
             hf_cache_volume=f"{PREFIX}-hf-bench",
-            network="host",
-            port=0,
+            network=NETWORK,
+            port=8888,
+            owner="bench",
             labels={"gpulab.instance": PREFIX},
             gpus=g,
         )
@@ -77,6 +79,7 @@ def main() -> int:
         print("no Docker engine answers")
         return 1
     hostimage.ensure_image(dk.call, IMAGE)
+    host.ensure_network(dk, NETWORK)
     isolation = objects.detect_isolation(dk.call("info"))
     with tempfile.TemporaryDirectory(prefix="gpulab-gpu-spawn-") as tmp:
         root = Path(tmp)

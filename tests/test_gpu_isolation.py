@@ -3,7 +3,8 @@
 Run on a GPU host with a Docker engine (see ../shared/gpu-host/README.md):
     pytest -m gpu tests/test_gpu_isolation.py -s
 Each container is built from the spec ProjectSpawner would pass to Docker
-(objects.container_spec), on an image whose userland is the host's own.
+(objects.container_spec: gpulab's bridge network, the notebook user, no
+capabilities, no privilege gain), on an image whose userland is the host's own.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from gpulab_hub import allocator, gpus, host, hostimage, objects
 pytestmark = pytest.mark.gpu
 PREFIX = os.environ.get("GPULAB_TEST_PREFIX", "gpulabgpu")
 IMAGE = f"{PREFIX}/host-userland:latest"
+NETWORK = f"{PREFIX}-net"
 PYTHON = os.environ.get("GPULAB_GPU_PYTHON", "/opt/torch/.venv/bin/python3")
 PROBE = """
-import json, subprocess, torch
-out = {"count": torch.cuda.device_count()}
+import json, os, subprocess, torch
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status") if ":\\t" in line)
+out = {"count": torch.cuda.device_count(), "uid": os.getuid(),
+       "cap_eff": status["CapEff"].strip(), "no_new_privs": status["NoNewPrivs"].strip(),
+       "uid_map": open("/proc/self/uid_map").read().split()}
 if out["count"]:
     out["name"] = torch.cuda.get_device_name(0)
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -40,9 +45,11 @@ def dk():
     if not d.reachable():
         pytest.skip("no Docker engine here: start one (../shared/gpu-host/start-docker.sh)")
     hostimage.ensure_image(d.call, IMAGE)
+    print(f"network {NETWORK}: gateway {host.ensure_network(d, NETWORK)}")
     yield d
     for c in d.call("containers", all=True, filters={"name": PREFIX}):
         d.call("remove_container", c["Id"], force=True)
+    d.call("remove_network", NETWORK)
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +67,20 @@ def run_project(dk, tmp_path, name: str, assignment: objects.GpuAssignment) -> d
     """Create and run one project container from the spawner's spec; its probe output."""
     project = tmp_path / name
     project.mkdir()
-    for sub in ("datasets", "models", "outputs"):
+    for sub in ("datasets", "models/alice", "outputs/alice"):
         (tmp_path / "data" / sub).mkdir(parents=True, exist_ok=True)
     settings = objects.ContainerSettings(
         name=f"{PREFIX}-alice--{name}",
         image=IMAGE,
         command=[PYTHON, "-c", PROBE],
-        env={},
+        env={"HOME": "/tmp"},
         project_dir=str(project),
         data_root=str(tmp_path / "data"),
         hf_cache_volume=f"{PREFIX}-hf-alice",
-        network="host",
-        port=0,
+        network=NETWORK,
+        port=8888,
+        owner="alice",
+        pids_limit=4096,
         labels={"gpulab.instance": PREFIX, "gpulab.owner": "alice", "gpulab.project": name},
         gpus=assignment,
     )
@@ -113,6 +122,9 @@ def test_one_gpu_project_sees_exactly_its_gpu(dk, inventory, tmp_path):
     out = run_project(dk, tmp_path, "one", mine)
     assert out["count"] == 1
     assert out["matmul"] > 0
+    # The GPU works in the hardened container: notebook user, no capabilities, no gain.
+    assert out["uid"] == 1000 and int(out["cap_eff"], 16) == 0 and out["no_new_privs"] == "1"
+    print(f"uid_map in the container: {out['uid_map']}")
     assert [mine.uuids[0] in line for line in out["smi"]] == [True]
 
     cpu = run_project(dk, tmp_path, "cpu", objects.GpuAssignment())

@@ -1,6 +1,16 @@
 """Whole container specs from the pure functions in gpulab_hub.objects."""
 
-from gpulab_hub.objects import ContainerSettings, GpuAssignment, container_spec, detect_isolation
+import pytest
+
+from gpulab_hub.objects import (
+    ContainerSettings,
+    GpuAssignment,
+    container_spec,
+    data_folders,
+    detect_isolation,
+    userns_offset,
+    valid_group,
+)
 
 
 def settings(**overrides) -> ContainerSettings:
@@ -8,12 +18,13 @@ def settings(**overrides) -> ContainerSettings:
         name="gpulab-alice--vision",
         image="gpulab/project:0123456789abcdef",
         command=["jupyterhub-singleuser", "--notebook-dir=/workspace"],
-        env={"JUPYTERHUB_API_TOKEN": "t0k3n", "JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:40123/"},
+        env={"JUPYTERHUB_API_TOKEN": "t0k3n", "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:8888/"},
         project_dir="/srv/gpulab/projects/alice/vision",
         data_root="/srv/gpulab/data",
         hf_cache_volume="gpulab-hf-alice",
-        network="host",
-        port=40123,
+        network="gpulab-net",
+        port=8888,
+        owner="alice",
         labels={"gpulab.instance": "gpulab", "gpulab.owner": "alice", "gpulab.project": "vision"},
     )
     base.update(overrides)
@@ -23,13 +34,13 @@ def settings(**overrides) -> ContainerSettings:
 EXPECTED_BINDS = {
     "/srv/gpulab/projects/alice/vision": {"bind": "/workspace", "mode": "rw"},
     "/srv/gpulab/data/datasets": {"bind": "/data/datasets", "mode": "ro"},
-    "/srv/gpulab/data/models": {"bind": "/data/models", "mode": "rw"},
-    "/srv/gpulab/data/outputs": {"bind": "/data/outputs", "mode": "rw"},
+    "/srv/gpulab/data/models/alice": {"bind": "/data/models", "mode": "rw"},
+    "/srv/gpulab/data/outputs/alice": {"bind": "/data/outputs", "mode": "rw"},
     "gpulab-hf-alice": {"bind": "/cache/huggingface", "mode": "rw"},
 }
 EXPECTED_ENV = {
     "JUPYTERHUB_API_TOKEN": "t0k3n",
-    "JUPYTERHUB_SERVICE_URL": "http://127.0.0.1:40123/",
+    "JUPYTERHUB_SERVICE_URL": "http://0.0.0.0:8888/",
     "GPULAB_WORKSPACE": "/workspace",
     "GPULAB_PROJECT_DIR": "/workspace",
     "GPULAB_DATA": "/data",
@@ -44,31 +55,17 @@ EXPECTED_VOLUMES = [
     "/data/outputs",
     "/workspace",
 ]
+# What every project container gets whatever its Dockerfile says.
+HARDENED = {
+    "network_mode": "gpulab-net",
+    "port_bindings": {},
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+}
 
 
-def test_host_network_spec():
-    assert container_spec(settings()) == {
-        "name": "gpulab-alice--vision",
-        "image": "gpulab/project:0123456789abcdef",
-        "command": ["jupyterhub-singleuser", "--notebook-dir=/workspace"],
-        "environment": EXPECTED_ENV,
-        "labels": {
-            "gpulab.instance": "gpulab",
-            "gpulab.owner": "alice",
-            "gpulab.project": "vision",
-        },
-        "working_dir": "/workspace",
-        "volumes": EXPECTED_VOLUMES,
-        "host_config": {
-            "binds": EXPECTED_BINDS,
-            "network_mode": "host",
-            "shm_size": "8g",
-        },
-    }
-
-
-def test_user_defined_network_spec():
-    spec = container_spec(settings(network="gpulab-net", port=8888, shm_size="16g"))
+def test_project_spec_on_the_bridge_network():
+    spec = container_spec(settings(shm_size="16g", pids_limit=4096))
     assert spec == {
         "name": "gpulab-alice--vision",
         "image": "gpulab/project:0123456789abcdef",
@@ -79,16 +76,71 @@ def test_user_defined_network_spec():
             "gpulab.owner": "alice",
             "gpulab.project": "vision",
         },
+        "user": "1000:100",
         "working_dir": "/workspace",
         "volumes": EXPECTED_VOLUMES,
         "ports": {"8888/tcp": None},
         "host_config": {
+            **HARDENED,
             "binds": EXPECTED_BINDS,
-            "network_mode": "gpulab-net",
             "shm_size": "16g",
-            "port_bindings": {},
+            "pids_limit": 4096,
         },
     }
+
+
+@pytest.mark.parametrize("network", ["host", "none", ""])
+def test_host_and_no_network_are_refused(network):
+    with pytest.raises(ValueError, match="bridge network of its own"):
+        container_spec(settings(network=network))
+
+
+def test_a_project_needs_its_owner_for_the_data_folders():
+    with pytest.raises(ValueError, match="owner"):
+        container_spec(settings(owner=""))
+
+
+def test_everyones_data_readable_and_group_folders_when_the_admin_says_so():
+    s = settings(data_read_all=True, data_groups=("vision-lab",))
+    assert container_spec(s)["host_config"]["binds"] == {
+        **EXPECTED_BINDS,
+        "/srv/gpulab/data/models": {"bind": "/data/all/models", "mode": "ro"},
+        "/srv/gpulab/data/outputs": {"bind": "/data/all/outputs", "mode": "ro"},
+        "/srv/gpulab/data/groups/vision-lab": {"bind": "/data/groups/vision-lab", "mode": "rw"},
+    }
+    assert data_folders(s) == [
+        "/srv/gpulab/data/models/alice",
+        "/srv/gpulab/data/outputs/alice",
+        "/srv/gpulab/data/groups/vision-lab",
+    ]
+
+
+@pytest.mark.parametrize(
+    "name,ok",
+    [
+        ("vision-lab", True),
+        ("a", True),
+        ("..", False),
+        ("a/b", False),
+        ("lab\n", False),
+        ("-x", False),
+        ("a..b", False),
+        ("x" * 65, False),
+    ],
+)
+def test_group_folder_names_are_full_matches(name, ok):
+    assert valid_group(name) is ok
+
+
+def test_userns_offset_from_docker_info():
+    remapped = {
+        "SecurityOptions": ["name=seccomp,profile=builtin", "name=userns"],
+        "DockerRootDir": "/var/lib/docker/100000.100000",
+    }
+    assert userns_offset(remapped) == (100000, 100000)
+    assert userns_offset({"SecurityOptions": [], "DockerRootDir": "/var/lib/docker"}) == (0, 0)
+    with pytest.raises(ValueError):
+        userns_offset({"SecurityOptions": ["name=userns"], "DockerRootDir": "/var/lib/docker"})
 
 
 def test_limits_and_custom_mount_points():
@@ -102,14 +154,14 @@ def test_limits_and_custom_mount_points():
         )
     )
     assert spec["host_config"] == {
+        **HARDENED,
         "binds": {
             "/srv/gpulab/projects/alice/vision": {"bind": "/home/jovyan/work", "mode": "rw"},
             "/srv/gpulab/data/datasets": {"bind": "/mnt/data/datasets", "mode": "ro"},
-            "/srv/gpulab/data/models": {"bind": "/mnt/data/models", "mode": "rw"},
-            "/srv/gpulab/data/outputs": {"bind": "/mnt/data/outputs", "mode": "rw"},
+            "/srv/gpulab/data/models/alice": {"bind": "/mnt/data/models", "mode": "rw"},
+            "/srv/gpulab/data/outputs/alice": {"bind": "/mnt/data/outputs", "mode": "rw"},
             "gpulab-hf-alice": {"bind": "/hf", "mode": "rw"},
         },
-        "network_mode": "host",
         "shm_size": "8g",
         "mem_limit": 8 * 2**30,
         "cpu_period": 100_000,
@@ -137,8 +189,8 @@ def test_gpu_spec_with_the_nvidia_runtime():
     gpus = GpuAssignment(uuids=(H100, H100_B), minors=(0, 3), isolation="runtime")
     spec = container_spec(settings(gpus=gpus))
     assert spec["host_config"] == {
+        **HARDENED,
         "binds": EXPECTED_BINDS,
-        "network_mode": "host",
         "shm_size": "8g",
         "device_requests": [
             {
@@ -164,7 +216,7 @@ def test_gpu_spec_with_explicit_device_nodes():
             **EXPECTED_BINDS,
             "/usr/local/nvidia": {"bind": "/usr/local/nvidia", "mode": "ro"},
         },
-        "network_mode": "host",
+        **HARDENED,
         "shm_size": "8g",
         "devices": [
             "/dev/nvidia3:/dev/nvidia3:rwm",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from . import baseimage, images
+from . import baseimage, images, objects
 
 LOCAL_DEBIAN = "gpulab/debian:bookworm"
 DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -53,7 +54,14 @@ class Docker:
             return False
 
 
-def ensure_dockerd(dk: Docker, state_dir: Path, wait: float = 60) -> int | None:
+# How gpulab starts dockerd when none runs: container root is an unprivileged
+# host uid (user-namespace remapping onto the "dockremap" range).
+DOCKERD_ARGS = ("--userns-remap=default",)
+
+
+def ensure_dockerd(
+    dk: Docker, state_dir: Path, wait: float = 60, args: tuple[str, ...] = DOCKERD_ARGS
+) -> int | None:
     """Start dockerd when no engine answers. Returns the PID it started, else None."""
     if dk.reachable():
         return None
@@ -65,7 +73,7 @@ def ensure_dockerd(dk: Docker, state_dir: Path, wait: float = 60) -> int | None:
         )
     state_dir.mkdir(parents=True, exist_ok=True)
     log = open(state_dir / "dockerd.log", "ab")
-    proc = subprocess.Popen([dockerd], stdout=log, stderr=log, start_new_session=True)
+    proc = subprocess.Popen([dockerd, *args], stdout=log, stderr=log, start_new_session=True)
     (state_dir / "dockerd.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
@@ -103,15 +111,73 @@ def stop_pid(pid: int, timeout: float = 15) -> bool:
     return True
 
 
-def ensure_data_root(data_root: Path, gid: int) -> None:
-    """The shared data folders: datasets (read-only in containers, so only the
-    admin fills it), models and outputs (writable by the notebook group)."""
-    for sub in ("datasets", "models", "outputs"):
+def ensure_network(dk: Docker, name: str) -> str:
+    """The bridge network projects and builds join (made once); returns its gateway IP.
+
+    Inter-container traffic is off (``enable_icc=false``): a project reaches the
+    hub and, through NAT, the package index, but never another project.
+    """
+    objects.check_network(name)
+    try:
+        net = dk.call("inspect_network", name)
+    except docker.errors.NotFound:
+        dk.call(
+            "create_network",
+            name,
+            driver="bridge",
+            options={"com.docker.network.bridge.enable_icc": "false"},
+            labels={"gpulab.network": "projects"},
+            check_duplicate=True,
+        )
+        net = dk.call("inspect_network", name)
+    if net.get("Driver") != "bridge":
+        raise HostError(f"The Docker network {name!r} exists but is not a bridge network.")
+    configs = (net.get("IPAM") or {}).get("Config") or []
+    gateway = next((c["Gateway"] for c in configs if c.get("Gateway")), "")
+    if not gateway:
+        raise HostError(f"The Docker network {name!r} has no gateway address.")
+    return gateway
+
+
+def ensure_owned_folder(path: Path, uid: int, gid: int) -> None:
+    """Make ``path`` (in a hub-owned parent) and give it to uid:gid; an existing
+    folder is left as it is. A link or a non-folder there is refused."""
+    try:
+        path.mkdir(mode=0o750)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise HostError(f"{path} exists but is not a folder; gpulab will not use it.") from None
+        return
+    os.chmod(path, 0o750)  # whatever the hub's umask (077)
+    os.chown(path, uid, gid, follow_symlinks=False)
+
+
+def default_mem_limit() -> int | None:
+    """Memory a project may use by default: all but 10 % (at least 2 GiB) of the host's."""
+    try:
+        with open("/proc/meminfo") as f:
+            total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return max(total - max(total // 10, 2 << 30), 1 << 30)
+
+
+def default_cpu_limit() -> float:
+    """CPUs a project may use by default: all but one of the host's (at least one)."""
+    return float(max(1, (os.cpu_count() or 1) - 1))
+
+
+def ensure_data_root(data_root: Path) -> None:
+    """The shared data folders, hub-owned: ``datasets`` (read-only in containers, so
+    only the admin fills it) and the parents of each user's ``models/<user>`` and
+    ``outputs/<user>`` folders, which the spawner makes (and only it)."""
+    for sub in (objects.DATASETS, *objects.PER_USER_DATA, objects.GROUPS_DATA):
         path = data_root / sub
         path.mkdir(parents=True, exist_ok=True)
-        if sub != "datasets" and os.geteuid() == 0:
-            os.chown(path, 0, gid)
-            path.chmod(0o2775)
+        if os.geteuid() == 0:
+            os.chown(path, 0, 0, follow_symlinks=False)
+            path.chmod(0o755)
 
 
 def cache_dir() -> Path:
@@ -170,7 +236,14 @@ def user_wheels(repo_dir: Path, out_dir: Path) -> list[Path]:
 
 
 def ensure_base_image(
-    dk: Docker, repo_dir: Path, state_dir: Path, spec: baseimage.BaseSpec, alias: str, log=print
+    dk: Docker,
+    repo_dir: Path,
+    state_dir: Path,
+    spec: baseimage.BaseSpec,
+    alias: str,
+    log=print,
+    *,
+    network: str,
 ) -> str:
     """Build (or reuse) gpulab's base image for ``spec`` and tag it ``alias``."""
     if spec.base_image.startswith("gpulab") and spec.base_image.endswith("/debian:bookworm"):
@@ -189,6 +262,7 @@ def ensure_base_image(
         state_dir / "logs" / "base-build.log",
         lambda line: None,
         alias,
+        network=network,
     )
 
 

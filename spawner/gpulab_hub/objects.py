@@ -7,12 +7,24 @@ Nothing here talks to Docker: the spawner calls these and hands the result to
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
-HOST_NETWORK = "host"
+# Networks a project container or build must never join: "host" shares the host's
+# network namespace (its loopback traffic included), "none" leaves the hub no way in.
+REFUSED_NETWORKS = ("host", "none")
 
-# Sub-folders of the shared data root and how they are mounted under /data.
-DATA_MOUNTS = (("datasets", "ro"), ("models", "rw"), ("outputs", "rw"))
+# The shared data root: ``datasets`` is filled by the admin and read-only for all;
+# ``models`` and ``outputs`` hold one folder per user (``<sub>/<user>``), mounted
+# writable at /data/<sub> in that user's projects only.
+DATASETS = "datasets"
+PER_USER_DATA = ("models", "outputs")
+GROUPS_DATA = "groups"
+
+# What every project container gets, whatever its Dockerfile says: no capabilities
+# and no privilege gain (setuid files in the image do nothing).
+CAP_DROP = ("ALL",)
+SECURITY_OPT = ("no-new-privileges",)
 
 
 NO_GPU = "none"
@@ -98,21 +110,51 @@ class ContainerSettings:
     hf_cache_volume: str
     network: str
     port: int
+    owner: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    user: str = "1000:100"  # uid:gid the container runs as (the image's notebook user)
     workspace: str = "/workspace"
     data_mount: str = "/data"
     hf_cache_mount: str = "/cache/huggingface"
     shm_size: str = "8g"
     mem_limit: int | None = None
     cpu_limit: float | None = None
+    pids_limit: int | None = None
+    data_read_all: bool = False  # every user's models/outputs readable under /data/all
+    data_groups: tuple[str, ...] = ()  # data groups this user belongs to (/data/groups/<g>)
     gpus: GpuAssignment = GpuAssignment()
+
+
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def valid_group(name: str) -> bool:
+    """A JupyterHub group name usable as a data folder name (full match)."""
+    return _GROUP.fullmatch(name) is not None and ".." not in name
+
+
+def data_folders(s: ContainerSettings) -> list[str]:
+    """Host folders under the data root that belong to this user (made by the hub)."""
+    folders = [f"{s.data_root}/{sub}/{s.owner}" for sub in PER_USER_DATA]
+    folders += [f"{s.data_root}/{GROUPS_DATA}/{g}" for g in s.data_groups]
+    return folders
 
 
 def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
     """Host path or volume name -> {"bind": container path, "mode": rw|ro}."""
+    if not s.owner:
+        raise ValueError("a project container needs its owner (per-user data folders)")
     binds = {s.project_dir: {"bind": s.workspace, "mode": "rw"}}
-    for sub, mode in DATA_MOUNTS:
-        binds[f"{s.data_root}/{sub}"] = {"bind": f"{s.data_mount}/{sub}", "mode": mode}
+    binds[f"{s.data_root}/{DATASETS}"] = {"bind": f"{s.data_mount}/{DATASETS}", "mode": "ro"}
+    for sub in PER_USER_DATA:
+        mine = f"{s.data_root}/{sub}/{s.owner}"
+        binds[mine] = {"bind": f"{s.data_mount}/{sub}", "mode": "rw"}
+        if s.data_read_all:
+            everyone = f"{s.data_root}/{sub}"
+            binds[everyone] = {"bind": f"{s.data_mount}/all/{sub}", "mode": "ro"}
+    for g in s.data_groups:
+        path = f"{s.data_root}/{GROUPS_DATA}/{g}"
+        binds[path] = {"bind": f"{s.data_mount}/{GROUPS_DATA}/{g}", "mode": "rw"}
     binds[s.hf_cache_volume] = {"bind": s.hf_cache_mount, "mode": "rw"}
     if s.gpus.uuids and s.gpus.isolation == DEVICES:
         binds[s.gpus.driver_dir] = {"bind": s.gpus.driver_dir, "mode": "ro"}
@@ -134,18 +176,33 @@ def container_env(s: ContainerSettings) -> dict[str, str]:
     return env
 
 
+def check_network(network: str) -> str:
+    """``network`` if a project container or build may join it, else ValueError."""
+    if not network or network in REFUSED_NETWORKS:
+        raise ValueError(
+            f"Project containers and builds cannot use the Docker network {network!r}: "
+            "gpulab runs them on a bridge network of its own (GPULAB_NETWORK names it)."
+        )
+    return network
+
+
 def host_config(s: ContainerSettings) -> dict:
-    """Keyword arguments for ``APIClient.create_host_config``."""
+    """Keyword arguments for ``APIClient.create_host_config``.
+
+    On the bridge network the hub reaches the server by container IP; nothing
+    is published on the host.
+    """
     config: dict = {
         "binds": volume_binds(s),
-        "network_mode": s.network,
+        "network_mode": check_network(s.network),
+        "port_bindings": {},
         "shm_size": s.shm_size,
+        "cap_drop": list(CAP_DROP),
+        "security_opt": list(SECURITY_OPT),
     }
-    if s.network != HOST_NETWORK:
-        # On a user-defined network the hub reaches the server by container IP;
-        # nothing is published on the host.
-        config["port_bindings"] = {}
     config.update(gpu_host_config(s.gpus))
+    if s.pids_limit is not None:
+        config["pids_limit"] = s.pids_limit
     if s.mem_limit is not None:
         config["mem_limit"] = s.mem_limit
     if s.cpu_limit is not None:
@@ -160,16 +217,33 @@ def container_spec(s: ContainerSettings) -> dict:
     ``host_config`` is left as plain keyword arguments; the caller passes it
     through ``create_host_config`` (which only validates and renames).
     """
-    spec = {
+    return {
         "name": s.name,
         "image": s.image,
         "command": list(s.command),
         "environment": container_env(s),
         "labels": dict(s.labels),
+        "user": s.user,
         "working_dir": s.workspace,
         "volumes": sorted(b["bind"] for b in volume_binds(s).values()),
+        "ports": {f"{s.port}/tcp": None},
         "host_config": host_config(s),
     }
-    if s.network != HOST_NETWORK:
-        spec["ports"] = {f"{s.port}/tcp": None}
-    return spec
+
+
+def userns_offset(docker_info: dict) -> tuple[int, int]:
+    """(uid, gid) that Docker's user-namespace remapping adds to container ids.
+
+    With ``userns-remap`` the engine's data root ends in ``<uid>.<gid>`` of the
+    remapped range (e.g. /var/lib/docker/100000.100000); without it, (0, 0).
+    """
+    if not any("userns" in o for o in docker_info.get("SecurityOptions") or []):
+        return 0, 0
+    last = os.path.basename(str(docker_info.get("DockerRootDir", "")).rstrip("/"))
+    uid, dot, gid = last.partition(".")
+    if dot and uid.isdigit() and gid.isdigit():
+        return int(uid), int(gid)
+    raise ValueError(
+        f"Docker reports user-namespace remapping but its data root {last!r} does not "
+        "name the remapped range"
+    )

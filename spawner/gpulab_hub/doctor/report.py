@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import host, images, settings
-from . import cuda, docker_checks, gpu, project, resources
+from .. import host, images, projectimage, settings
+from ..projects import Project, ProjectError
+from . import cuda, docker_checks, gpu, project, protections, resources
 from .findings import FAIL, OK, WARN, Finding, exit_code
 
 MAX_IMAGES = 6  # images looked into per run (each is one short container)
@@ -44,9 +45,10 @@ def images_in_use(dk: host.Docker, site: dict, projects_root: Path) -> list[str]
     """The base image, what project Dockerfiles start FROM, images of running projects."""
     refs = [site["GPULAB_BASE_IMAGE"]]
     for dockerfile in sorted(projects_root.glob("*/*/Dockerfile")):
-        try:
-            refs.append(images.base_of(dockerfile.read_text()))
-        except (OSError, ValueError):
+        where = Project(projects_root, dockerfile.parent.parent.name, dockerfile.parent.name)
+        try:  # hostile input: no link, no FIFO, bounded (safefs.py)
+            refs.append(images.base_of(projectimage.read_dockerfile(where)))
+        except (OSError, ValueError, ProjectError):
             continue
     label = f"gpulab.instance={site['GPULAB_CONTAINER_PREFIX']}"
     refs += [c["Image"] for c in dk.call("containers", filters={"label": label})]
@@ -193,6 +195,9 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
     findings.append(engine)
     if info is not None:
         try:
+            findings += protections.findings(
+                dk, info, settings.network_name(site), site["GPULAB_CONTAINER_PREFIX"]
+            )
             findings += docker_findings(dk, info, site, environ, opts, inv, paths["hub"])
             if opts.project:
                 drivers = docker_checks.driver_dir(environ)
