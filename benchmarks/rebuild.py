@@ -89,8 +89,8 @@ def main() -> int:
             debian = host.ensure_local_debian(dk, f"{PREFIX}/debian:bookworm", host.cache_dir())
             wheels = host.user_wheels(REPO, state / "wheels")
             spec = baseimage.BaseSpec(debian)
-            project = Project(state / "projects", "bench", "rebuild")
-            project.logs_dir.mkdir(parents=True)
+            project = Project(state / "projects", "bench", "rebuild", state / "project-state")
+            project.path.mkdir(parents=True)
             base_tag = f"{PREFIX}/base:latest"
             first = ["RUN pip install --no-cache-dir six==1.16.0 && python -c 'import six'"]
             project.dockerfile.write_text(project_dockerfile(base_tag, first))

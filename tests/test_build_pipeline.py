@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 from conftest import PREFIX
 
-from gpulab_hub import images, projectimage
+from gpulab_hub import host, images, projectimage
 from gpulab_hub.projects import Project, ProjectError
 
 pytestmark = pytest.mark.docker
 REPO = f"{PREFIX}/project"
+NETWORK = f"{PREFIX}-net"
 MANAGED_END = "# <<< gpulab managed block <<<"
 
 
 def make_project(root: Path, name: str, dockerfile: str) -> Project:
-    p = Project(root, "alice", name)
-    p.logs_dir.mkdir(parents=True)
+    p = Project(root, "alice", name, root / "state")
+    p.path.mkdir(parents=True)
     p.dockerfile.write_text(dockerfile)
     return p
 
@@ -36,8 +37,15 @@ def dockerfile(base: str, managed: list[str]) -> str:
 
 
 def build(dk, project: Project, lines: list[str], timeout: float = 600) -> str:
+    host.ensure_network(dk, NETWORK)
     return projectimage.ensure_image(
-        dk.call, project, project.root / ".locks", lines.append, timeout, repo=REPO
+        dk.call,
+        project,
+        project.root / ".locks",
+        lines.append,
+        timeout,
+        repo=REPO,
+        network=NETWORK,
     )
 
 
@@ -53,7 +61,7 @@ def test_unchanged_content_is_built_once(docker_engine, local_debian, tmp_path):
     assert build(docker_engine, p, second) == tag
     assert second == [f"Using the image {tag} (the Dockerfile is unchanged)"]
     assert {i["Id"] for i in docker_engine.call("images", all=True)} == images_before
-    assert projectimage.last_good(p, docker_engine.call).tag == tag
+    assert projectimage.last_good(p, docker_engine.call, REPO).tag == tag
 
 
 def test_one_new_managed_line_rebuilds_only_that_layer(docker_engine, local_debian, tmp_path):
@@ -103,7 +111,7 @@ def test_failed_build_keeps_the_last_good_image(docker_engine, local_debian, tmp
     assert "returned a non-zero code: 7" in str(err.value)
     assert p.dockerfile.read_text() == broken
     assert projectimage.last_build_failed(p)
-    assert projectimage.last_good(p, docker_engine.call).tag == good
+    assert projectimage.last_good(p, docker_engine.call, REPO).tag == good
     assert images.image_id(docker_engine.call, good)
 
 
@@ -124,11 +132,11 @@ def test_context_holds_exactly_the_copied_files(tmp_path):
     (p.path / "src" / "pkg").mkdir(parents=True)
     (p.path / "src" / "pkg" / "mod.py").write_text("X = 1\n")
     (p.path / "notebook.ipynb").write_text("{}")
-    files = projectimage.build_context(p, p.dockerfile.read_text())
-    assert sorted(files) == ["Dockerfile", "requirements.txt", "src/pkg/mod.py"]
+    with projectimage.build_context(p) as ctx:
+        assert ctx.names == ["Dockerfile", "requirements.txt", "src/pkg/mod.py"]
 
 
 def test_copy_from_outside_the_project_is_refused(tmp_path):
     p = make_project(tmp_path, "escape", "FROM base\nCOPY ../../secrets /x\n")
     with pytest.raises(ProjectError, match="outside the project folder"):
-        projectimage.build_context(p, p.dockerfile.read_text())
+        projectimage.build_context(p)

@@ -194,7 +194,8 @@ def test_failing_dockerfile_shows_build_log_and_keeps_the_file(hub, alice):
         assert "returned a non-zero code: 3" in text
         assert "Traceback" not in text
     assert (project / "Dockerfile").read_text() == dockerfile
-    logs = list((project / ".gpulab" / "logs").glob("build-*.log"))
+    assert not (project / ".gpulab").exists()  # the hub keeps its state out of the project
+    logs = list((hub.home / "hub" / "projects" / "alice" / "broken" / "logs").glob("build-*.log"))
     assert logs and "the-compiler-said-no" in logs[0].read_text()
 
 

@@ -38,15 +38,16 @@ def test_accepted_names_are_safe_folder_names(name):
 
 
 def test_ensure_project_creates_then_never_overwrites(tmp_path):
-    p = Project(tmp_path, "alice", "vision")
+    p = Project(tmp_path, "alice", "vision", tmp_path / "state")
     assert ensure_project(p, "FROM base\n", uid=os.getuid(), gid=os.getgid()) is True
     assert p.dockerfile.read_text() == "FROM base\n"
-    assert p.logs_dir.is_dir()
+    # gpulab's own state is not in the project folder
+    assert sorted(os.listdir(p.path)) == ["Dockerfile"]
 
     p.dockerfile.write_text("FROM base\nRUN echo mine\n")
     assert ensure_project(p, "FROM other\n", uid=os.getuid(), gid=os.getgid()) is False
     assert p.dockerfile.read_text() == "FROM base\nRUN echo mine\n"
-    assert not list(p.path.glob(".Dockerfile.tmp"))
+    assert sorted(os.listdir(p.path)) == ["Dockerfile"]
 
 
 def test_folder_that_cannot_be_created_is_explained(tmp_path):

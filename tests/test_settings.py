@@ -98,6 +98,7 @@ def test_defaults_give_a_working_single_machine_hub():
     assert c.ProjectSpawner == Config(
         {
             "projects_root": "/srv/gpulab/projects",
+            "state_root": "/srv/gpulab/hub/projects",
             "data_root": "/srv/gpulab/data",
             "images_dir": "/opt/gpulab/images",
             "base_image": "gpulab/base:latest",
@@ -180,6 +181,7 @@ def test_site_settings_override_defaults():
     assert c.JupyterHub.bind_url == "http://127.0.0.1:9000"
     assert c.JupyterHub.named_server_limit_per_user == 3
     assert c.ProjectSpawner.projects_root == "/data/gpulab/projects"
+    assert c.ProjectSpawner.state_root == "/data/gpulab/hub/projects"
     assert c.Authenticator.admin_users == {"root"}
     assert c.GpulabAuthenticator.first_admin_password == "s3cret-pass"
     assert c.NativeAuthenticator.open_signup is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -9,10 +10,20 @@ from . import host, images, projectimage, settings
 from .projects import Project, ProjectError, project_name
 
 
-def _projects(root: Path) -> list[Project]:
+def state_root(site: dict) -> Path:
+    """Where the hub keeps its per-project state (as settings.apply sets state_root)."""
+    return settings.paths(site["GPULAB_HOME"])["hub"] / "projects"
+
+
+def _projects(root: Path, state: Path) -> list[Project]:
+    """Every project folder: ``<root>/<user>/<project>`` (folders, not links)."""
     out = []
-    for dockerfile in sorted(root.glob("*/*/Dockerfile")):
-        out.append(Project(root, dockerfile.parent.parent.name, dockerfile.parent.name))
+    for user in sorted(root.iterdir()) if root.is_dir() else []:
+        if user.name.startswith(".") or not user.is_dir() or user.is_symlink():
+            continue
+        with os.scandir(user) as it:
+            names = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+        out += [Project(root, user.name, name, state) for name in names]
     return out
 
 
@@ -23,10 +34,10 @@ def cmd_build(args, environ) -> int:
     if not user or not name:
         raise host.HostError("name the project as USER/PROJECT, e.g. alice/vision")
     try:
-        project = Project(root, user, project_name(name))
+        project = Project(root, user, project_name(name), state_root(s))
     except ProjectError as e:
         raise host.HostError(str(e)) from e
-    if not project.dockerfile.exists():
+    if not os.path.lexists(project.dockerfile):
         raise host.HostError(f"{args.project} has no Dockerfile at {project.dockerfile}")
     dk = host.Docker()
     try:
@@ -39,19 +50,23 @@ def cmd_build(args, environ) -> int:
     return 0
 
 
-def keep_tags(dk: host.Docker, root: Path, repo: str) -> dict[str, list[str]]:
+def _current_tag(dk: host.Docker, project: Project, repo: str) -> str | None:
+    try:
+        with projectimage.build_context(project) as ctx:
+            return projectimage.project_tag(dk.call, ctx, repo)
+    except (OSError, ProjectError):
+        return None  # no Dockerfile, or one gpulab refuses: no current image
+
+
+def keep_tags(dk: host.Docker, root: Path, state: Path, repo: str) -> dict[str, list[str]]:
     """Tags in use: each project's current and last good image, and running containers."""
     keep: dict[str, list[str]] = {}
-    for p in _projects(root):
+    for p in _projects(root, state):
         who = f"{p.owner}/{p.name}"
-        try:
-            files = projectimage.build_context(p, p.dockerfile.read_text())
-            keep.setdefault(projectimage.project_tag(dk.call, files, repo), []).append(
-                f"{who} (current)"
-            )
-        except (OSError, ProjectError):
-            pass
-        good = projectimage.last_good(p)
+        current = _current_tag(dk, p, repo)
+        if current:
+            keep.setdefault(current, []).append(f"{who} (current)")
+        good = projectimage.last_good(p, repo=repo)
         if good:
             keep.setdefault(good.tag, []).append(f"{who} (last good)")
     for c in dk.call("containers", filters={"ancestor": repo}):
@@ -64,7 +79,7 @@ def cmd_images(args, environ) -> int:
     root = settings.paths(s["GPULAB_HOME"])["projects"]
     repo = s["GPULAB_IMAGE_REPO"]
     dk = host.Docker()
-    keep = keep_tags(dk, root, repo)
+    keep = keep_tags(dk, root, state_root(s), repo)
     removed = 0
     for img in sorted(dk.call("images", name=repo), key=lambda i: -i["Created"]):
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(img["Created"]))

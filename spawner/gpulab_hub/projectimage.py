@@ -1,14 +1,29 @@
 """A project's image: its build context, content tag, one build at a time, and
 the last image that built (kept so a broken Dockerfile never locks a user out).
+
+The context is read from the project folder as hostile input (safefs.py): only
+what the Dockerfile's COPY/ADD lines name, one path component at a time, never
+through a link; a link, FIFO, socket or device file that a COPY source names or
+that lies inside a copied folder is refused with an error naming it (a silently
+missing file would make a confusing build). The context is bounded and written
+once into a tar spooled to a temporary file, hashed as it is written, so the
+tag is the hash of exactly what Docker gets. The last-good record and build
+logs live in the hub-owned ``project.state_dir``, never in the project folder.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import glob
+import hashlib
 import io
 import json
+import logging
 import os
+import posixpath
+import re
+import stat
+import tarfile
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +31,18 @@ from pathlib import Path
 import filelock
 from dockerfile_parse import DockerfileParser
 
-from . import images
-from .projects import Project, ProjectError
+from . import images, jsonfile, safefs
+from .projects import DOCKERFILE, Project, ProjectError
 
 PROJECT_REPO = "gpulab/project"
-# Never part of a build context: gpulab's own bookkeeping in the project folder.
-EXCLUDED = (".gpulab", ".gpulab/*", ".ipynb_checkpoints", "*/.ipynb_checkpoints")
+# Never part of a build context, at any depth: gpulab's and Jupyter's bookkeeping.
+EXCLUDED = (".gpulab", ".ipynb_checkpoints")
+MAX_DOCKERFILE_BYTES = 1 << 20
+MAX_CONTEXT_BYTES = 1 << 30  # all files a Dockerfile copies, together
+MAX_CONTEXT_FILES = 100_000  # files and folders visited for one context
+SPOOL_BYTES = 32 << 20  # a context larger than this goes to a temporary file
+_GLOB = set("*?[")
+log = logging.getLogger(__name__)
 
 
 def _copy_sources(instruction: dict) -> list[str]:
@@ -29,7 +50,14 @@ def _copy_sources(instruction: dict) -> list[str]:
     value = instruction["value"].strip()
     words: list[str]
     if value.startswith("["):
-        words = json.loads(value)
+        try:
+            words = json.loads(value)
+        except ValueError as e:
+            raise ProjectError(
+                f"Line {instruction['startline'] + 1} of the Dockerfile is not a valid JSON list."
+            ) from e
+        if not all(isinstance(w, str) for w in words):
+            raise ProjectError(f"Line {instruction['startline'] + 1} of the Dockerfile: not text.")
     else:
         words = value.split()
     flags = [w for w in words if w.startswith("--")]
@@ -39,46 +67,220 @@ def _copy_sources(instruction: dict) -> list[str]:
     return [a for a in args[:-1] if "://" not in a]
 
 
-def _excluded(rel: str) -> bool:
-    return any(fnmatch.fnmatch(rel, pat) for pat in EXCLUDED)
+def read_dockerfile(project: Project, dir_fd: int | None = None) -> str:
+    """The project's Dockerfile: a regular file (no link), at most 1 MiB of UTF-8 text."""
+    fd = safefs.open_project(project) if dir_fd is None else dir_fd
+    try:
+        data = safefs.read_file(fd, DOCKERFILE, MAX_DOCKERFILE_BYTES)
+    finally:
+        if dir_fd is None:
+            os.close(fd)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise ProjectError("The project's Dockerfile is not UTF-8 text.") from e
 
 
-def build_context(project: Project, dockerfile_text: str) -> dict[str, bytes]:
+def source_parts(src: str, line: int) -> list[str]:
+    """A COPY source as path components inside the project ([] is the project itself)."""
+    rel = posixpath.normpath(src.lstrip("/") or ".")
+    if rel == ".." or rel.startswith("../"):
+        raise ProjectError(
+            f"Line {line} of the Dockerfile copies {src!r}, which is outside the project "
+            "folder; only files of the project can be copied."
+        )
+    return [] if rel == "." else rel.split("/")
+
+
+def matches(dir_fd: int, parts: list[str], rel: str, budget: safefs.Budget):
+    """The entries a COPY source (``parts``, glob patterns per component) names.
+
+    Yields ``(rel path, kind, parent descriptor, name)``, as safefs.walk does;
+    the descriptor is valid until the next step. Links are refused wherever a
+    component names or passes through one; excluded names never match.
+    """
+    if not parts:
+        yield rel or ".", "folder", dir_fd, "."
+        return
+    head, rest = parts[0], parts[1:]
+    if _GLOB & set(head):
+        names = [
+            (n, k)
+            for n, k in safefs.entries(dir_fd, budget, rel)
+            if fnmatch.fnmatchcase(n, head) and n not in EXCLUDED
+        ]
+    elif head in EXCLUDED:
+        return
+    else:
+        try:
+            st = os.stat(head, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return  # not there: Docker says which source is missing
+        budget.take(safefs.join(rel, head))
+        names = [(head, _kind(st.st_mode))]
+    for name, what in names:
+        path = safefs.join(rel, name)
+        if what == "link":
+            raise safefs.refuse(path, stat.S_IFLNK)
+        if not rest:
+            yield path, what, dir_fd, name
+        elif what == "folder":
+            sub = safefs.open_dir(name, dir_fd, path)
+            try:
+                yield from matches(sub, rest, path, budget)
+            finally:
+                os.close(sub)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    return "file" if stat.S_ISREG(mode) else "special"
+
+
+class _Reader:
+    """Exactly ``size`` bytes of an open file, hashed as tarfile reads them."""
+
+    def __init__(self, fd: int, size: int, rel: str, digest):
+        self.fd, self.left, self.rel, self.digest = fd, size, rel, digest
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        data = os.read(self.fd, n) if n else b""
+        if len(data) < n:
+            raise ProjectError(f"The project's {self.rel} changed while gpulab read it; try again.")
+        self.left -= len(data)
+        self.digest.update(data)
+        return data
+
+
+class Context:
+    """A build context: a tar of the Dockerfile and the copied files, and their digests."""
+
+    def __init__(self, dockerfile: str):
+        self.dockerfile = dockerfile
+        self.digests: dict[str, bytes] = {}
+        self.size = 0
+        self._file = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+        self._tar = tarfile.open(fileobj=self._file, mode="w")
+        self.add_bytes(DOCKERFILE, dockerfile.encode())
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.digests)
+
+    def _info(self, name: str, size: int) -> tarfile.TarInfo:
+        if size > MAX_CONTEXT_BYTES - self.size:
+            raise safefs.Refused(
+                f"The files the Dockerfile copies are over {safefs.size_text(MAX_CONTEXT_BYTES)} "
+                f"together (at {name}); copy less, or download large files in the build.",
+                safefs.TOO_BIG,
+                name,
+            )
+        self.size += size
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode = size, 0, 0o644
+        return info
+
+    def add_bytes(self, name: str, data: bytes) -> None:
+        self._tar.addfile(self._info(name, len(data)), io.BytesIO(data))
+        self.digests[name] = hashlib.sha256(name.encode() + b"\0" + data).digest()
+
+    def add_file(self, parent_fd: int, name: str, rel: str) -> None:
+        """The regular file ``name`` of ``parent_fd``, read once, into the tar."""
+        if rel in self.digests:
+            return
+        fd, st = safefs.open_file(name, parent_fd, rel)
+        try:
+            digest = hashlib.sha256(rel.encode() + b"\0")
+            self._tar.addfile(self._info(rel, st.st_size), _Reader(fd, st.st_size, rel, digest))
+        finally:
+            os.close(fd)
+        self.digests[rel] = digest.digest()
+
+    def tarball(self):
+        """The finished tar, from its start (a file object)."""
+        self._tar.close()
+        self._file.seek(0)
+        return self._file
+
+    def close(self) -> None:
+        self._tar.close()
+        self._file.close()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def build_context(project: Project, dockerfile_text: str | None = None) -> Context:
     """The Dockerfile plus exactly the project files its COPY/ADD lines use.
 
     Notebooks the Dockerfile does not copy are not part of the context, so
     editing them never triggers a rebuild. Raises ProjectError for a source
-    outside the project folder.
+    outside the project folder, a link, a special file, or a context too large.
     """
-    root = project.path.resolve()
-    files = {"Dockerfile": dockerfile_text.encode()}
-    parser = DockerfileParser(fileobj=io.BytesIO(dockerfile_text.encode()))
+    root = safefs.open_project(project)
+    try:
+        text = read_dockerfile(project, root) if dockerfile_text is None else dockerfile_text
+        ctx = Context(text)
+        try:
+            _fill(ctx, root, text)
+        except BaseException:
+            ctx.close()
+            raise
+        return ctx
+    finally:
+        os.close(root)
+
+
+def _fill(ctx: Context, root: int, text: str) -> None:
+    budget = safefs.Budget(MAX_CONTEXT_FILES, "What the Dockerfile copies")
+    parser = DockerfileParser(fileobj=io.BytesIO(text.encode()))
     for ins in parser.structure:
         if ins["instruction"] not in ("COPY", "ADD"):
             continue
         for src in _copy_sources(ins):
-            pattern = os.path.normpath(os.path.join(root, src))
-            if not (pattern == str(root) or pattern.startswith(str(root) + os.sep)):
-                raise ProjectError(
-                    f"Line {ins['startline'] + 1} of the Dockerfile copies {src!r}, which is "
-                    "outside the project folder; only files of the project can be copied."
-                )
-            for match in sorted(glob.glob(pattern)):
-                path = Path(match)
-                candidates = [path] if path.is_file() else sorted(path.rglob("*"))
-                for f in candidates:
-                    rel = f.relative_to(root).as_posix()
-                    if f.is_file() and not f.is_symlink() and not _excluded(rel):
-                        files[rel] = f.read_bytes()
-    return files
+            parts = source_parts(src, ins["startline"] + 1)
+            for rel, what, parent, name in matches(root, parts, "", budget):
+                if what == "file":
+                    ctx.add_file(parent, name, rel)
+                elif what == "folder":
+                    _add_folder(ctx, parent, name, rel, budget)
+                else:
+                    raise safefs.refuse(rel, safefs.lstat(name, parent, rel).st_mode)
 
 
-def project_tag(docker_call, files: dict[str, bytes], repo: str = PROJECT_REPO) -> str:
-    """Content tag: every file of the context plus the ID of the base image."""
-    base = images.base_of(files["Dockerfile"].decode())
+def _add_folder(ctx: Context, parent: int, name: str, rel: str, budget: safefs.Budget) -> None:
+    fd = safefs.open_dir(name, parent, rel) if name != "." else os.dup(parent)
+    try:
+        for path, what, dir_fd, entry in safefs.walk(
+            fd, "" if rel == "." else rel, budget, skip=EXCLUDED.__contains__
+        ):
+            if what == "file":
+                ctx.add_file(dir_fd, entry, path)
+            elif what != "folder":
+                raise safefs.refuse(path, safefs.lstat(entry, dir_fd, path).st_mode)
+    finally:
+        os.close(fd)
+
+
+def project_tag(docker_call, ctx: Context, repo: str = PROJECT_REPO) -> str:
+    """Content tag: every file of the context plus the ID of the base image.
+
+    The same hash as ``images.content_tag(repo, base, *(name + NUL + content))``
+    over the files sorted by name, from the digests taken while reading them.
+    """
+    base = images.base_of(ctx.dockerfile)
     base_id = images.image_id(docker_call, base) if base else None
-    parts = [name.encode() + b"\0" + files[name] for name in sorted(files)]
-    return images.content_tag(repo, (base_id or base).encode(), *parts)
+    h = hashlib.sha256(hashlib.sha256((base_id or base).encode()).digest())
+    for name in ctx.names:
+        h.update(ctx.digests[name])
+    return f"{repo}:{h.hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)
@@ -90,36 +292,64 @@ class LastGood:
         return f"{self.tag}, built {time.strftime('%Y-%m-%d %H:%M', time.localtime(self.built_at))}"
 
 
+def state_dir(project: Project) -> Path:
+    """The project's hub-owned state folder (root, 0700), made if missing."""
+    path = project.state_dir
+    for folder in (Path(project.state_root), path.parent, path):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def logs_dir(project: Project) -> Path:
+    """The project's build logs folder in its state folder (root, 0700), made if missing."""
+    state_dir(project)
+    project.logs_dir.mkdir(mode=0o700, exist_ok=True)
+    return project.logs_dir
+
+
 def _state_file(project: Project) -> Path:
-    return project.path / ".gpulab" / "image.json"
+    return project.state_dir / "image.json"
 
 
 def read_state(project: Project) -> dict:
-    try:
-        return json.loads(_state_file(project).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_state(project: Project, state: dict) -> None:
+    """The hub's record of the project's image; {} when there is none or it is corrupt."""
     path = _state_file(project)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("gpulab: ignoring the unreadable image record %s: %s", path, e)
+        return {}
+    if not isinstance(state, dict):
+        log.warning("gpulab: ignoring the image record %s: not a JSON object", path)
+        return {}
+    return state
 
 
-def last_good(project: Project, docker_call=None) -> LastGood | None:
-    """The last image that built for this project (if it still exists)."""
+def last_good(project: Project, docker_call=None, repo: str = PROJECT_REPO) -> LastGood | None:
+    """The last image that built for this project: a tag of ``repo`` (that still exists,
+    when ``docker_call`` is given)."""
     state = read_state(project).get("last_good")
-    if not state:
+    if state is None:
         return None
-    if docker_call is not None and not images.image_id(docker_call, state["tag"]):
+    try:
+        good = LastGood(state["tag"], float(state["built_at"]))
+    except (TypeError, KeyError, ValueError, OverflowError):
+        good = None
+    if good is None or not isinstance(good.tag, str) or not 0 <= good.built_at < 1e11:
+        log.warning("gpulab: ignoring a malformed last good image in %s", _state_file(project))
         return None
-    return LastGood(state["tag"], state["built_at"])
+    if not re.fullmatch(re.escape(repo) + r":[0-9a-f]{16}", good.tag):
+        log.warning("gpulab: ignoring the last good image %r: not a tag of %s", good.tag, repo)
+        return None
+    if docker_call is not None and not images.image_id(docker_call, good.tag):
+        return None
+    return good
 
 
 def last_build_failed(project: Project) -> bool:
-    return bool(read_state(project).get("failed"))
+    return read_state(project).get("failed") is True
 
 
 def record(project: Project, tag: str | None, failed: bool) -> None:
@@ -127,7 +357,7 @@ def record(project: Project, tag: str | None, failed: bool) -> None:
     state["failed"] = failed
     if tag:
         state["last_good"] = {"tag": tag, "built_at": time.time()}
-    _write_state(project, state)
+    jsonfile.write_atomic(state_dir(project) / "image.json", state)
 
 
 def ensure_image(
@@ -138,28 +368,40 @@ def ensure_image(
     timeout: float,
     repo: str = PROJECT_REPO,
     labels: dict[str, str] | None = None,
+    *,
+    network: str,
+    memory: int | None = None,
 ) -> str:
     """The tag of the project's image, built only if its content is new.
 
     One build per content tag at a time, across threads and processes: a
     second caller waits for the first and then reuses its image. Records the
-    result (last good image, or that the build failed) in the project.
+    result (last good image, or that the build failed) in the project's state.
+    The build runs on ``network`` with at most ``memory`` bytes (images.build).
     """
-    files = build_context(project, project.dockerfile.read_text())
-    tag = project_tag(docker_call, files, repo)
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(lock_dir / (tag.replace("/", "_").replace(":", "_") + ".lock")))
-    with lock:
-        if images.image_id(docker_call, tag):
-            on_line(f"Using the image {tag} (the Dockerfile is unchanged)")
-        else:
-            log_path = project.logs_dir / f"build-{time.strftime('%Y%m%d-%H%M%S')}.log"
-            try:
-                images.build(
-                    docker_call, images.tar_context(files), tag, log_path, on_line, timeout, labels
-                )
-            except images.BuildError:
-                record(project, None, failed=True)
-                raise
+    with build_context(project) as ctx:
+        tag = project_tag(docker_call, ctx, repo)
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        name = tag.replace("/", "_").replace(":", "_") + ".lock"
+        with filelock.FileLock(str(lock_dir / name)):
+            if images.image_id(docker_call, tag):
+                on_line(f"Using the image {tag} (the Dockerfile is unchanged)")
+            else:
+                log_path = logs_dir(project) / f"build-{time.strftime('%Y%m%d-%H%M%S')}.log"
+                try:
+                    images.build(
+                        docker_call,
+                        ctx.tarball(),
+                        tag,
+                        log_path,
+                        on_line,
+                        timeout,
+                        labels,
+                        network=network,
+                        memory=memory,
+                    )
+                except images.BuildError:
+                    record(project, None, failed=True)
+                    raise
     record(project, tag, failed=False)
     return tag

@@ -1,9 +1,13 @@
 """The project store: one directory per project, holding its Dockerfile and files.
 
-Layout: ``<projects_root>/<user>/<project>/`` with ``Dockerfile`` at its top and
-``.gpulab/logs/`` for build logs. The whole directory is the notebook root
-(``/workspace``) of the project's container. Nothing here deletes or rewrites a
-file that exists: a project's Dockerfile is written once, from the template.
+Layout: ``<projects_root>/<user>/<project>/`` with ``Dockerfile`` at its top. The
+whole directory is the notebook root (``/workspace``) of the project's
+container, so its user controls every entry in it: the hub opens it only
+through safefs.py. ``<projects_root>/<user>/`` is the hub's (root, 0755, mounted
+nowhere). What the hub keeps about a project (its last good image, build logs)
+lives in ``<state_root>/<user>/<project>/``, hub-owned, 0700. Nothing here
+deletes or rewrites a file that exists: a project's Dockerfile is written once,
+from the template.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class Project:
     root: Path
     owner: str
     name: str
+    # Hub-owned folder of per-project state (ProjectSpawner.state_root).
+    state_root: Path | None = None
 
     @property
     def path(self) -> Path:
@@ -60,31 +66,66 @@ class Project:
         return self.path / DOCKERFILE
 
     @property
+    def state_dir(self) -> Path:
+        """``<state_root>/<user>/<project>``: the hub's own record of this project."""
+        if self.state_root is None:
+            raise ValueError(f"no state_root given for project {self.owner}/{self.name}")
+        return Path(self.state_root) / safe_owner(self.owner) / self.name
+
+    @property
     def logs_dir(self) -> Path:
-        return self.path / ".gpulab" / "logs"
+        return self.state_dir / "logs"
 
 
 def ensure_project(project: Project, dockerfile_text: str, uid: int, gid: int) -> bool:
     """Create the project's directory and Dockerfile if missing (re-runnable).
 
-    Returns True when the Dockerfile was written now. An existing Dockerfile is
-    never touched. The directory is handed to the notebook user (uid/gid) so the
-    container can write to it.
+    Returns True when the Dockerfile was written now. An existing entry named
+    Dockerfile (even a link) is never touched. No link is followed; only what
+    is created here is given to the notebook user (``uid``/``gid``: its ids on
+    the host), through descriptors.
     """
+    from . import safefs  # safefs imports this module
+
+    owner = safe_owner(project.owner)
     try:
-        project.logs_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+        project.root.mkdir(parents=True, exist_ok=True)
+        root_fd = safefs.open_root(project.root)
+        try:
+            _mkdir(root_fd, owner, 0o755)
+            user_fd = safefs.open_dir(owner, root_fd, "")
+        finally:
+            os.close(root_fd)
+        try:
+            created = _mkdir(user_fd, project.name, 0o755)
+            fd = safefs.open_dir(project.name, user_fd, "")
+        finally:
+            os.close(user_fd)
+    except (OSError, safefs.Refused) as e:
+        if isinstance(e, safefs.Refused):
+            why = "it is a link" if e.reason == safefs.LINK else "it is not a folder"
+        else:
+            why = e.strerror
         raise ProjectError(
-            f"Cannot create the project directory {project.path}: {e.strerror}. "
+            f"Cannot create the project directory {project.path}: {why}. "
             "Ask the administrator to check ProjectSpawner.projects_root."
         ) from e
-    created = False
-    if not project.dockerfile.exists():
-        tmp = project.dockerfile.with_name(f".{DOCKERFILE}.tmp")
-        tmp.write_text(dockerfile_text)
-        os.replace(tmp, project.dockerfile)
-        created = True
-    if os.geteuid() == 0:
-        for p in (project.path, project.path / ".gpulab", project.logs_dir, project.dockerfile):
-            os.chown(p, uid, gid)
-    return created
+    try:
+        if created:
+            safefs.chown_fd(fd, uid, gid)
+        try:
+            os.stat(DOCKERFILE, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return safefs.create_exclusive(fd, DOCKERFILE, dockerfile_text.encode(), uid, gid)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _mkdir(dir_fd: int, name: str, mode: int) -> bool:
+    try:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    os.chmod(name, mode, dir_fd=dir_fd)  # the mode asked for, whatever the hub's umask (077)
+    return True

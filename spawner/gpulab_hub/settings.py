@@ -110,6 +110,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
 
     c.JupyterHub.spawner_class = "gpulab_hub.spawner.ProjectSpawner"
     c.ProjectSpawner.projects_root = str(p["projects"])
+    c.ProjectSpawner.state_root = str(hub_dir / "projects")
     c.ProjectSpawner.data_root = str(p["data"])
     c.ProjectSpawner.images_dir = str(images_dir)
     c.ProjectSpawner.base_image = s["GPULAB_BASE_IMAGE"]

@@ -53,6 +53,17 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         Example: ``c.ProjectSpawner.projects_root = "/srv/gpulab/projects"``
         """,
     )
+    state_root = Unicode(
+        "/srv/gpulab/hub/projects",
+        config=True,
+        help="""Hub-owned folder of what the hub keeps about each project, as
+        <state_root>/<user>/<project>/: its last image that built (``image.json``)
+        and its build logs (``logs/``). Never inside a project folder, where the
+        project's user could change it; made root-only (0700).
+        Default: /srv/gpulab/hub/projects (``gpulab up``: $GPULAB_HOME/hub/projects).
+        Example: ``c.ProjectSpawner.state_root = "/srv/gpulab/hub/projects"``
+        """,
+    )
     data_root = Unicode(
         "/srv/gpulab/data",
         config=True,
@@ -197,7 +208,12 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
 
     @property
     def project(self) -> Project:
-        return Project(Path(self.projects_root), self.user.name, project_name(self.name))
+        return Project(
+            Path(self.projects_root),
+            self.user.name,
+            project_name(self.name),
+            Path(self.state_root),
+        )
 
     def _run(self, fn, *args):
         return asyncio.wrap_future(self.executor.submit(fn, *args))
@@ -247,7 +263,7 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         ):
             self._emit(5, f"Created project folder with a Dockerfile from {self.project_template}")
         if use_last_good:
-            good = projectimage.last_good(project, self._docker)
+            good = projectimage.last_good(project, self._docker, self.image_repo)
             if good is None:
                 raise ProjectError("This project has no earlier image that built.")
             self._emit(70, f"Starting the last image that built: {good.describe()}")
@@ -277,7 +293,7 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
             project = self.project
         except ProjectError:
             return ""
-        good = projectimage.last_good(project)
+        good = projectimage.last_good(project, repo=self.image_repo)
         return options.form(
             good.describe() if good else None,
             projectimage.last_build_failed(project),
@@ -364,7 +380,14 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
                 f"The Dockerfile of project {self.project.name} failed to build. "
                 f"Fix {self.project.dockerfile.name} in the project folder and start again."
             )
-            good = await self._run(projectimage.last_good, self.project, self._docker)
+            good = await self._run(
+                projectimage.last_good, self.project, self._docker, self.image_repo
+            )
+            if e.log_path:
+                message += (
+                    f" An administrator finds the full build log on the hub as {e.log_path.name}"
+                    " in this project's logs folder under ProjectSpawner.state_root."
+                )
             if good:
                 message += (
                     f" The last image that built ({good.describe()}) is kept: start the "

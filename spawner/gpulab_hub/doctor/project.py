@@ -7,10 +7,10 @@ checks are pure functions of the facts the probe reports.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .. import host, images, objects, settings
+from .. import cli_images, host, objects, projectimage, settings
+from ..projects import Project, ProjectError
 from . import cuda, docker_checks, libs, probe
 from .findings import FAIL, OK, WARN, Finding
 from .gpu import Gpu
@@ -193,24 +193,29 @@ def find_container(dk: host.Docker, prefix: str, user: str, project: str) -> dic
 
 
 def find_image(dk: host.Docker, site: dict, user: str, project: str) -> str | None:
-    """The project's newest image: labelled by its build, or the spawner's record of
-    its last image that built (``.gpulab/image.json`` in the project folder)."""
+    """The project's newest image: labelled by its build, or the hub's record of its
+    last image that built (``image.json`` in its hub-owned state folder)."""
     labels = [f"gpulab.owner={user}", f"gpulab.project={project}"]
-    repo = site["GPULAB_IMAGE_REPO"] + ":"
+    repo = site["GPULAB_IMAGE_REPO"]
     tags = [
         (img["Created"], tag)
         for img in dk.call("images", filters={"label": labels})
         for tag in img.get("RepoTags") or []
-        if tag.startswith(repo)
+        if tag.startswith(repo + ":")
     ]
     if tags:
         return max(tags)[1]
-    record = settings.paths(site["GPULAB_HOME"])["projects"] / user / project / ".gpulab"
     try:
-        tag = json.loads((record / "image.json").read_text())["last_good"]["tag"]
-    except (OSError, ValueError, KeyError, TypeError):
+        record = Project(
+            settings.paths(site["GPULAB_HOME"])["projects"],
+            user,
+            project,
+            cli_images.state_root(site),
+        )
+        good = projectimage.last_good(record, dk.call, repo)
+    except ProjectError:
         return None
-    return tag if images.image_id(dk.call, tag) else None
+    return good.tag if good else None
 
 
 def exec_probe(dk: host.Docker, container_id: str) -> dict:

@@ -13,16 +13,15 @@ not count: the project server's authorizer refuses it too.
 
 Paths are untrusted: each part must be a plain name (no ``..``, no hidden
 ``.names`` such as ``.gpulab`` or ``.ipynb_checkpoints``), and the file is opened
-one folder at a time with O_NOFOLLOW, so no symbolic link is followed anywhere
-(a link swapped in later cannot lead out of the project).
+through safefs.py: one folder at a time with O_NOFOLLOW, so no symbolic link is
+followed anywhere (a link swapped in later cannot lead out of the project), only a
+regular file is read (never a FIFO or device file), and at most MAX_BYTES of it.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlencode
@@ -32,6 +31,7 @@ from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 from tornado.ioloop import IOLoop
 
+from gpulab_hub import safefs
 from gpulab_hub.projects import Project, ProjectError, ensure_project, project_name, safe_owner
 
 from . import roles
@@ -83,54 +83,47 @@ def check_project(owner: str, project: str) -> None:
         raise FileRefused(404, "No such project.")
 
 
-def _open_dir(name: str, dir_fd: int | None) -> int:
-    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+# What a refusal of safefs.py means for this page: HTTP status and the words shown.
+_REFUSED = {
+    safefs.LINK: (403, "The path leads through a link; not copied."),
+    safefs.MISSING: (404, "No such file in that project."),
+    safefs.NOT_DIR: (404, "No such file in that project."),
+    safefs.SPECIAL: (400, "That is not a notebook file."),
+    safefs.NOT_FILE: (400, "That is not a notebook file."),
+    safefs.TOO_BIG: (413, f"That notebook is over {MAX_BYTES // 2**20} MiB."),
+}
+
+
+def _refused(e: safefs.Refused, last: str = "") -> FileRefused:
+    status, message = _REFUSED.get(e.reason, (400, str(e)))
+    if e.reason == safefs.LINK and e.rel == last:
+        message = "That notebook is a link; not copied."
+    return FileRefused(status, message)
 
 
 def open_project_dir(projects_root: str | Path, owner: str, project: str, parts=()) -> int:
     """A descriptor of ``<root>/<owner>/<project>/<parts...>``, no link followed below root."""
     check_project(owner, project)
-    fd = os.open(str(projects_root), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for name in (owner, project, *parts):
-            try:
-                new = _open_dir(name, fd)
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise FileRefused(403, "The path leads through a link; not copied.") from e
-                raise FileRefused(404, "No such file in that project.") from e
+        fd = safefs.open_project(Project(Path(projects_root), owner, project))
+        try:
+            return safefs.open_dirs(fd, parts)
+        finally:
             os.close(fd)
-            fd = new
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+    except safefs.Refused as e:
+        raise _refused(e) from e
 
 
 def read_notebook(projects_root: str | Path, owner: str, project: str, path: str) -> bytes:
     """The bytes of one notebook of ``owner/project``, opened without following links."""
     parts = check_path(path)
-    dir_fd = open_project_dir(projects_root, owner, project, parts[:-1])
+    dir_fd = open_project_dir(projects_root, owner, project)
     try:
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise FileRefused(403, "That notebook is a link; not copied.") from e
-            raise FileRefused(404, "No such file in that project.") from e
+        return safefs.read_file(dir_fd, "/".join(parts), MAX_BYTES)
+    except safefs.Refused as e:
+        raise _refused(e, "/".join(parts)) from e
     finally:
         os.close(dir_fd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise FileRefused(400, "That is not a notebook file.")
-    with os.fdopen(fd, "rb") as f:
-        if st.st_size > MAX_BYTES:
-            raise FileRefused(413, f"That notebook is over {MAX_BYTES // 2**20} MiB.")
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise FileRefused(413, f"That notebook is over {MAX_BYTES // 2**20} MiB.")
-    return data
 
 
 def copy_names(name: str):
@@ -151,26 +144,8 @@ def write_copy(projects_root: str | Path, owner: str, project: str, name: str, d
     try:
         folder = os.fstat(dir_fd)
         for candidate in copy_names(name):
-            try:
-                fd = os.open(
-                    candidate,
-                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                    0o644,
-                    dir_fd=dir_fd,
-                )
-            except FileExistsError:
-                continue
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                    if os.geteuid() == 0:
-                        os.fchown(f.fileno(), folder.st_uid, folder.st_gid)
-            except BaseException:
-                os.unlink(candidate, dir_fd=dir_fd)
-                raise
-            return candidate
+            if safefs.create_exclusive(dir_fd, candidate, data, folder.st_uid, folder.st_gid):
+                return candidate
         raise FileRefused(409, f"Too many copies of {name} in {project} already.")
     finally:
         os.close(dir_fd)
@@ -304,12 +279,7 @@ class CopyHandler(BaseHandler):
         project = getattr(spawner, "project", None)
         if not isinstance(project, Project) or project.path.is_dir():
             return
-        ensure_project(
-            project,
-            spawner._render_dockerfile(project),
-            spawner.notebook_uid,
-            spawner.notebook_gid,
-        )
+        ensure_project(project, spawner._render_dockerfile(project), *spawner.notebook_owner())
 
     async def _run(self, fn, *args):
         return await IOLoop.current().run_in_executor(None, fn, *args)

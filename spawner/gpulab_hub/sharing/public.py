@@ -6,10 +6,11 @@ project, fixed when it is made, and expires (at most GPULAB_SHARE_MAX_HOURS).
 Anyone with the link sees /hub/gpulab/p/<code>: the notebook rendered by
 nbconvert with its outputs sanitized, no kernel, served with a Content-Security-
 Policy that lets no script run (the page comes from the hub's origin, where users
-have their login cookies). The path is opened again on each view without
-following links (sharing/copy.py), so nothing else in the project, or outside it,
-is reachable. Codes are ``secrets.token_urlsafe(32)``; only their SHA-256 is kept,
-in ``<hub dir>/public-links.json`` (file-locked, written atomically).
+have their login cookies). The path is opened again on each view through
+safefs.py (sharing/copy.py: no link followed, a regular file only, bounded), so
+nothing else in the project, or outside it, is reachable. Codes are
+``secrets.token_urlsafe(32)``; only their SHA-256 is kept, in
+``<hub dir>/public-links.json`` (file-locked, written atomically).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from gpulab_hub import jsonfile
+from gpulab_hub import jsonfile, safefs
 
-from .copy import FileRefused, check_path, read_notebook
+from .copy import FileRefused, check_path, open_project_dir, read_notebook
 
 LINKS_FILE = "public-links.json"
 MAX_LINKS_PER_PROJECT = 50
 MAX_LISTED = 500  # notebooks offered when making a link
+MAX_SCANNED = 20_000  # files and folders looked at to find them
 _CODE = re.compile(r"[A-Za-z0-9_-]{32,64}")
 _ID = re.compile(r"pl_[0-9a-f]{12}")
 # Nothing runs: no scripts, no plugins, no fetches; inline styles and data: images only.
@@ -164,23 +166,39 @@ def find_link(hub_dir: str | Path, code: str) -> PublicLink | None:
     return store(hub_dir).find(code)
 
 
-def notebooks_in(folder: Path) -> list[str]:
-    """The notebooks of a project (relative paths), not in hidden folders, no links."""
-    found = []
-    for top, dirs, files in os.walk(folder, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        rel = Path(top).relative_to(folder)
-        for name in sorted(files):
-            path = (rel / name).as_posix()
-            if name.endswith(".ipynb") and not os.path.islink(os.path.join(top, name)):
-                try:
-                    check_path(path)
-                except FileRefused:
-                    continue
-                found.append(path)
-                if len(found) >= MAX_LISTED:
-                    return found
+def notebooks_in(projects_root: str | Path, owner: str, project: str) -> list[str]:
+    """The notebooks of a project (relative paths), not in hidden folders, no links.
+
+    Walked through safefs.py (by descriptor, never into a link); bounded by
+    MAX_SCANNED entries and MAX_LISTED notebooks. A best-effort list for the
+    owner's page: what it cannot walk is left out.
+    """
+    try:
+        fd = open_project_dir(projects_root, owner, project)
+    except FileRefused:
+        return []
+    found: list[str] = []
+    budget = safefs.Budget(MAX_SCANNED, "The project")
+    try:
+        for path, what, _, name in safefs.walk(fd, "", budget, skip=_hidden):
+            if what != "file" or not name.endswith(".ipynb"):
+                continue
+            try:
+                check_path(path)
+            except FileRefused:
+                continue
+            found.append(path)
+            if len(found) >= MAX_LISTED:
+                break
+    except safefs.Refused:
+        return found  # too many entries, too deep, or a folder swapped for a link
+    finally:
+        os.close(fd)
     return found
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
 
 
 def render_notebook(data: bytes) -> str:
@@ -227,12 +245,11 @@ class PublicLinksHandler(_Base):
 
     async def _page(self, project: str, status=200, message="", error="", new_url=""):
         owner = self.current_user.name
-        folder = Path(self.projects_root) / owner / project
         html = await self.render_template(
             "gpulab-public-links.html",
             project=project,
             links=self.links.list(owner, project),
-            notebooks=await self._run(notebooks_in, folder) if folder.is_dir() else [],
+            notebooks=await self._run(notebooks_in, self.projects_root, owner, project),
             message=message,
             error=error,
             new_url=new_url,
