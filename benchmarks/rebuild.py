@@ -26,6 +26,7 @@ from gpulab_hub import baseimage, host, images, projectimage
 from gpulab_hub.projects import Project
 
 PREFIX = "gpulabbench-rebuild"
+NETWORK = f"{PREFIX}-net"
 REPO = Path(__file__).resolve().parents[1]
 START = "# >>> gpulab managed block: written by %gpu_install, do not edit by hand >>>"
 END = "# <<< gpulab managed block <<<"
@@ -53,7 +54,7 @@ def pip_alone(dk: host.Docker, image: str, package: str) -> float:
         f"'{package}'], check=True); print(time.perf_counter() - t)"
     )
     out = subprocess.run(
-        ["docker", "run", "--rm", "--network", "host", image, "python", "-c", code],
+        ["docker", "run", "--rm", "--network", NETWORK, image, "python", "-c", code],
         capture_output=True,
         text=True,
         check=True,
@@ -72,6 +73,8 @@ def cleanup(dk: host.Docker) -> None:
                 except docker.errors.APIError:
                     pass
     dk.call("prune_images", filters={"dangling": True})
+    for net in dk.call("networks", names=[NETWORK]):
+        dk.call("remove_network", net["Id"])
 
 
 def main() -> int:
@@ -86,6 +89,7 @@ def main() -> int:
         started = host.ensure_dockerd(dk, state)
         try:
             cleanup(dk)
+            host.ensure_network(dk, NETWORK)
             debian = host.ensure_local_debian(dk, f"{PREFIX}/debian:bookworm", host.cache_dir())
             wheels = host.user_wheels(REPO, state / "wheels")
             spec = baseimage.BaseSpec(debian)
@@ -105,6 +109,7 @@ def main() -> int:
                     state / "base.log",
                     lambda line: None,
                     base_tag,
+                    network=NETWORK,
                 )
                 return projectimage.ensure_image(
                     dk.call,
@@ -113,6 +118,7 @@ def main() -> int:
                     lambda line: None,
                     1800,
                     repo=f"{PREFIX}/project",
+                    network=NETWORK,
                 )
 
             _, full_s = timed(full)
@@ -122,7 +128,13 @@ def main() -> int:
             lines: list[str] = []
             tag, rebuild_s = timed(
                 lambda: projectimage.ensure_image(
-                    dk.call, project, state / "locks", lines.append, 1800, repo=f"{PREFIX}/project"
+                    dk.call,
+                    project,
+                    state / "locks",
+                    lines.append,
+                    1800,
+                    repo=f"{PREFIX}/project",
+                    network=NETWORK,
                 )
             )
             cached = sum(1 for line in lines if line.strip() == "---> Using cache")

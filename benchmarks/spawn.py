@@ -69,6 +69,9 @@ def cleanup_docker(dk: host.Docker) -> None:
     for vol in dk.call("volumes").get("Volumes") or []:
         if vol["Name"].startswith(f"{PREFIX}-hf-"):
             dk.call("remove_volume", vol["Name"], force=True)
+    for net in dk.call("networks", names=[PREFIX]):
+        if net["Name"] in (f"{PREFIX}-net", f"{PLAIN_PREFIX}-net"):
+            dk.call("remove_network", net["Id"])
 
 
 class HubUser:

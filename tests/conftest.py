@@ -37,6 +37,9 @@ def cleanup_docker(dk: host.Docker) -> None:
     for vol in dk.call("volumes").get("Volumes") or []:
         if vol["Name"].startswith(PREFIX):
             dk.call("remove_volume", vol["Name"], force=True)
+    for net in dk.call("networks", names=[PREFIX]):
+        if net["Name"].startswith(PREFIX) and not net.get("Containers"):
+            dk.call("remove_network", net["Id"])
 
 
 def print_container_logs(dk: host.Docker) -> None:

@@ -93,15 +93,23 @@ def context(images_dir, spec: BaseSpec, wheels: list[Path], ca_dir) -> dict[str,
     return files
 
 
-def ensure(docker_call, images_dir, spec, wheels, ca_dir, log_path, on_line, alias) -> str:
-    """Build the base image (if its content changed) and tag it ``alias``."""
+def ensure(
+    docker_call, images_dir, spec, wheels, ca_dir, log_path, on_line, alias, *, network: str
+) -> str:
+    """Build the base image (if its content changed) on ``network`` and tag it ``alias``."""
     files = context(images_dir, spec, wheels, ca_dir)
     from_id = images.image_id(docker_call, spec.base_image) or spec.base_image
     repo, _, name = alias.rpartition(":")
     tag = images.content_tag(repo, from_id.encode(), *(files[k] for k in sorted(files)))
     if not images.image_id(docker_call, tag):
         images.build(
-            docker_call, images.tar_context(files), tag, Path(log_path), on_line, timeout=3600
+            docker_call,
+            images.tar_context(files),
+            tag,
+            Path(log_path),
+            on_line,
+            timeout=3600,
+            network=network,
         )
     docker_call("tag", tag, repo, name)
     return tag

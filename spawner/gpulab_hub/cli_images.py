@@ -40,9 +40,17 @@ def cmd_build(args, environ) -> int:
     if not os.path.lexists(project.dockerfile):
         raise host.HostError(f"{args.project} has no Dockerfile at {project.dockerfile}")
     dk = host.Docker()
+    network = settings.network_name(s)
     try:
+        host.ensure_network(dk, network)
         tag = projectimage.ensure_image(
-            dk.call, project, root / ".locks", print, args.timeout, repo=s["GPULAB_IMAGE_REPO"]
+            dk.call,
+            project,
+            root / ".locks",
+            print,
+            args.timeout,
+            repo=s["GPULAB_IMAGE_REPO"],
+            network=network,
         )
     except (images.BuildError, ProjectError) as e:
         raise host.HostError(str(e)) from e

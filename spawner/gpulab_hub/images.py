@@ -25,6 +25,8 @@ import requests.exceptions
 import urllib3.exceptions
 from dockerfile_parse import DockerfileParser
 
+from . import objects
+
 LOG_TAIL = 20
 
 
@@ -120,12 +122,16 @@ def build(
     on_line: Callable[[str], None] = lambda line: None,
     timeout: float = 3600,
     labels: dict[str, str] | None = None,
+    *,
+    network: str,
+    memory: int | None = None,
 ) -> str:
     """Build ``context`` into ``tag``; stream lines to ``on_line`` and ``log_path``.
 
-    Blocking: run it on a worker thread. Raises BuildError with the last lines
-    of the log when Docker reports an error or the build outlasts ``timeout``
-    seconds. Returns the tag.
+    Blocking: run it on a worker thread. The build's RUN steps join ``network``
+    (gpulab's bridge, never the host's) and get at most ``memory`` bytes. Raises
+    BuildError with the last lines of the log when Docker reports an error or
+    the build outlasts ``timeout`` seconds. Returns the tag.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=LOG_TAIL)
@@ -138,7 +144,8 @@ def build(
         rm=True,
         forcerm=True,
         decode=True,
-        network_mode="host",
+        network_mode=objects.check_network(network),
+        container_limits={"memory": memory, "memswap": -1} if memory else None,
         labels=labels or {},
         # also bounds a step that prints nothing for the whole time
         timeout=max(1, int(timeout)),

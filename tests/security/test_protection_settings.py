@@ -1,7 +1,14 @@
-"""`gpulab doctor` says which protections are active (recorded Docker answers)."""
+"""`gpulab doctor` says which protections are active (recorded Docker answers), and the
+spawner refuses settings that would bypass them."""
+
+import pytest
+from traitlets import TraitError
+from traitlets.config import Config
 
 from gpulab_hub.doctor import protections
 from gpulab_hub.doctor.findings import FAIL, OK, WARN
+from gpulab_hub.projects import ProjectError
+from gpulab_hub.spawner import ProjectSpawner
 
 REMAPPED = {
     "SecurityOptions": ["name=seccomp,profile=builtin", "name=userns"],
@@ -54,3 +61,30 @@ def test_a_container_without_the_hardening_is_named():
     assert f.status == FAIL
     assert "gpulab-bob--old" in f.seen and "network host" in f.seen
     assert "gpulab-alice--one" not in f.seen
+
+
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("volumes", {"/": "/host"}),
+        ("extra_host_config", {"network_mode": "host", "privileged": True}),
+        ("extra_create_kwargs", {"user": "root"}),
+        ("mounts", [{"source": "/", "target": "/host", "type": "bind"}]),
+    ],
+)
+def test_docker_settings_gpulab_does_not_apply_are_refused_not_ignored(name, value):
+    """An admin who sets a DockerSpawner setting the hardened spec would not apply
+    is told so at the project's start, instead of it being silently dropped."""
+    c = Config()
+    setattr(c.DockerSpawner, name, value)
+    with pytest.raises(ProjectError, match=f"c.ProjectSpawner.{name} .*does not apply"):
+        ProjectSpawner(config=c)._refuse_unapplied_settings()
+    ProjectSpawner(config=Config())._refuse_unapplied_settings()  # nothing set: fine
+
+
+@pytest.mark.parametrize("network", ["host", "none"])
+def test_the_spawner_refuses_host_networking(network):
+    c = Config()
+    c.ProjectSpawner.network_name = network
+    with pytest.raises(TraitError, match="bridge network of its own"):
+        ProjectSpawner(config=c).network_name  # noqa: B018 (reading applies the config)
