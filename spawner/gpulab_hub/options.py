@@ -7,13 +7,19 @@ keys and values listed here are accepted.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from html import escape
 
+from jupyterhub.slugs import is_valid_display_name
+
 ALLOWED = {"use_last_good": bool, "gpus": int, "gpu_type": str, "mig_profile": str}
 MAX_GPUS = 64
-_MIG = re.compile(r"^\d+g\.\d+gb(\+me)?$")
-_TYPE = re.compile(r"^[A-Za-z0-9 ._-]{1,64}$")
+MAX_DISPLAY_NAME = 100
+# Whole-value patterns, used with fullmatch only ("$" also matches before a final newline).
+_MIG = re.compile(r"\d{1,2}g\.\d{1,4}gb(\+me)?")
+_TYPE = re.compile(r"[A-Za-z0-9 ._-]{1,64}")
+_COUNT = re.compile(r"[0-9]{1,3}")
 
 
 class OptionsError(ValueError):
@@ -34,11 +40,35 @@ def validate(user_options: dict) -> dict:
         clean[key] = value
     if not 0 <= clean.get("gpus", 0) <= MAX_GPUS:
         raise OptionsError(f"Spawn option 'gpus' must be between 0 and {MAX_GPUS}.")
-    if clean.get("mig_profile") and not _MIG.match(clean["mig_profile"]):
+    if clean.get("mig_profile") and not _MIG.fullmatch(clean["mig_profile"]):
         raise OptionsError("Spawn option 'mig_profile' must look like '1g.10gb'.")
-    if clean.get("gpu_type") and not _TYPE.match(clean["gpu_type"]):
+    if clean.get("gpu_type") and not _TYPE.fullmatch(clean["gpu_type"]):
         raise OptionsError("Spawn option 'gpu_type' must be a GPU model name such as 'H100'.")
     return clean
+
+
+def check_display_name(name: str) -> str:
+    """A project's display name (free text from the home page or the REST API):
+    JupyterHub's rules for new names (printable, single spaces, no control or line
+    characters), at most MAX_DISPLAY_NAME characters. JupyterHub 6.1 checks them
+    only when a server is made, not when one is renamed or started again."""
+    name = unicodedata.normalize("NFC", name)
+    if not is_valid_display_name(name) or len(name) > MAX_DISPLAY_NAME:
+        raise OptionsError(
+            f"The display name {name[:MAX_DISPLAY_NAME]!r} was refused: use 1 to "
+            f"{MAX_DISPLAY_NAME} printable characters, with single spaces and no line "
+            "breaks or control characters."
+        )
+    return name
+
+
+def one_line(text: str, limit: int = MAX_DISPLAY_NAME) -> str:
+    """``text`` as one line of printable characters (for a Dockerfile comment)."""
+    out = "".join(
+        c if c == " " or not unicodedata.category(c).startswith(("C", "Z")) else "?"
+        for c in text[:limit]
+    )
+    return out
 
 
 @dataclass(frozen=True)
@@ -129,7 +159,7 @@ def from_form(formdata: dict[str, list[str]]) -> dict:
         opts["use_last_good"] = choice == "last-good"
     gpus = _first(formdata, "gpus")
     if gpus is not None:
-        if not gpus.isdigit():
+        if not _COUNT.fullmatch(gpus):
             raise OptionsError("The number of GPUs must be a whole number.")
         opts["gpus"] = int(gpus)
     for key in ("gpu_type", "mig_profile"):

@@ -14,6 +14,11 @@ def _usage_error(e: Exception):
     return UsageError(str(e))
 
 
+def _no_arguments(name: str, line: str) -> None:
+    if line.strip():
+        raise _usage_error(ValueError(f"{name} takes no arguments (got {line.strip()[:40]!r})."))
+
+
 def gpu_install(line: str) -> None:
     """Install packages, verify them, and record them in the project's Dockerfile.
 
@@ -34,6 +39,7 @@ def gpu_info(line: str = "") -> None:
     """The GPUs this kernel sees (capability, bf16, memory), the driver, and torch's build."""
     from .info import gpu_info as run
 
+    _no_arguments("%gpu_info", line)
     run(line)
 
 
@@ -43,6 +49,7 @@ def gpu_diff(line: str = "") -> None:
     from .dockerfile import DockerfileError
     from .install import project_dir
 
+    _no_arguments("%gpu_diff", line)
     try:
         run(project_dir())
     except (DockerfileError, OSError) as e:

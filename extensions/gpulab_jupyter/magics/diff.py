@@ -9,6 +9,7 @@ that moment.
 from __future__ import annotations
 
 import importlib.metadata
+import math
 import os
 import time
 from pathlib import Path
@@ -35,10 +36,12 @@ def container_start() -> float | None:
 
 
 def since() -> float | None:
-    value = os.environ.get("GPULAB_ENV_SINCE")
-    if value:
-        return float(value)
-    return container_start()
+    value = os.environ.get("GPULAB_ENV_SINCE", "")
+    try:
+        moment = float(value)
+    except ValueError:
+        moment = math.nan  # unset or not a number: the container's start instead
+    return moment if math.isfinite(moment) and moment >= 0 else container_start()
 
 
 def _requires(dist: pipenv.Dist) -> set[str]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 from dataclasses import dataclass, field
 
-from .spec import Spec, SpecError, check_apt, check_module, check_url, parse_spec
+from .spec import Spec, SpecError, check_apt, check_code, check_module, check_url, parse_spec
 
 USAGE = "%gpu_install [options] PACKAGE[==VERSION] [PACKAGE ...]"
 DESCRIPTION = """\
@@ -15,6 +16,32 @@ interpreter (imports; for CUDA code, this GPU's architecture), and only then
 record one pinned RUN line per package in the managed block of the project's
 Dockerfile, so the next build has them too. On any failure the Dockerfile is
 untouched and the environment is put back as it was."""
+
+
+MAX_JOBS = 1024
+MAX_TIMEOUT = 7 * 24 * 3600.0  # seconds
+
+
+def _jobs(text: str) -> int:
+    """--jobs: a whole number from 1 to MAX_JOBS (no huge or non-numeric values)."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 6 and 1 <= int(text) <= MAX_JOBS):
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 1 to {MAX_JOBS}, not {text[:40]!r}"
+        )
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    """--timeout: a finite number of seconds, more than 0 and at most MAX_TIMEOUT."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 and at most {MAX_TIMEOUT:.0f}, not {text[:40]!r}"
+        )
+    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -74,10 +101,10 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="compile the named packages here instead of using prebuilt wheels",
     )
-    p.add_argument("--jobs", type=int, metavar="N", help="parallel compile jobs (MAX_JOBS)")
+    p.add_argument("--jobs", type=_jobs, metavar="N", help="parallel compile jobs (MAX_JOBS)")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=3600.0,
         metavar="SECONDS",
         help="stop pip after this long (default 3600)",
@@ -173,14 +200,10 @@ def parse(line: str) -> Options | None:
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         raise SpecError(f"%gpu_install: {', '.join(sorted(dupes))} named more than once.")
-    if a.jobs is not None and a.jobs < 1:
-        raise SpecError("--jobs must be at least 1.")
-    if a.timeout <= 0:
-        raise SpecError("--timeout must be positive.")
     return Options(
         specs=specs,
         imports=[check_module(m) for m in a.imports],
-        check=a.check,
+        check=check_code(a.check),
         apt=[check_apt(n) for n in a.apt],
         dry_run=a.dry_run,
         isolation=a.isolation,

@@ -26,8 +26,11 @@ from packaging.utils import (
 TORCH_STACK = ("torch", "torchvision", "torchaudio", "triton")
 URL_SCHEMES = ("https", "http", "git+https", "git+http", "git+ssh", "hg+https", "svn+https")
 ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_APT = re.compile(r"^[a-z0-9][a-z0-9+.\-]{0,99}(=[A-Za-z0-9.+~:\-]{1,100})?$")
+# Whole-value patterns: used with fullmatch only (``$`` would also accept a value
+# that ends in a newline, which would then start a new line of the Dockerfile).
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,20}")
+_APT = re.compile(r"[a-z0-9][a-z0-9+.\-]{0,99}(=[A-Za-z0-9.+~:\-]{1,100})?")
+MAX_CHECK = 2000  # characters of --check code
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _OPTION = re.compile(r"(^|[\s;,])-{1,2}[A-Za-z]")
 _DIRECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*@")
@@ -163,12 +166,24 @@ def check_url(value: str, option: str, allow_path: bool = False) -> str:
 
 
 def check_module(name: str) -> str:
-    if not _MODULE.match(name):
+    if not _MODULE.fullmatch(name):
         raise SpecError(f"--import: {name!r} is not a Python module name.")
     return name
 
 
 def check_apt(name: str) -> str:
-    if not _APT.match(name):
+    if not _APT.fullmatch(name):
         raise SpecError(f"--apt: {name!r} is not a Debian package name.")
     return name
+
+
+def check_code(code: str) -> str:
+    """--check: one line of Python (statements separated by ';')."""
+    if _CONTROL.search(code.replace("\t", " ")):
+        raise SpecError(
+            "--check: the code must be one line without control characters "
+            "(separate statements with ';')."
+        )
+    if len(code) > MAX_CHECK:
+        raise SpecError(f"--check: the code is longer than {MAX_CHECK} characters.")
+    return code
