@@ -1,14 +1,18 @@
 """The GPU status routes of gpulab-jupyter, against a real Jupyter server (pytest-jupyter).
 
 On a machine without an NVIDIA driver (CI) these test the no-GPU path for real:
-nothing fakes NVML. Every route is enumerated from what the extension
+nothing fakes NVML. The sampler's error handling is driven through its one seam,
+the reader it calls for everything it reads: a real ``NvmlReader`` that raises on
+demand (a failing collaborator, not a fake NVML). Every route is enumerated from what the extension
 registers, and each one must refuse an anonymous request. The tests are plain
 functions that run requests on pytest-jupyter's own event loop (the suite's
 pytest-asyncio would otherwise run them on another one).
 """
 
 import json
+import logging
 import re
+import threading
 import time
 
 import pytest
@@ -20,9 +24,12 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 from gpulab_jupyter import handlers
 from gpulab_jupyter.handlers import API_PREFIX
+from gpulab_jupyter.sampler import GPUSampler, NvmlReader
 
-REASONS = {"no_driver", "none_allocated", "nvml_error", "starting", None}
-COMMON = {"available", "reason", "message", "interval", "min_interval", "process_interval"}
+REASONS = {"no_driver", "none_allocated", "nvml_error", "sampler_error", "starting", None}
+COMMON = {"available", "reason", "message", "interval", "min_interval", "process_interval",
+          "stale", "error", "error_since", "last_ok"}  # fmt: skip
+PROCESSES = {"available", "stale", "error", "timestamp", "processes", "other"}
 GPU_FIELDS = {
     "index", "uuid", "name", "nvml_index", "mig", "parent_uuid", "utilization",
     "memory_utilization", "memory_used", "memory_total", "memory_free", "temperature",
@@ -133,8 +140,10 @@ def test_no_gpu_is_said_in_words(fetch):
     assert body["summary"] == {
         "count": 0, "utilization": None, "memory_used": None, "memory_total": None,
     }  # fmt: skip
+    assert body["stale"] is False and body["error"] is None and body["last_ok"] > 0
     procs = get_json(fetch, "gpu/processes")
-    assert procs == {"available": False, "timestamp": None, "processes": [], "other": []}
+    assert procs == {"available": False, "stale": False, "error": None, "timestamp": None,
+                     "processes": [], "other": []}  # fmt: skip
     hist = get_json(fetch, "gpu/history")
     assert hist["timestamps"] == [] and hist["gpus"] == {}
     assert hist["reason"] == "no_driver"
@@ -172,7 +181,7 @@ def test_processes_shape_with_a_running_kernel(fetch):
     ))  # fmt: skip
     assert r.code == 201
     procs = get_json(fetch, "gpu/processes")
-    assert set(procs) == {"available", "timestamp", "processes", "other"}
+    assert set(procs) == PROCESSES
     for row in procs["processes"]:
         assert {"pid", "name", "command", "kernel", "gpus"} <= set(row)
         assert "ancestors" not in row and "kernel_id" not in row
@@ -213,3 +222,127 @@ def test_docs_describe_every_route_and_setting():
         assert f"`GET {pattern.removeprefix(API_PREFIX + '/')}`" in doc, pattern
     for name in GPUSampler.class_own_traits(config=True):
         assert f"c.GPUSampler.{name}" in doc, name
+
+
+# -- the sampler under errors -----------------------------------------------------------------
+class FailingReader(NvmlReader):
+    """The sampler's real NVML reader, made to raise ``failure`` while it is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.failure: BaseException | None = None
+        self.calls = 0
+
+    def open(self):
+        self.calls += 1
+        if self.failure is not None:
+            raise self.failure
+        return super().open()
+
+    def read_fast(self, device):
+        if self.failure is not None:
+            raise self.failure
+        return super().read_fast(device)
+
+
+@pytest.fixture
+def failing(jp_serverapp, monkeypatch):
+    """A sampler on a FailingReader in the server's place (the handlers ask for it per
+    request); yields (sampler, reader), stopped afterwards."""
+    reader = FailingReader()
+    sampler = GPUSampler(
+        reader=reader, interval=0.2, min_interval=0.1, process_interval=0.5, max_backoff=0.8
+    )
+    monkeypatch.setitem(jp_serverapp.web_app.settings, "gpulab_sampler", sampler)
+    yield sampler, reader
+    sampler.stop()
+
+
+def wait_for(fetch, route, check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        body = get_json(fetch, route)
+        if check(body):
+            return body
+        assert time.monotonic() < deadline, body
+        time.sleep(0.05)
+
+
+def test_sampler_survives_errors_says_stale_backs_off_and_recovers(failing, fetch, caplog):
+    sampler, reader = failing
+    caplog.set_level(logging.INFO)
+    reader.failure = RuntimeError("the reader broke")
+    sampler.start()
+    body = wait_for(fetch, "gpu", lambda b: b["sampler"]["failures"] >= 4)
+    assert sampler.alive()
+    assert body["stale"] is True and body["available"] is False
+    assert body["error"] == "RuntimeError: the reader broke"
+    assert body["reason"] == "sampler_error" and "the reader broke" in body["message"]
+    assert body["last_ok"] is None and body["error_since"] <= time.time()
+    assert body["gpus"] == [] and body["summary"]["count"] == 0
+    # three failures in a row, then it waits twice as long each time, up to max_backoff
+    assert body["sampler"]["backoff"] > sampler.interval
+    assert body["sampler"]["errors"] >= 4
+    calls = reader.calls
+    time.sleep(1.6)
+    assert reader.calls - calls <= 3, "no backoff: 0.2 s would be 8 tries"
+    procs = get_json(fetch, "gpu/processes")
+    assert procs["stale"] is True and procs["error"] == "RuntimeError: the reader broke"
+    hist = get_json(fetch, "gpu/history")
+    assert hist["stale"] is True and hist["error"] == body["error"]
+    # logged in full (with its traceback) once, however often it happens
+    full = [r for r in caplog.records if r.exc_info and "the reader broke" in r.getMessage()]
+    assert len(full) == 1, [r.getMessage() for r in caplog.records]
+
+    # another error, of a kind the sampler expects: reported in its place
+    reader.failure = OSError(5, "Input/output error")
+    body = wait_for(fetch, "gpu", lambda b: b["error"].startswith("OSError"), timeout=5)
+    assert body["stale"] is True and "Input/output error" in body["error"]
+
+    # the error clears: current again, at the normal pace
+    reader.failure = None
+    body = wait_for(fetch, "gpu", lambda b: not b["stale"], timeout=5)
+    assert sampler.alive()
+    assert body["error"] is None and body["error_since"] is None
+    assert body["last_ok"] >= body["timestamp"] - 1
+    assert body["sampler"]["failures"] == 0 and body["sampler"]["backoff"] is None
+    assert body["reason"] in REASONS - {"sampler_error", "starting"}
+    if not has_driver():
+        assert body["reason"] == "no_driver" and body["available"] is False
+    assert any("sampling again after" in r.getMessage() for r in caplog.records)
+
+
+def test_a_sampler_thread_that_ends_is_answered_as_stale(failing, fetch, monkeypatch):
+    sampler, reader = failing
+
+    class Fatal(BaseException):
+        """Not an Exception: the sampler's guard lets it through and the thread ends."""
+
+    ended = []
+    monkeypatch.setattr(threading, "excepthook", ended.append)
+    reader.failure = Fatal("the end")
+    sampler.start()
+    sampler._thread.join(5)
+    assert not sampler.alive() and ended and ended[0].exc_type is Fatal
+    body = get_json(fetch, "gpu")
+    assert body["stale"] is True
+    assert body["error"] == "The GPU sampler stopped: Fatal: the end"
+    for route in ("gpu/history", "gpu/processes"):
+        other = get_json(fetch, route)
+        assert other["stale"] is True and other["error"] == body["error"], route
+
+
+def test_failed_reads_of_a_real_gpu_keep_its_last_numbers_as_stale(failing, fetch):
+    if not has_driver():
+        pytest.skip("needs an NVIDIA GPU: the failures here are of reads of a real one")
+    sampler, reader = failing
+    sampler.start()
+    good = wait_for(fetch, "gpu", lambda b: b["available"] and b["sampler"]["ticks"] >= 2)
+    reader.failure = RuntimeError("read failed")
+    body = wait_for(fetch, "gpu", lambda b: b["stale"])
+    assert body["available"] is True and body["error"] == "RuntimeError: read failed"
+    assert len(body["gpus"]) == len(good["gpus"])
+    assert body["timestamp"] <= body["error_since"]  # the numbers are from before the error
+    reader.failure = None
+    body = wait_for(fetch, "gpu", lambda b: not b["stale"], timeout=5)
+    assert body["timestamp"] > good["timestamp"]

@@ -179,7 +179,8 @@ def canned(now: float) -> dict[str, dict]:
     import math
 
     common = {"available": True, "reason": None, "message": "", "interval": 1.0,
-              "min_interval": 0.5, "process_interval": 5.0, "history_seconds": 600.0}  # fmt: skip
+              "min_interval": 0.5, "process_interval": 5.0, "history_seconds": 600.0,
+              "stale": False, "error": None, "error_since": None, "last_ok": now}  # fmt: skip
     gpus = [
         {"index": 0, "uuid": H100, "name": "NVIDIA H100 80GB HBM3", "nvml_index": "0",
          "mig": False, "parent_uuid": None, "utilization": 43, "memory_utilization": 20,
@@ -212,6 +213,8 @@ def canned(now: float) -> dict[str, dict]:
               "session": "train.ipynb", "type": "notebook"}  # fmt: skip
     processes = {
         "available": True,
+        "stale": False,
+        "error": None,
         "timestamp": now,
         "processes": [
             {"pid": 412, "name": "python", "kernel": kernel,
@@ -261,4 +264,164 @@ def test_gpu_panel_layout_with_canned_answers(lab, browser):
     assert "2 other processes" in table and "unknown" in table
     pg.wait_for_timeout(300)
     pg.screenshot(path=str(OUT / "lab-gpu-panel-canned.png"))
+    pg.close()
+
+
+# -- Stale numbers, backoff, hidden tabs ---------------------------------------------------
+API = "/api/gpulab/v1/"
+
+
+def open_lab(browser, lab, handler=None):
+    """A new page on the lab; ``handler`` (if given) answers every GPU route. The page's
+    ``api_requests`` lists (monotonic time, path) of each request to the GPU routes."""
+    url, token, _ = lab
+    pg = browser.new_page(viewport={"width": 1400, "height": 860})
+    pg.api_requests = []
+
+    def seen(request):
+        if API in request.url:
+            path = request.url.split(API, 1)[1].split("?", 1)[0]
+            pg.api_requests.append((time.monotonic(), path))
+
+    pg.on("request", seen)
+    if handler is not None:
+        pg.route(f"**{API}gpu**", handler)
+    pg.goto(f"{url}/lab?token={token}", wait_until="domcontentloaded")
+    pg.locator("[data-gpulab=status]").wait_for(timeout=90_000)
+    return pg
+
+
+def set_visibility(pg, state: str) -> None:
+    """What the browser says when the tab goes to the background (or comes back).
+
+    Headless Chromium never hides a page by itself (a page opened in front of it
+    stays "visible"), so the document's visibility is set the way a browser sets it,
+    and its `visibilitychange` event fired, which is all a page can observe.
+    """
+    pg.evaluate(
+        """state => {
+            const define = (name, value) =>
+                Object.defineProperty(document, name, {configurable: true, get: () => value});
+            define('visibilityState', state);
+            define('hidden', state === 'hidden');
+            document.dispatchEvent(new Event('visibilitychange'));
+        }""",
+        state,
+    )
+
+
+def item_text(pg) -> str:
+    return pg.locator("[data-gpulab=status]").inner_text().strip()
+
+
+def test_status_bar_says_stale_when_the_api_fails_and_backs_off(lab, browser):
+    answers = canned(time.time())
+    failing = {"on": False}
+
+    def answer(route):
+        if failing["on"]:
+            route.fulfill(status=500, content_type="application/json",
+                          body='{"message": "Internal Server Error"}')  # fmt: skip
+            return
+        path = route.request.url.split(API, 1)[1].split("?", 1)[0]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers[path]))
+
+    pg = open_lab(browser, lab, answer)
+    item = pg.locator("[data-gpulab=status]")
+    pg.wait_for_function("() => document.querySelector('[data-gpulab=status]').textContent"
+                         ".includes('GiB')")  # fmt: skip
+    assert item.inner_text().strip() == "2 GPUs 43% · 50.1/119 GiB"
+
+    failing["on"] = True
+    pg.wait_for_function(
+        "() => document.querySelector('[data-gpulab=status]').textContent.includes('stale')",
+        timeout=15_000,
+    )
+    failed_at = time.monotonic()
+    assert item.inner_text().strip() == "GPU — stale (HTTP 500)"
+    assert "jp-gpulab-level-stale" in item.get_attribute("class")
+    assert "GiB" not in item.inner_text()  # the old numbers are not shown as if current
+    title = item.get_attribute("title")
+    assert title.startswith("GPU status is stale: The server did not answer: 500 ")
+    assert "Last known numbers, from " in title and "GPU 0: NVIDIA H100 80GB HBM3" in title
+    color = item.evaluate("n => getComputedStyle(n).color")
+    pg.screenshot(path=str(OUT / "lab-status-bar-stale.png"))
+    pg.locator("#jp-main-statusbar").screenshot(path=str(OUT / "lab-status-bar-stale-bar.png"))
+
+    # backing off: at 2 s a poll, 10 s would be 5 more requests; with backoff (each wait
+    # at least 2 s, up to 3 times the last) there are fewer
+    pg.wait_for_timeout(10_000)
+    later = [t for t, p in pg.api_requests if p == "gpu" and t > failed_at]
+    assert len(later) <= 4, [round(t - failed_at, 1) for t in later]
+    gaps = [b - a for a, b in zip([failed_at, *later], later, strict=False)]
+    assert all(g >= 1.8 for g in gaps), gaps
+
+    # the panel keeps the last numbers greyed, dated and under the reason
+    item.click()
+    notice = pg.locator("[data-gpulab=stale]")
+    notice.wait_for(timeout=30_000)
+    assert notice.inner_text().startswith("Stale: The server did not answer: 500 ")
+    assert "The numbers below are from " in notice.inner_text()
+    assert pg.locator(".jp-gpulab-is-stale .jp-gpulab-Card").count() == 2
+    pg.wait_for_timeout(300)
+    pg.screenshot(path=str(OUT / "lab-gpu-panel-stale.png"))
+
+    # the server answers again: a click on the item tries at once (rather than after the
+    # backoff), and the numbers are current again
+    failing["on"] = False
+    answers.update(canned(time.time()))
+    item.click()
+    pg.wait_for_function(
+        "() => document.querySelector('[data-gpulab=status]').textContent.includes('GiB')",
+        timeout=10_000,
+    )
+    assert "jp-gpulab-level-stale" not in item.get_attribute("class")
+    assert pg.locator("[data-gpulab=stale]").count() == 0
+    assert item.evaluate("n => getComputedStyle(n).color") != color
+    pg.close()
+
+
+def test_status_bar_says_stale_when_the_sampler_reports_an_error(lab, browser):
+    answers = canned(time.time())
+    answers["gpu"].update(stale=True, error="NVMLError_GpuIsLost: GPU is lost",
+                          error_since=time.time(), last_ok=answers["gpu"]["timestamp"])  # fmt: skip
+
+    def answer(route):
+        path = route.request.url.split(API, 1)[1].split("?", 1)[0]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers[path]))
+
+    pg = open_lab(browser, lab, answer)
+    pg.wait_for_function(
+        "() => document.querySelector('[data-gpulab=status]').textContent.includes('stale')",
+        timeout=30_000,
+    )
+    assert item_text(pg) == "GPU — stale (sampler error)"
+    title = pg.locator("[data-gpulab=status]").get_attribute("title")
+    assert "The server's GPU sampler failed: NVMLError_GpuIsLost: GPU is lost" in title
+    pg.close()
+
+
+def test_a_hidden_tab_stops_polling_and_resumes_when_shown(lab, browser):
+    pg = open_lab(browser, lab)  # the real server (no canned answers)
+    pg.wait_for_function(
+        "() => !document.querySelector('[data-gpulab=status]').textContent.includes('…')",
+        timeout=30_000,
+    )
+    pg.wait_for_timeout(4_500)
+    visible = [t for t, p in pg.api_requests if p == "gpu"]
+    assert len(visible) >= 3, visible  # polling every 2 s while shown
+
+    set_visibility(pg, "hidden")
+    hidden_at = time.monotonic()
+    pg.wait_for_timeout(8_000)
+    while_hidden = [t for t, p in pg.api_requests if t > hidden_at]
+    # @lumino/polling lingers one tick before it stands by: at most one request, where
+    # 8 s at 2 s a poll would be four
+    assert len(while_hidden) <= 1, [round(t - hidden_at, 1) for t in while_hidden]
+    assert pg.evaluate("document.visibilityState") == "hidden"
+
+    set_visibility(pg, "visible")
+    shown_at = time.monotonic()
+    pg.wait_for_timeout(1_000)
+    assert [t for t, p in pg.api_requests if p == "gpu" and t > shown_at], "no poll when shown"
     pg.close()

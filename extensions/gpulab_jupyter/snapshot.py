@@ -45,6 +45,7 @@ def sampler_stats(stats: dict, n_devices: int) -> dict:
         "tick_us_per_gpu": round(stats["tick_seconds"] / ticks / max(1, n_devices) * 1e6, 1),
         "process_read_ms": round(stats["proc_seconds"] / reads * 1e3, 2),
         "cpu_seconds": round(stats["tick_cpu_seconds"] + stats["proc_cpu_seconds"], 4),
+        "errors": stats.get("errors", 0),
     }
 
 

@@ -6,8 +6,14 @@ import { ServerConnection } from '@jupyterlab/services';
 
 export const API_PREFIX = 'api/gpulab/v1';
 
-/** Why there is no GPU: 'no_driver', 'none_allocated', 'nvml_error' or 'starting'. */
-export type Reason = 'no_driver' | 'none_allocated' | 'nvml_error' | 'starting' | null;
+/** Why there is no GPU: 'no_driver', 'none_allocated', 'nvml_error', 'sampler_error' or 'starting'. */
+export type Reason =
+  | 'no_driver'
+  | 'none_allocated'
+  | 'nvml_error'
+  | 'sampler_error'
+  | 'starting'
+  | null;
 
 export interface IGpu {
   index: number;
@@ -44,6 +50,14 @@ interface ICommon {
   min_interval: number;
   process_interval: number;
   history_seconds: number;
+  /** The sampler's last round failed (or it stopped): what is here is not current. */
+  stale: boolean;
+  /** That failure, in words; null when the last round worked. */
+  error: string | null;
+  /** When the failures began (Unix seconds). */
+  error_since: number | null;
+  /** When a round last worked (Unix seconds); null if none has yet. */
+  last_ok: number | null;
 }
 
 export interface IStatus extends ICommon {
@@ -100,6 +114,8 @@ export interface IOther {
 
 export interface IProcesses {
   available: boolean;
+  stale: boolean;
+  error: string | null;
   timestamp: number | null;
   processes: IProcess[];
   other: IOther[];

@@ -19,6 +19,14 @@ export const DEFAULT_THRESHOLDS: IThresholds = {
 
 export type Level = 'ok' | 'warning' | 'critical' | 'none';
 
+/** Why the numbers on show are not current: a short cause, the details, since when. */
+export interface IStale {
+  short: string;
+  detail: string;
+  /** When the numbers on show were read (Unix seconds), or null if there are none. */
+  numbersFrom: number | null;
+}
+
 const GIB = 1024 ** 3;
 
 function num(x: number | null | undefined): x is number {
@@ -99,6 +107,29 @@ export function gpuLine(g: IGpu): string {
     `${memory(g.memory_used, g.memory_total)}, ${celsius(g.temperature)}, ` +
     `${watts(g.power_draw, g.power_limit)}`
   );
+}
+
+/** A Unix time as the clock on the wall shows it. */
+export function clock(seconds: number): string {
+  return new Date(seconds * 1000).toLocaleTimeString();
+}
+
+/** The status bar text when the numbers are not current: `GPU — stale (HTTP 500)`. */
+export function staleText(stale: IStale): string {
+  return `GPU — stale (${stale.short})`;
+}
+
+/** The hover text when the numbers are not current: why, and the last ones, marked so. */
+export function staleTitle(s: IStale, status: IStatus | null): string {
+  const lines = [`GPU status is stale: ${s.detail}`];
+  if (s.numbersFrom !== null && status) {
+    lines.push(`Last known numbers, from ${clock(s.numbersFrom)}:`);
+    lines.push(...status.gpus.map(gpuLine));
+  } else {
+    lines.push('No numbers to show.');
+  }
+  lines.push('Retrying; click to try now and for details.');
+  return lines.join('\n');
 }
 
 /** The hover text of the status bar item. */

@@ -57,6 +57,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           app.shell.add(widget, 'main', { mode: 'split-right' });
         }
         app.shell.activateById(widget.id);
+        model.refreshNow(); // fresh numbers now, also after errors (no waiting out a backoff)
         return widget;
       }
     });

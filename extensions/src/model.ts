@@ -1,20 +1,51 @@
 /**
  * One poller per browser tab: the status for the status bar, and (while the
  * panel is open) the history and the process list. The server keeps the
- * history, so an opened panel starts with full sparklines.
+ * history, so an opened panel starts with full sparklines. Polling is a
+ * `@lumino/polling` Poll: it backs off while the server fails to answer and
+ * stands by while the tab is hidden.
  */
+import { ServerConnection } from '@jupyterlab/services';
+import { IPoll, Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { IHistory, IProcesses, IStatus, requestAPI } from './api';
+import { IStale } from './format';
+
+/** The longest wait between polls while the server does not answer (ms). */
+const MAX_BACKOFF = 60 * 1000;
 
 export class GpuModel {
   status: IStatus | null = null;
   history: IHistory | null = null;
   processes: IProcesses | null = null;
+  /** The last request's error ('' when it worked). */
   error = '';
+  /** The last request's error in a word or two: `HTTP 500`, `no answer`. */
+  errorShort = '';
+
+  constructor() {
+    // Backs off (up to a minute) while requests fail; stands by while the tab is hidden.
+    this._poll = new Poll({
+      auto: false,
+      factory: () => this._tick(),
+      frequency: this._frequency(),
+      name: 'gpulab:gpu-status',
+      standby: 'when-hidden'
+    });
+    // Back in view: fresh numbers at once rather than at the next tick.
+    document.addEventListener('visibilitychange', this._onVisibility);
+  }
 
   /** Seconds between polls as set in the settings; the server's minimum still applies. */
-  refreshInterval = 2;
+  get refreshInterval(): number {
+    return this._refreshInterval;
+  }
+
+  set refreshInterval(seconds: number) {
+    this._refreshInterval = seconds;
+    this._updateFrequency();
+  }
 
   get changed(): ISignal<this, void> {
     return this._changed;
@@ -25,16 +56,33 @@ export class GpuModel {
     return Math.max(this.refreshInterval, floor);
   }
 
-  start(): void {
-    if (!this._running) {
-      this._running = true;
-      void this._loop();
+  /**
+   * Whether what is on show is not current, and why: the server did not answer,
+   * or it answered that its sampler failed (its last numbers, marked stale).
+   */
+  get stale(): IStale | null {
+    const numbersFrom = this.status && this.status.gpus.length ? this.status.timestamp : null;
+    if (this.error) {
+      const detail = `The server did not answer: ${this.error}`;
+      return { short: this.errorShort, detail, numbersFrom };
     }
+    const s = this.status;
+    if (s && s.stale) {
+      const stopped = (s.error || '').startsWith('The GPU sampler stopped');
+      const short = stopped ? 'sampler stopped' : 'sampler error';
+      const detail = `The server's GPU sampler failed: ${s.error || 'unknown error'}`;
+      return { short, detail, numbersFrom };
+    }
+    return null;
+  }
+
+  start(): void {
+    void this._poll.start();
   }
 
   dispose(): void {
-    this._running = false;
-    window.clearTimeout(this._timer);
+    document.removeEventListener('visibilitychange', this._onVisibility);
+    this._poll.dispose();
   }
 
   /** The panel is open: also fetch history and processes. */
@@ -50,31 +98,46 @@ export class GpuModel {
   }
 
   refreshNow(): void {
-    window.clearTimeout(this._timer);
-    void this._loop();
+    void this._poll.refresh();
   }
 
-  private async _loop(): Promise<void> {
-    if (this._busy) {
-      return;
-    }
-    this._busy = true;
+  /** One poll: the status (and details). A failure is shown, then rejected: the poll backs off. */
+  private async _tick(): Promise<void> {
     try {
-      await this._poll();
+      await this._fetch();
       this.error = '';
+      this.errorShort = '';
     } catch (reason) {
       this.error = reason instanceof Error ? reason.message : String(reason);
-    } finally {
-      this._busy = false;
+      this.errorShort =
+        reason instanceof ServerConnection.ResponseError
+          ? `HTTP ${reason.response.status}`
+          : 'no answer';
+      this._changed.emit();
+      throw reason;
     }
+    this._updateFrequency();
     this._changed.emit();
-    if (this._running) {
-      window.clearTimeout(this._timer);
-      this._timer = window.setTimeout(() => void this._loop(), this.pollSeconds * 1000);
+  }
+
+  private _frequency(): IPoll.Frequency {
+    const interval = Math.round(this.pollSeconds * 1000);
+    return { interval, backoff: true, max: Math.max(MAX_BACKOFF, interval) };
+  }
+
+  private _updateFrequency(): void {
+    if (this._poll) {
+      this._poll.frequency = this._frequency(); // the same frequency changes nothing
     }
   }
 
-  private async _poll(): Promise<void> {
+  private _onVisibility = (): void => {
+    if (document.visibilityState === 'visible') {
+      this.refreshNow();
+    }
+  };
+
+  private async _fetch(): Promise<void> {
     this.status = await requestAPI<IStatus>('gpu', { interval: this.refreshInterval });
     if (!this._detailed || !this.status.available) {
       return;
@@ -120,9 +183,8 @@ export class GpuModel {
   }
 
   private _changed = new Signal<this, void>(this);
-  private _running = false;
-  private _busy = false;
+  private _poll: Poll;
+  private _refreshInterval = 2;
   private _detailed = false;
-  private _timer = 0;
   private _nextProcesses = 0;
 }

@@ -9,6 +9,7 @@ import {
   DEFAULT_THRESHOLDS,
   IThresholds,
   celsius,
+  clock,
   gib,
   gpuLevel,
   memory,
@@ -89,11 +90,18 @@ export class GpuPanel extends Widget {
   }
 
   render(): void {
-    const { status, history, processes, error } = this.model;
+    const { status, history, processes, stale } = this.model;
     const body = el('div', 'jp-gpulab-PanelBody');
     body.appendChild(el('h2', '', 'GPU status of this server'));
-    if (error) {
-      body.appendChild(el('p', 'jp-gpulab-Error', `The server did not answer: ${error}`));
+    if (stale) {
+      // The last numbers stay, greyed and dated: never shown as if they were current.
+      body.classList.add('jp-gpulab-is-stale');
+      const from =
+        stale.numbersFrom === null ? '' : ` The numbers below are from ${clock(stale.numbersFrom)}.`;
+      const text = `Stale: ${stale.detail}.${from} Retrying.`;
+      const box = el('p', 'jp-gpulab-Error jp-gpulab-StaleNotice', text);
+      box.setAttribute('data-gpulab', 'stale');
+      body.appendChild(box);
     }
     if (!status) {
       body.appendChild(el('p', '', 'Waiting for the first sample…'));

@@ -1,9 +1,18 @@
 /**
- * The status bar item: `GPU 43% · 12.1/80 GiB`, coloured by the thresholds, or `No GPU`.
+ * The status bar item: `GPU 43% · 12.1/80 GiB`, coloured by the thresholds, or `No GPU`;
+ * greyed `GPU — stale (…)` when the server does not answer or its sampler failed.
  */
 import { Widget } from '@lumino/widgets';
 
-import { DEFAULT_THRESHOLDS, IThresholds, statusLevel, statusText, statusTitle } from './format';
+import {
+  DEFAULT_THRESHOLDS,
+  IThresholds,
+  staleText,
+  staleTitle,
+  statusLevel,
+  statusText,
+  statusTitle
+} from './format';
 import { GpuModel } from './model';
 
 export class GpuStatusItem extends Widget {
@@ -24,11 +33,12 @@ export class GpuStatusItem extends Widget {
 
   render(): void {
     const m = this.model;
-    const level = m.error ? 'none' : statusLevel(m.status, this.thresholds);
-    this.node.textContent = m.error && !m.status ? 'GPU ?' : statusText(m.status);
-    this.node.title = statusTitle(m.status, m.error);
+    const stale = m.stale;
+    const level = stale ? 'stale' : statusLevel(m.status, this.thresholds);
+    this.node.textContent = stale ? staleText(stale) : statusText(m.status);
+    this.node.title = stale ? staleTitle(stale, m.status) : statusTitle(m.status, '');
     this.node.dataset.level = level;
-    for (const l of ['ok', 'warning', 'critical', 'none']) {
+    for (const l of ['ok', 'warning', 'critical', 'none', 'stale']) {
       this.node.classList.toggle(`jp-gpulab-level-${l}`, l === level);
     }
   }
