@@ -148,15 +148,46 @@ def test_alive_drops_only_dead_holders_and_none_drops_nothing(tmp_path):
     assert store.holdings() == {} and store.release("carol", "c") == []
 
 
-def test_an_unreadable_record_refuses_rather_than_forgets(tmp_path):
+def test_a_damaged_record_without_rebuild_refuses_rather_than_forgets(tmp_path):
     path = tmp_path / "gpus.json"
     path.write_text('{"holdings": {"GPU-0000": [{"owner": "alice"}]}}')
     store = AllocationStore(path)
-    with pytest.raises(AllocationError, match="cannot be read.*administrator"):
+    with pytest.raises(AllocationError, match=f"{path} is damaged .*next GPU spawn"):
         store.allocate([gpu(0)], Request("bob", "b", 1), Policy())
     assert path.read_text() == '{"holdings": {"GPU-0000": [{"owner": "alice"}]}}'
-    with pytest.raises(AllocationError, match="cannot be read"):
+    with pytest.raises(AllocationError, match="is damaged"):
         store.release("alice", "a")
+
+
+def test_a_damaged_record_is_moved_aside_and_rebuilt(tmp_path, caplog):
+    path = tmp_path / "gpus.json"
+    path.write_text('{"holdings": {"GPU-0000": [{"owner": "al')
+    rebuilt = {"GPU-0001": (Holder("alice", "vision", T0, T0),)}
+    store = AllocationStore(path, clock=lambda: T0 + 60, rebuild=lambda: rebuilt)
+    assert store.allocate([gpu(0), gpu(1)], Request("bob", "b", 1), Policy()) == [gpu(0)]
+    assert store.holdings() == {**rebuilt, "GPU-0000": (Holder("bob", "b", T0 + 60),)}
+    (aside,) = tmp_path.glob("gpus.json.corrupt-*")
+    assert aside.read_text() == '{"holdings": {"GPU-0000": [{"owner": "al'
+    assert f"{path} is damaged (not JSON" in caplog.text and aside.name in caplog.text
+
+
+def test_a_fresh_holding_outlives_a_dead_verdict_for_the_grace_period(tmp_path):
+    devices = [gpu(0)]
+    now = [T0]
+    store = AllocationStore(tmp_path / "gpus.json", clock=lambda: now[0])
+    store.allocate(devices, Request("alice", "a", 1), Policy())
+    dead = lambda o, p: False  # noqa: E731 - no container exists (yet)
+    now[0] += 30
+    with pytest.raises(AllocationError, match="held by alice/a"):
+        store.allocate(devices, Request("bob", "b", 1), Policy(), alive=dead, grace=60)
+    now[0] += 31  # a respawn reserves again: its grace starts over
+    store.allocate(devices, Request("alice", "a", 1), Policy())
+    now[0] += 59
+    with pytest.raises(AllocationError, match="held by alice/a"):
+        store.allocate(devices, Request("bob", "b", 1), Policy(), alive=dead, grace=60)
+    now[0] += 1
+    assert store.allocate(devices, Request("bob", "b", 1), Policy(), alive=dead, grace=60)
+    assert store.held_by("alice", "a") == []
 
 
 def test_crowded_gpus_name_the_first_holders_and_count_the_rest():

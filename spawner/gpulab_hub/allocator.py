@@ -16,14 +16,10 @@ Refusals raise ``AllocationError``: what was asked, what is free, who holds the 
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-
-from filelock import FileLock
 
 from gpulab_hub import jsonfile
 from gpulab_hub.gpus import Device
@@ -37,7 +33,9 @@ Alive = Callable[[str, str], bool]
 class Holder:
     owner: str
     project: str
-    since: float  # epoch seconds
+    since: float  # epoch seconds: held since
+    # last reserved (epoch seconds): its container may not exist yet; not part of equality
+    reserved: float = field(default=0.0, compare=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -182,74 +180,118 @@ def choose(devices: list[Device], held: Held, request: Request, policy: Policy) 
     return sorted((t[3] for t in free[:need]), key=_order)
 
 
-class AllocationStore:
+class AllocationStore(jsonfile.LockedRecord):
     """Who holds which device, in one JSON file; every change under a file lock.
 
-    Writes are atomic (temporary file, fsync, ``os.replace``), so a hub that
-    restarts finds every holding it recorded, and two hub processes or threads
-    sharing the file never hand out the same device twice in exclusive mode.
+    Writes are atomic and durable (temporary file, fsync, ``os.replace``, fsync of
+    the folder), so a hub that restarts finds every holding it recorded, and two
+    hub processes or threads sharing the file never hand out the same device twice
+    in exclusive mode.
+
+    ``rebuild`` (the spawner's: the project containers that exist, and the spawns
+    under way) is what a damaged or missing record is rebuilt from; without it, a
+    damaged record is refused with a message saying how it gets repaired.
     """
 
-    def __init__(self, path: Path, clock: Callable[[], float] = time.time):
-        self.path = Path(path)
+    section = "holdings"
+    what = "The GPU allocation record"
+    on_damage = "its holdings were rebuilt from the project containers that exist"
+    Error = AllocationError
+
+    def __init__(
+        self,
+        path: Path,
+        clock: Callable[[], float] = time.time,
+        rebuild: Callable[[], Held] | None = None,
+        log=None,
+    ):
+        super().__init__(path, log)
         self._clock = clock
-        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
-        self._thread_lock = threading.RLock()  # in-process waiters queue here, not polling
+        self._rebuild = rebuild
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def _read(self) -> Held:
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            return {}
-        try:
-            data = json.loads(text)["holdings"].items()
-            return _keep({str(u): tuple(map(_holder, hs)) for u, hs in data}, bool)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise AllocationError(
-                f"The GPU allocation record {self.path} cannot be read ({e!r}); no GPU is handed "
-                "out until an administrator repairs or removes it."
-            ) from e
+    def _parse(self, section) -> Held:
+        if not isinstance(section, dict):
+            raise TypeError('"holdings" is not a mapping of device UUIDs')
+        held = {}
+        for u, hs in section.items():
+            if not isinstance(hs, list):
+                raise TypeError(f"the holders of {u} are not a list")
+            held[u] = tuple(map(_holder, hs))
+        return _keep(held, bool)
 
-    def _write(self, held: Held) -> None:
-        data = {"version": 1, "holdings": {u: [asdict(h) for h in hs] for u, hs in held.items()}}
-        jsonfile.write_atomic(self.path, data)
+    def _dump(self, held: Held) -> dict:
+        return {u: [asdict(h) for h in hs] for u, hs in held.items()}
+
+    def _missing(self) -> Held:
+        return self._rebuild() if self._rebuild is not None else {}
+
+    def _recover(self) -> Held:
+        return self._rebuild() if self._rebuild is not None else {}
+
+    def _damaged(self, reason: str) -> Held:
+        if self._rebuild is None:
+            raise AllocationError(
+                f"{self.what} {self.path} is damaged ({reason}). gpulab repairs it at the next "
+                "GPU spawn (it moves the file aside and rebuilds it from the project containers "
+                "that exist); to repair it now, move the file away: the next spawn rebuilds it."
+            )
+        held = super()._damaged(reason)
+        self.log.warning(
+            "%s rebuilt: %s", self.what,
+            "; ".join(f"{u} for {_who(hs)}" for u, hs in held.items()) or "no GPU is held",
+        )  # fmt: skip
+        return held
 
     def holdings(self) -> Held:
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             return self._read()
 
     def held_by(self, owner: str, project: str) -> list[str]:
         return _uuids(self.holdings(), (owner, project))
 
     def allocate(
-        self, devices: list[Device], request: Request, policy: Policy, alive: Alive | None = None
+        self,
+        devices: list[Device],
+        request: Request,
+        policy: Policy,
+        alive: Alive | None = None,
+        grace: float = 0.0,
     ) -> list[Device]:
         """Reserve devices for the request's project and record it; raises AllocationError.
 
         What the project holds is kept where it still fits (a respawn after a hub
         restart gets the same GPUs), released where not. Projects that
         ``alive(owner, project)`` (called under the lock) calls dead lose their
-        holdings first; without it none does. A refused request writes nothing.
+        holdings first; without it none does. A holding reserved less than
+        ``grace`` seconds ago is never dropped: its container may not exist yet.
+        Each holding the project keeps or gets is stamped ``reserved`` now.
+        A refused request writes nothing.
         """
         me = (request.owner, request.project)
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             before = held = self._read()
+            now = self._clock()
             if alive is not None:
-                held, _ = _drop_dead(held, alive, keep=me)
+                fresh = {h.key for hs in held.values() for h in hs if now - h.reserved < grace}
+                held, _ = _drop_dead(held, lambda o, p: (o, p) in fresh or alive(o, p), keep=me)
             chosen = choose(devices, held, request, policy)
-            keep, had = {d.uuid for d in chosen}, set(_uuids(held, me))
-            after = {u: tuple(h for h in hs if h.key != me or u in keep) for u, hs in held.items()}
-            for u in sorted(keep - had):
-                after[u] = after.get(u, ()) + (Holder(*me, self._clock()),)
+            keep = {d.uuid for d in chosen}
+            after = {
+                u: tuple(replace(h, reserved=now) if h.key == me else h for h in hs)
+                for u, hs in held.items()
+            }
+            after = {u: tuple(h for h in hs if h.key != me or u in keep) for u, hs in after.items()}
+            for u in sorted(keep - set(_uuids(held, me))):
+                after[u] = after.get(u, ()) + (Holder(*me, now, now),)
             after = _keep(after, bool)
-            if after != before:
+            if self._dump(after) != self._dump(before) or not self.path.exists():
                 self._write(after)
             return chosen
 
     def release(self, owner: str, project: str) -> list[str]:
         """Free what (owner, project) holds; the UUIDs freed (server stopped, culled, died)."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             held = self._read()
             freed = _uuids(held, (owner, project))
             if freed:
@@ -258,7 +300,7 @@ class AllocationStore:
 
     def release_dead(self, alive: Alive) -> list[tuple[str, str]]:
         """Drop the holdings of every project ``alive`` calls dead; those (owner, project)."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             held = self._read()
             after, dead = _drop_dead(held, alive)
             if dead:
@@ -271,7 +313,15 @@ def _uuids(held: Held, key: tuple[str, str]) -> list[str]:
 
 
 def _holder(h: dict) -> Holder:
-    return Holder(str(h["owner"]), str(h["project"]), float(h["since"]))
+    if not isinstance(h, dict):
+        raise TypeError(f"a holder is a {type(h).__name__}, not an object")
+    owner, project, since = h["owner"], h["project"], h["since"]
+    reserved = h.get("reserved", since)
+    if not (isinstance(owner, str) and isinstance(project, str) and owner and project):
+        raise TypeError(f"a holder's owner and project are not names: {owner!r}, {project!r}")
+    if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in (since, reserved)):
+        raise TypeError(f"a holder's times are not numbers: {since!r}, {reserved!r}")
+    return Holder(owner, project, float(since), float(reserved))
 
 
 def _keep(held: Held, ok: Callable[[Holder], bool]) -> Held:

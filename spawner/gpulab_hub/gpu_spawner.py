@@ -6,9 +6,12 @@ file that outlives the hub, and its container is given exactly those.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from pathlib import Path
 
+import docker.errors
 from traitlets import Bool, HasTraits, Int, List, Unicode
 
 from . import allocator, gpus, objects
@@ -124,13 +127,106 @@ def policy_of(s: GpuSettings) -> allocator.Policy:
     )
 
 
-def running_projects(docker_call, prefix: str) -> set[tuple[str, str]]:
-    """(owner, project) of every running project container of this hub."""
-    found = set()
-    for c in docker_call("containers", filters={"label": f"gpulab.instance={prefix}"}):
-        labels = c.get("Labels") or {}
-        found.add((labels.get("gpulab.owner", ""), labels.get("gpulab.project", "")))
-    return found
+# Docker states of a container that no longer runs (and will not, unless started again)
+GONE_STATES = ("exited", "dead")
+# Seconds a fresh reservation counts as alive although its container does not exist yet
+# (the spawn may wait for a build, or the hub may have died mid-spawn). Within one hub
+# process, spawns under way are known exactly (below), however long they wait.
+RESERVE_GRACE = 120.0
+clock = time.time  # what reservations are stamped with (tests move it)
+
+# Spawns of this hub process that reserved GPUs, by (owner, project): the devices they
+# were given. Such a holding is alive until the spawner releases it (stop, poll, a
+# failed start), whether or not its container exists yet. A hub restart forgets them.
+_pending: dict[tuple[str, str], tuple[str, ...]] = {}
+_pending_lock = threading.Lock()
+
+
+def forget_pending() -> None:
+    """What a hub restart does: this process has no spawn under way."""
+    with _pending_lock:
+        _pending.clear()
+
+
+def _log(s):
+    return getattr(s, "log", None) or logging.getLogger("gpulab_hub.gpus")
+
+
+def project_containers(docker_call, prefix: str) -> list[dict]:
+    """Every project container of this hub that exists and is not stopped
+    (created, running, paused, restarting): what may be using its GPUs."""
+    listed = docker_call("containers", all=True, filters={"label": f"gpulab.instance={prefix}"})
+    return [c for c in listed if c.get("State") not in GONE_STATES]
+
+
+def _key(c: dict) -> tuple[str, str]:
+    labels = c.get("Labels") or {}
+    return labels.get("gpulab.owner", ""), labels.get("gpulab.project", "")
+
+
+class Liveness:
+    """``alive(owner, project)`` for the allocator, asked under its lock: a spawn of this
+    process under way, or a project container that exists. Docker is asked once, and
+    only if some holding needs it."""
+
+    def __init__(self, docker_call, prefix: str):
+        self._docker_call, self._prefix = docker_call, prefix
+        self._live: set[tuple[str, str]] | None = None
+
+    def __call__(self, owner: str, project: str) -> bool:
+        with _pending_lock:
+            if (owner, project) in _pending:
+                return True
+        if self._live is None:
+            self._live = {_key(c) for c in project_containers(self._docker_call, self._prefix)}
+        return (owner, project) in self._live
+
+
+def _gpu_ids(inspected: dict) -> set[str]:
+    """The device UUIDs a container was given (its environment, its device requests)."""
+    lines = (inspected.get("Config") or {}).get("Env") or []
+    env = dict(e.split("=", 1) for e in lines if "=" in e)
+    ids = set(env.get("NVIDIA_VISIBLE_DEVICES", "").split(","))
+    for r in (inspected.get("HostConfig") or {}).get("DeviceRequests") or []:
+        ids.update(r.get("DeviceIDs") or [])
+    return {i.strip() for i in ids if i.strip().startswith(("GPU-", "MIG-"))}
+
+
+def held_in_docker(docker_call, prefix: str) -> allocator.Held:
+    """The holdings the project containers that exist (and this process's spawns under
+    way) show: what a damaged or lost allocation record is rebuilt from."""
+    now = clock()
+    held: dict[str, tuple[allocator.Holder, ...]] = {}
+
+    def add(uuid: str, h: allocator.Holder) -> None:
+        if all(x.key != h.key for x in held.get(uuid, ())):
+            held[uuid] = held.get(uuid, ()) + (h,)
+
+    for c in project_containers(docker_call, prefix):
+        owner, project = _key(c)
+        if not (owner and project):
+            continue
+        try:
+            inspected = docker_call("inspect_container", c["Id"])
+        except docker.errors.NotFound:
+            continue  # removed since it was listed
+        created = float(c.get("Created") or now)  # its container keeps it; no grace needed
+        for u in sorted(_gpu_ids(inspected)):
+            add(u, allocator.Holder(owner, project, created, created))
+    with _pending_lock:
+        pending = dict(_pending)
+    for (owner, project), uuids in pending.items():
+        for u in uuids:
+            add(u, allocator.Holder(owner, project, now, now))
+    return held
+
+
+def store_of(s: GpuSettings, docker_call=None, prefix: str = "") -> allocator.AllocationStore:
+    """The allocation record; with ``docker_call``, rebuilt from Docker if damaged or lost."""
+    rebuild = (lambda: held_in_docker(docker_call, prefix)) if docker_call else None
+    return allocator.AllocationStore(
+        Path(s.allocations_file), clock=lambda: clock(), rebuild=rebuild, log=_log(s)
+    )
 
 
 def isolation_of(setting: str, docker_call) -> str:
@@ -142,10 +238,15 @@ def isolation_of(setting: str, docker_call) -> str:
 def reserve(
     s: GpuSettings, docker_call, prefix: str, request: allocator.Request
 ) -> tuple[objects.GpuAssignment, list[gpus.Device]]:
-    """Blocking: reserve devices for ``request`` (or release all for 0) -> assignment."""
-    store = allocator.AllocationStore(Path(s.allocations_file))
+    """Blocking: reserve devices for ``request`` (or release all for 0) -> assignment.
+
+    The holding counts as alive from here until :func:`release` (the spawner's stop,
+    poll, or failed start): other spawns never take its devices while its container
+    is still to be made. A spawn without GPUs never needs the record to be readable.
+    """
+    key = (request.owner, request.project)
     if request.count == 0 and not request.mig_profile:
-        store.release(request.owner, request.project)
+        release(s, *key)
         return objects.GpuAssignment(), []
     inv = cached_inventory()
     if not inv.devices:
@@ -153,17 +254,30 @@ def reserve(
         raise allocator.AllocationError(
             f"This project asks for {asked}, but {inv.problem}. Start it with 0 GPUs."
         )
-    alive = running_projects(docker_call, prefix)
-    devices = store.allocate(inv.devices, request, policy_of(s), alive=lambda o, p: (o, p) in alive)
+    store = store_of(s, docker_call, prefix)
+    with store.locked():  # the holding and its "under way" mark appear together
+        with _pending_lock:
+            _pending[key] = ()
+        try:
+            devices = store.allocate(
+                inv.devices, request, policy_of(s), alive=Liveness(docker_call, prefix),
+                grace=RESERVE_GRACE,
+            )  # fmt: skip
+        except BaseException:
+            with _pending_lock:
+                _pending.pop(key, None)
+            raise
+        with _pending_lock:
+            _pending[key] = tuple(d.uuid for d in devices)
     isolation = isolation_of(s.gpu_isolation, docker_call)
     if isolation == objects.DEVICES and any(d.parent_uuid for d in devices):
-        store.release(request.owner, request.project)
+        release(s, *key)
         raise allocator.AllocationError(
             "MIG slices need the NVIDIA container runtime, which this host's Docker lacks; "
             "ask for a whole GPU instead."
         )
     if isolation == objects.NO_GPU:
-        store.release(request.owner, request.project)
+        release(s, *key)
         raise allocator.AllocationError(
             "This host has GPUs but Docker cannot give them to containers (no NVIDIA "
             "runtime and no /dev/nvidiactl); run `gpulab doctor`."
@@ -179,4 +293,15 @@ def reserve(
 
 
 def release(s: GpuSettings, owner: str, project: str) -> list[str]:
-    return allocator.AllocationStore(Path(s.allocations_file)).release(owner, project)
+    """Blocking: free what the project holds (stopped, died, failed to start, CPU-only).
+
+    Never raises for the record: a stop or a CPU-only spawn goes on, and the error
+    (which names the file and what to do) is logged; the next GPU spawn repairs it.
+    """
+    with _pending_lock:
+        _pending.pop((owner, project), None)
+    try:
+        return store_of(s).release(owner, project)
+    except (allocator.AllocationError, OSError) as e:
+        _log(s).error("GPUs of %s/%s not released: %s", owner, project, e)
+        return []

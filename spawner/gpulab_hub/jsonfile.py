@@ -1,15 +1,39 @@
-"""Small JSON records on disk: read, and write atomically (temporary file, fsync, rename)."""
+"""Small JSON records on disk: read under a lock, written atomically and durably.
+
+Every hub-side record (the GPU allocation record, the sharing settings, the
+group-share roles) is a :class:`LockedRecord`. A record that cannot be parsed
+(half-written by a crash before writes were atomic, truncated by a full disk,
+garbled by an editor) never ends in a traceback: the store moves the file aside
+to ``<name>.corrupt-<time>``, starts from what it can recover (each store says
+what that is), and logs one message naming both files and how to restore.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+LOG = logging.getLogger("gpulab_hub")
+
+
+def fsync_dir(folder: Path) -> None:
+    """Make a rename, creation or removal in ``folder`` durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: Path, data) -> None:
-    """Write ``data`` as JSON to ``path`` so a reader sees the old or the new file, never half."""
+    """Write ``data`` as JSON to ``path``: a reader sees the old or the new file, never
+    half of one, and after a crash (power loss included) the new one is there."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -20,31 +44,115 @@ def write_atomic(path: Path, data) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)  # the rename itself, durable
-    os.fsync(fd)
-    os.close(fd)
+    fsync_dir(path.parent)  # the rename itself, durable
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a damaged ``path`` to ``<name>.corrupt-<time>`` (kept for repair); the new name."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for n in range(1000):
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}" + (f"-{n}" if n else ""))
+        if not aside.exists():
+            break
+    os.replace(path, aside)
+    fsync_dir(path.parent)
+    return aside
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"not JSON: {e.msg} at line {e.lineno} column {e.colno}"
+    if isinstance(e, UnicodeDecodeError):
+        return "not text (binary bytes in it)"
+    return str(e) or type(e).__name__
+
+
+class RecordError(Exception):
+    """A record that cannot be read at all (permissions, I/O); ``str()`` says what to do."""
 
 
 class LockedRecord:
-    """One JSON file ``{"version": 1, <section>: {...}}`` read and changed under a file lock
-    (other hub processes) and a thread lock (this one); the base of small hub-side stores."""
+    """One JSON file ``{"version": 1, <section>: ...}`` read and changed under a file lock
+    (other hub processes) and a thread lock (this one); the base of hub-side stores.
+
+    Subclasses check the section's shape in :meth:`_parse` (raise ValueError, TypeError
+    or KeyError on anything else), say what the record is (``what``), and what a
+    damaged one is replaced with (:meth:`_recover`) and means (``on_damage``).
+    """
 
     section = "items"
+    what = "The record"  # "The GPU allocation record": how messages name the file
+    on_damage = "it starts empty"  # what the replacement means, for the admin
+    Error: type[Exception] = RecordError
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, log: logging.Logger | logging.LoggerAdapter | None = None):
         from filelock import FileLock
 
         self.path = Path(path)
         self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
         self._thread_lock = threading.RLock()
+        self.log = log or LOG
 
-    def _read(self) -> dict:
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the record (re-entrant): what is read inside stays true until the end."""
+        with self._thread_lock, self._file_lock:
+            yield
+
+    # --- overridden by the stores ----------------------------------------------------
+
+    def _parse(self, section):
+        """The section as the store uses it; raise ValueError/TypeError/KeyError if wrong."""
+        if not isinstance(section, dict) or not all(isinstance(v, dict) for v in section.values()):
+            raise TypeError(f'"{self.section}" is not a mapping of records')
+        return section
+
+    def _missing(self):
+        """What a record that does not exist (yet) holds."""
+        return self._parse({})
+
+    def _recover(self):
+        """What a damaged record is replaced with."""
+        return self._parse({})
+
+    # --- reading and writing ---------------------------------------------------------
+
+    def _read(self):
+        """The section (call with the record held); repairs a damaged file, see above."""
         try:
-            data = json.loads(self.path.read_text())
+            raw = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
-        return data.get(self.section, {}) if isinstance(data, dict) else {}
+            return self._missing()
+        except OSError as e:
+            raise self.Error(
+                f"{self.what} {self.path} cannot be read ({e.strerror or e}): give the hub's "
+                "account read and write access to it (and to its folder), then try again."
+            ) from e
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            if self.section not in data:
+                raise KeyError(f'no "{self.section}" in it')
+            return self._parse(data[self.section])
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            return self._damaged(_reason(e))
 
-    def _write(self, records: dict) -> None:
+    def _damaged(self, reason: str):
+        aside = move_aside(self.path)
+        records = self._recover()
+        self._write(records)
+        self.log.error(
+            "%s %s is damaged (%s); gpulab moved it to %s and started a new one: %s. To "
+            "restore the old one instead, stop the hub, repair the moved file and move it "
+            "back to %s.",
+            self.what, self.path, reason, aside.name, self.on_damage, self.path.name,
+        )  # fmt: skip
+        return records
+
+    def _dump(self, records) -> dict:
+        return records
+
+    def _write(self, records) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, {"version": 1, self.section: records})
+        write_atomic(self.path, {"version": 1, self.section: self._dump(records)})
