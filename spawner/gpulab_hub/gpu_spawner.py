@@ -246,7 +246,7 @@ def reserve(
     """
     key = (request.owner, request.project)
     if request.count == 0 and not request.mig_profile:
-        release(s, *key)
+        release(s, *key, docker_call=docker_call, prefix=prefix)
         return objects.GpuAssignment(), []
     inv = cached_inventory()
     if not inv.devices:
@@ -292,16 +292,19 @@ def reserve(
     return assignment, devices
 
 
-def release(s: GpuSettings, owner: str, project: str) -> list[str]:
+def release(
+    s: GpuSettings, owner: str, project: str, docker_call=None, prefix: str = ""
+) -> list[str]:
     """Blocking: free what the project holds (stopped, died, failed to start, CPU-only).
 
-    Never raises for the record: a stop or a CPU-only spawn goes on, and the error
-    (which names the file and what to do) is logged; the next GPU spawn repairs it.
+    Never raises for the record or Docker: a stop or a CPU-only spawn goes on, and
+    the error (which names the file and what to do) is logged. With ``docker_call``
+    a damaged record is repaired here; else the next GPU spawn repairs it.
     """
     with _pending_lock:
         _pending.pop((owner, project), None)
     try:
-        return store_of(s).release(owner, project)
-    except (allocator.AllocationError, OSError) as e:
+        return store_of(s, docker_call, prefix).release(owner, project)
+    except (allocator.AllocationError, OSError, docker.errors.DockerException) as e:
         _log(s).error("GPUs of %s/%s not released: %s", owner, project, e)
         return []

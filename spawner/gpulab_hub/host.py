@@ -7,6 +7,7 @@ again does no harm. Docker calls go through :meth:`Docker.call`.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import stat
@@ -20,7 +21,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from . import baseimage, images, objects
+from . import baseimage, images, objects, pidfile
 
 LOCAL_DEBIAN = "gpulab/debian:bookworm"
 DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -74,7 +75,7 @@ def ensure_dockerd(
     state_dir.mkdir(parents=True, exist_ok=True)
     log = open(state_dir / "dockerd.log", "ab")
     proc = subprocess.Popen([dockerd, *args], stdout=log, stderr=log, start_new_session=True)
-    (state_dir / "dockerd.pid").write_text(str(proc.pid))
+    pidfile.write(state_dir / "dockerd.pid", proc.pid)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -85,21 +86,57 @@ def ensure_dockerd(
     raise HostError(f"dockerd did not answer within {wait:.0f} s; see {state_dir / 'dockerd.log'}")
 
 
-def stop_dockerd(state_dir: Path) -> bool:
-    """Stop the dockerd that ensure_dockerd started (if any)."""
-    pidfile = state_dir / "dockerd.pid"
-    if not pidfile.exists():
-        return False
-    pid = int(pidfile.read_text())
-    pidfile.unlink()
-    return stop_pid(pid, timeout=30)
+def stop_dockerd(state_dir: Path, log=print) -> bool:
+    """Stop the dockerd that ensure_dockerd started (if any, and if it still runs:
+    a stale PID file, say after a reboot, signals nothing)."""
+    path = state_dir / "dockerd.pid"
+    me, stale = pidfile.check(path, "dockerd")
+    path.unlink(missing_ok=True)
+    if stale:
+        log(f"The Docker engine's PID file was stale, so nothing was signalled: {stale}.")
+    return me is not None and stop_pid(me.pid, timeout=30, expect=me)
 
 
-def stop_pid(pid: int, timeout: float = 15) -> bool:
+def stop_pid(pid: int, timeout: float = 15, expect: pidfile.Identity | None = None) -> bool:
+    """SIGTERM, then SIGKILL after ``timeout``; False if it was not running. Signals go
+    through a pidfd where the kernel has them, so a PID reused meanwhile is never hit;
+    with ``expect`` only that very process (pidfile.Identity) is signalled."""
     try:
-        os.kill(pid, signal.SIGTERM)
+        fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return False
+    except OSError:  # no pidfd here (an old kernel): plain PIDs
+        fd = None
+    try:
+        if expect is not None and pidfile.identity(pid) != expect:
+            return False
+        if not _signal(pid, fd, signal.SIGTERM):
+            return False
+        if not _exits(pid, fd, timeout):
+            _signal(pid, fd, signal.SIGKILL)
+        return True
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _signal(pid: int, fd: int | None, sig: int) -> bool:
+    try:
+        if fd is None:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(fd, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _exits(pid: int, fd: int | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` for the process to end; whether it did."""
+    if fd is not None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)  # readable once the process has exited
+        return bool(poller.poll(timeout * 1000))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -107,8 +144,7 @@ def stop_pid(pid: int, timeout: float = 15) -> bool:
         except ProcessLookupError:
             return True
         time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
-    return True
+    return False
 
 
 def ensure_network(dk: Docker, name: str) -> str:

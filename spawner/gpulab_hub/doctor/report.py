@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import host, images, projectimage, settings
+from .. import host, images, jsonfile, projectimage, settings
 from ..projects import Project, ProjectError
 from . import cuda, docker_checks, gpu, project, protections, resources
 from .findings import FAIL, OK, WARN, Finding, exit_code
@@ -225,11 +225,9 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
 
 
 def save(report: dict, path: Path) -> None:
-    """Write atomically, so the hub page never reads half a report."""
+    """Write atomically and durably, so the hub page never reads half a report."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    tmp.replace(path)
+    jsonfile.write_atomic(path, report)
 
 
 def load_last(path: Path) -> dict | None:
