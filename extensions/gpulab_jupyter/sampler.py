@@ -280,8 +280,8 @@ class GPUSampler(LoggingConfigurable):
                 self._health["error"],
             )
             self._failures, self._backoff = 0, None
-        ok = round(now, 3)
-        self._health = {"stale": False, "error": None, "error_since": None, "last_ok": ok}
+            self._health = {"stale": False, "error": None, "error_since": None, "last_ok": None}
+        self._health["last_ok"] = round(now, 3)  # a healthy tick allocates nothing more
 
     def _failed(self, e: Exception, unexpected: bool) -> float:
         """A round failed: log it (in full once per distinct error), count it, publish
@@ -372,8 +372,12 @@ class GPUSampler(LoggingConfigurable):
                 self._slow[d.uuid] = reader.read_slow(d, self.pcie_throughput, self.energy)
             row.update(self._slow.get(d.uuid, {}))
             values[d.uuid] = row
-        if do_procs:
+        if do_procs:  # before anything is kept: a failed read fails the whole round
+            p0, pc0 = time.perf_counter(), time.thread_time()
             self._read_processes(now)
+            # counted in the process reads' own figures, not the tick's
+            t0 += time.perf_counter() - p0
+            c0 += time.thread_time() - pc0
         hist = {u: tuple(v[k] for k in snapshot.HISTORY_FIELDS) for u, v in values.items()}
         with self._lock:
             self._history.append((now, hist))
