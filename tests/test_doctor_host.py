@@ -81,7 +81,7 @@ def test_unreachable_engine_fails_fast(tmp_path):
 
 @pytest.mark.docker
 def test_probe_container_of_the_base_image(hub, docker_engine):
-    dk = docker_checks.DoctorDocker()
+    dk = docker_checks.doctor_docker()
     engine, info = docker_checks.check_engine(dk)
     assert engine.status == OK and info["ServerVersion"] in engine.seen
     facts = docker_checks.run_probe(dk, f"{PREFIX}/base:latest", ["image"], PREFIX)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import docker.utils
 import requests.exceptions
 
 from . import baseimage, images, objects, pidfile
@@ -33,15 +34,22 @@ class HostError(Exception):
 
 
 class Docker:
-    """The one place the CLI and set-up steps talk to the Docker engine."""
+    """The one place the CLI, set-up steps and the doctor talk to the Docker engine.
 
-    def __init__(self, client: docker.APIClient | None = None):
+    It honours ``DOCKER_HOST`` and its TLS variables, as DockerSpawner's own client
+    does, so the hub, the CLI and the doctor always mean the same engine.
+    ``timeout`` bounds each call (the doctor keeps it short).
+    """
+
+    def __init__(self, client: docker.APIClient | None = None, timeout: float = 600):
         self._client = client
+        self.timeout = timeout
 
     @property
     def client(self) -> docker.APIClient:
         if self._client is None:
-            self._client = docker.APIClient(version="auto", timeout=600)
+            kwargs = docker.utils.kwargs_from_env()
+            self._client = docker.APIClient(version="auto", timeout=self.timeout, **kwargs)
         return self._client
 
     def call(self, method: str, *args, **kwargs):

@@ -27,16 +27,9 @@ MARKER = "@@gpulab-doctor@@"
 DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 
-class DoctorDocker(host.Docker):
-    """host.Docker that honours DOCKER_HOST (as DockerSpawner does) with short timeouts:
-    a hung engine must not hang the doctor."""
-
-    @property
-    def client(self) -> docker.APIClient:
-        if self._client is None:
-            kwargs = docker.utils.kwargs_from_env()
-            self._client = docker.APIClient(version="auto", timeout=CALL_TIMEOUT, **kwargs)
-        return self._client
+def doctor_docker() -> host.Docker:
+    """gpulab's Docker client with short timeouts: a hung engine must not hang the doctor."""
+    return host.Docker(timeout=CALL_TIMEOUT)
 
 
 def check_engine(dk: host.Docker) -> tuple[Finding, dict | None]:

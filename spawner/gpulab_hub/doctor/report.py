@@ -190,7 +190,7 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
             resources.HOME_DISK,
         )
     )
-    dk = docker_checks.DoctorDocker()
+    dk = docker_checks.doctor_docker()
     engine, info = docker_checks.check_engine(dk)
     findings.append(engine)
     if info is not None:
