@@ -169,6 +169,13 @@ export function noGpuExplanation(reason: Reason): { title: string; hint: string 
         title: 'NVML failed',
         hint: 'The NVIDIA management library reported an error; the server log has details.'
       };
+    case 'sampler_error':
+      return {
+        title: 'The GPU sampler failed',
+        hint:
+          'Reading the GPUs failed; the server tries again, less often while it fails. ' +
+          'The server log has details.'
+      };
     default:
       return { title: 'GPU status is starting', hint: 'The first sample comes in a moment.' };
   }
