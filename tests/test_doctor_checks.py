@@ -10,6 +10,7 @@ import pytest
 
 from gpulab_hub.doctor import cuda, docker_checks, findings, gpu, libs, project, resources
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
+from gpulab_jupyter import arch
 
 FIX = Path(__file__).parent / "fixtures" / "doctor"
 
@@ -293,9 +294,9 @@ def test_memory_of_this_vm():
     assert more_cpus.seen.endswith("MAX_JOBS=5")  # memory, not CPUs, sets the limit
     wsl = resources.check_memory(read("proc-meminfo-wsl2-8gb.txt"), cpus=8)
     assert wsl.status == OK and wsl.seen.endswith("MAX_JOBS=1")
-    assert resources.max_jobs(23 * resources.GIB, 2) == 2
-    assert resources.max_jobs(23 * resources.GIB, 64) == 5
-    assert resources.max_jobs(1 * resources.GIB, 8) == 1
+    assert arch.max_jobs(23 * resources.GIB, 2) == 2
+    assert arch.max_jobs(23 * resources.GIB, 64) == 5  # 4 GiB a job
+    assert arch.max_jobs(1 * resources.GIB, 8) == 1
 
 
 def test_low_memory_warns():

@@ -31,9 +31,9 @@ def compile_so(tmp_path, name: str, *gencode: str):
 def test_sass_only_for_another_gpu_is_refused(tmp_path):
     code = cudabin.parse_elf(compile_so(tmp_path, "k80", "compute_80:sm_80"))
     assert (code.sass, code.ptx) == ({"8.0"}, set())
-    assert cudabin.runs_on("8.0", code) and cudabin.runs_on("8.6", code)
-    assert not cudabin.runs_on("9.0", code)  # H100: no kernel image
-    assert not cudabin.runs_on("7.5", code)
+    assert code.runs_on("8.0") and code.runs_on("8.6")
+    assert not code.runs_on("9.0")  # H100: no kernel image
+    assert not code.runs_on("7.5")
     assert code.describe() == "sm_80"
 
 
@@ -43,7 +43,7 @@ def test_ptx_lets_a_newer_gpu_compile_the_code(tmp_path):
     )
     code = cudabin.parse_elf(so)
     assert (code.sass, code.ptx) == ({"8.0", "8.6"}, {"9.0"})
-    assert cudabin.runs_on("9.0", code) and cudabin.runs_on("12.0", code)
+    assert code.runs_on("9.0") and code.runs_on("12.0")
     assert code.describe() == "sm_80, sm_86, PTX compute_90"
 
 
@@ -57,7 +57,7 @@ def test_compressed_and_arch_specific_cubins(tmp_path):
     assert subprocess.run(cmd, capture_output=True).returncode == 0
     code = cudabin.parse_elf(str(out))
     assert code.sass == {"7.5", "9.0"}
-    assert cudabin.runs_on("9.0", code)
+    assert code.runs_on("9.0")
 
 
 def test_files_without_cuda_code(tmp_path):

@@ -97,8 +97,8 @@ def test_build_environment_from_gpus():
     assert env["FORCE_CUDA"] == "1"
     assert buildenv.arch_env([]) == {}
     gib = 1024**3
-    assert buildenv.max_jobs(cpus=32, memory=10 * gib) == 4  # memory-bound: 2.5 GiB a job
-    assert buildenv.max_jobs(["flash-attn"], cpus=32, memory=64 * gib) == 8
+    assert buildenv.max_jobs(cpus=32, memory=10 * gib) == 2  # memory-bound: 4 GiB a job
+    assert buildenv.max_jobs(["flash-attn"], cpus=32, memory=64 * gib) == 7  # 9 GiB a job
     assert buildenv.max_jobs(cpus=2, memory=100 * gib) == 2
     assert buildenv.max_jobs(cpus=8, memory=1 * gib) == 1
     gpus = [buildenv.Gpu(0, "A", "8.0", uuid="GPU-aaa"), buildenv.Gpu(1, "B", "9.0", uuid="GPU-b")]

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import arch, images
+from gpulab_jupyter import arch
+
+from . import images
 
 TEMPLATES = {"gpu": "base-gpu.Dockerfile.j2", "cpu": "base-cpu.Dockerfile.j2"}
 JUPYTERLAB_VERSION = "4.6.6"
@@ -40,9 +42,11 @@ class BaseSpec:
 def arch_env(spec: BaseSpec) -> dict[str, str]:
     """Build variables for compiled CUDA code, from the override or the GPUs."""
     caps = arch.split_arch_list(spec.arch_list)[0] if spec.arch_list else spec.capabilities
-    env = arch.cuda_arch_flags(caps)
+    env = arch.build_env(caps)
     if spec.arch_list:
         env["TORCH_CUDA_ARCH_LIST"] = spec.arch_list
+    if env:  # for Makefile builds in the image: nvcc $NVCC_GENCODE ...
+        env["NVCC_GENCODE"] = arch.nvcc_gencode(caps)
     return env
 
 

@@ -30,6 +30,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     TORCH_CUDA_ARCH_LIST="12.0+PTX" \
     CMAKE_CUDA_ARCHITECTURES="120-real;120-virtual" \
+    CUDAARCHS="120-real;120-virtual" \
     FLASH_ATTN_CUDA_ARCHS="120" \
     NVCC_GENCODE="-gencode=arch=compute_120,code=sm_120 -gencode=arch=compute_120,code=compute_120" \
     FORCE_CUDA=1

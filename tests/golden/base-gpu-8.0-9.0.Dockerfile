@@ -30,6 +30,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX" \
     CMAKE_CUDA_ARCHITECTURES="80-real;90-real;90-virtual" \
+    CUDAARCHS="80-real;90-real;90-virtual" \
     FLASH_ATTN_CUDA_ARCHS="80;90" \
     NVCC_GENCODE="-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90 -gencode=arch=compute_90,code=compute_90" \
     FORCE_CUDA=1

@@ -30,6 +30,7 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     TORCH_CUDA_ARCH_LIST="8.6+PTX" \
     CMAKE_CUDA_ARCHITECTURES="86-real;86-virtual" \
+    CUDAARCHS="86-real;86-virtual" \
     FLASH_ATTN_CUDA_ARCHS="86" \
     NVCC_GENCODE="-gencode=arch=compute_86,code=sm_86 -gencode=arch=compute_86,code=compute_86" \
     FORCE_CUDA=1

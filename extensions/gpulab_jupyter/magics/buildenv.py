@@ -15,21 +15,14 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GIB = 1024**3
-DEFAULT_JOB_GIB = 2.5
-# Packages whose compile needs more memory per job (nvcc with many templates).
-JOB_GIB = {"flash-attn": 8.0, "xformers": 6.0, "vllm": 6.0, "apex": 4.0, "deepspeed": 4.0}
+from .. import arch
+
 # Packages whose build imports torch, so the build must see the installed torch.
 TORCH_AT_BUILD = {
     "flash-attn", "pytorch3d", "nvdiffrast", "torchmcubes", "torch-scatter", "torch-sparse",
     "torch-cluster", "torch-spline-conv", "xformers", "apex", "gsplat", "simple-knn",
     "diff-gaussian-rasterization", "causal-conv1d", "mamba-ssm", "detectron2", "mmcv", "kaolin",
     "pointnet2-ops", "natten", "tinycudann", "sageattention", "fused-ssim", "torch-points-kernels",
-}  # fmt: skip
-GENERATIONS = {
-    "7.0": "Volta", "7.2": "Volta", "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere",
-    "8.7": "Ampere", "8.9": "Ada Lovelace", "9.0": "Hopper", "10.0": "Blackwell",
-    "10.3": "Blackwell", "12.0": "Blackwell", "12.1": "Blackwell",
 }  # fmt: skip
 
 
@@ -44,7 +37,7 @@ class Gpu:
 
     @property
     def sm(self) -> str:
-        return "sm_" + self.capability.replace(".", "")
+        return arch.sm(self.capability)
 
 
 @dataclass
@@ -56,12 +49,7 @@ class GpuReport:
 
     @property
     def capabilities(self) -> list[str]:
-        return sorted({g.capability for g in self.gpus}, key=cap_key)
-
-
-def cap_key(cap: str) -> tuple[int, int]:
-    major, _, minor = cap.partition(".")
-    return int(major), int(minor or 0)
+        return sorted({g.capability for g in self.gpus}, key=arch.key)
 
 
 def _text(value) -> str:
@@ -138,7 +126,7 @@ def _from_nvidia_smi() -> GpuReport | None:
     for row in done.stdout.strip().splitlines():
         try:
             idx, name, cap, total, used, uuid, driver = (c.strip() for c in row.split(","))
-            cap_key(cap)
+            arch.key(cap)
             gpu = Gpu(int(idx), name, cap, int(total) * mib, int(used) * mib, uuid)
         except ValueError:
             return GpuReport(problem=f"nvidia-smi gave an answer gpulab cannot read: {row!r}")
@@ -163,18 +151,10 @@ def detect_gpus(environ=None) -> GpuReport:
 
 def arch_env(capabilities: list[str]) -> dict[str, str]:
     """The variables builds read, all from the same compute capabilities (+PTX on the highest)."""
-    caps = sorted(set(capabilities), key=cap_key)
-    if not caps:
-        return {}
-    nums = [c.replace(".", "") for c in caps]
-    cmake = ";".join([f"{n}-real" for n in nums] + [f"{nums[-1]}-virtual"])
-    return {
-        "TORCH_CUDA_ARCH_LIST": ";".join(caps[:-1] + [caps[-1] + "+PTX"]),
-        "CMAKE_CUDA_ARCHITECTURES": cmake,
-        "CUDAARCHS": cmake,
-        "FLASH_ATTN_CUDA_ARCHS": ";".join(nums),
-        "FORCE_CUDA": "1",
-    }
+    env = arch.build_env(capabilities)
+    if env:
+        env["FORCE_CUDA"] = "1"
+    return env
 
 
 def _read(path: str) -> str:
@@ -196,25 +176,24 @@ def cpu_count() -> int:
     return max(1, cpus)
 
 
-def available_memory() -> int:
-    """Bytes a build can still use: MemAvailable, capped by the cgroup's limit."""
-    avail = 0
+def available_memory() -> int | None:
+    """Bytes a build can still use: MemAvailable, capped by the cgroup's limit (None: unknown)."""
+    avail = None
     for line in _read("/proc/meminfo").splitlines():
         if line.startswith("MemAvailable:"):
             avail = int(line.split()[1]) * 1024
     limit, usage = _read("/sys/fs/cgroup/memory.max"), _read("/sys/fs/cgroup/memory.current")
     if limit.isdigit() and usage.isdigit():
-        avail = min(avail or int(limit), max(0, int(limit) - int(usage)))
+        left = max(0, int(limit) - int(usage))
+        avail = left if avail is None else min(avail, left)
     return avail
 
 
 def max_jobs(names=(), cpus: int | None = None, memory: int | None = None) -> int:
-    """Parallel compile jobs: no more than CPUs, and no more than memory allows."""
+    """Parallel compile jobs for these packages here (:func:`gpulab_jupyter.arch.max_jobs`)."""
     cpus = cpu_count() if cpus is None else cpus
     memory = available_memory() if memory is None else memory
-    per_job = max([DEFAULT_JOB_GIB] + [JOB_GIB.get(n, 0) for n in names]) * GIB
-    by_memory = int(memory // per_job) if memory else cpus
-    return max(1, min(cpus, by_memory))
+    return arch.max_jobs(memory, cpus, names)
 
 
 @dataclass

@@ -16,6 +16,8 @@ import struct
 import subprocess
 from dataclasses import dataclass, field
 
+from .. import arch
+
 FATBIN_MAGIC = b"\x50\xed\x55\xba"  # 0xBA55ED50, little endian
 FATBIN_SECTIONS = (b".nv_fatbin", b"__nv_relfatbin")
 _CUOBJDUMP_ARCH = re.compile(r"\.(sm|compute)_(\d+)[a-z]?\.(cubin|ptx)")
@@ -32,27 +34,13 @@ class CudaCode:
         return bool(self.sass or self.ptx)
 
     def describe(self) -> str:
-        parts = [f"sm_{c.replace('.', '')}" for c in sorted(self.sass, key=_key)]
-        parts += [f"PTX compute_{c.replace('.', '')}" for c in sorted(self.ptx, key=_key)]
+        parts = [arch.sm(c) for c in sorted(self.sass, key=arch.key)]
+        parts += [f"PTX compute_{c.replace('.', '')}" for c in sorted(self.ptx, key=arch.key)]
         return ", ".join(parts) or "no GPU code"
 
-
-def _key(cap: str) -> tuple[int, int]:
-    major, _, minor = cap.partition(".")
-    return int(major), int(minor)
-
-
-def _cap(arch: int) -> str:
-    return f"{arch // 10}.{arch % 10}"
-
-
-def runs_on(cap: str, code: CudaCode) -> bool:
-    """SASS runs on the same major with a minor no higher than the GPU's; PTX of an
-    equal or lower capability can be compiled by the driver at load time."""
-    major, minor = _key(cap)
-    if any(_key(s)[0] == major and _key(s)[1] <= minor for s in code.sass):
-        return True
-    return any(_key(p) <= (major, minor) for p in code.ptx)
+    def runs_on(self, cap: str) -> bool:
+        """Does this code run on a GPU of ``cap`` (:func:`gpulab_jupyter.arch.runs_on`)?"""
+        return arch.runs_on(cap, self.sass, self.ptx)
 
 
 def _sections(data) -> list[tuple[int, int]]:
@@ -89,11 +77,11 @@ def _entries(data, start: int, end: int, code: CudaCode) -> None:
         entry, stop = pos + header_size, min(end, pos + header_size + fat_size)
         while entry + 32 <= stop:
             kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
-            (arch,) = struct.unpack_from("<I", data, entry + 28)
+            (number,) = struct.unpack_from("<I", data, entry + 28)
             if entry_header < 32:
                 break
-            if arch >= 10:
-                (code.ptx if kind == 1 else code.sass).add(_cap(arch))
+            if number >= 10:
+                (code.ptx if kind == 1 else code.sass).add(arch.from_number(number))
             entry += entry_header + payload
         pos = data.find(FATBIN_MAGIC, max(stop, pos + 16), end)
 
@@ -128,9 +116,9 @@ def parse_cuobjdump(tool: str, path: str) -> CudaCode | None:
             return None
         if done.returncode != 0 and "does not contain" not in done.stderr:
             return None
-        for _kind, arch, _ in _CUOBJDUMP_ARCH.findall(done.stdout):
-            if int(arch) >= 10:
-                (code.ptx if flag == "--list-ptx" else code.sass).add(_cap(int(arch)))
+        for _kind, number, _ in _CUOBJDUMP_ARCH.findall(done.stdout):
+            if int(number) >= 10:
+                (code.ptx if flag == "--list-ptx" else code.sass).add(arch.from_number(int(number)))
     return code
 
 

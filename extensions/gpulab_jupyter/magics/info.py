@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from . import buildenv, cudabin
+from .. import arch
+from . import buildenv
 
 _TORCH = r"""
 import json, torch
@@ -53,8 +54,8 @@ def gather() -> dict:
                 "name": g.name,
                 "capability": g.capability,
                 "sm": g.sm,
-                "generation": buildenv.GENERATIONS.get(g.capability, ""),
-                "bf16": buildenv.cap_key(g.capability) >= (8, 0),
+                "generation": arch.generation(g.capability),
+                "bf16": arch.key(g.capability) >= (8, 0),
                 "memory_total": g.memory_total,
                 "memory_used": g.memory_used,
             }
@@ -94,16 +95,14 @@ def render(info: dict) -> str:
         cuda = f"CUDA {t['cuda']}" if t.get("cuda") else "CPU only"
         arch = " ".join(t.get("arch_list") or []) or "none"
         out.append(f"torch {t['version']} ({cuda}), built for: {arch}")
-        sass, ptx = set(), set()
-        for a in t.get("arch_list") or []:
-            kind, _, num = a.partition("_")
-            if num.isdigit():
-                cap = f"{int(num) // 10}.{int(num) % 10}"
-                (ptx if kind == "compute" else sass).add(cap)
-        code = cudabin.CudaCode(sass, ptx)
+        sass, ptx = arch.split_arch_list(t.get("arch_list") or [])
         for g in info["gpus"]:
-            ok = cudabin.runs_on(g["capability"], code) if code else False
-            verdict = "yes" if ok else "NO: kernels would fail with 'no kernel image is available'"
+            if arch.key(g["capability"]) < arch.key(arch.OLDEST):
+                verdict = "older than Volta (7.0), which gpulab's builds do not target"
+            elif arch.runs_on(g["capability"], sass, ptx):
+                verdict = "yes"
+            else:
+                verdict = "NO: kernels would fail with 'no kernel image is available'"
             out.append(f"  runs on GPU {g['index']} ({g['sm']}): {verdict}")
         if info["gpus"] and not t.get("available"):
             out.append(f"  torch.cuda.is_available() is False {t.get('error', '')}".rstrip())

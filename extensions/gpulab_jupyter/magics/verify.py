@@ -16,6 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+from .. import arch
 from . import cudabin
 
 MARK = "@@gpulab-verify@@"
@@ -171,8 +172,8 @@ def gpu_check(name: str, capabilities: list[str], problem: str = "") -> Verdict:
             )
             continue
         for cap in capabilities:
-            if not cudabin.runs_on(cap, code):
-                sm = "sm_" + cap.replace(".", "")
+            if not code.runs_on(cap):
+                sm = arch.sm(cap)
                 verdict.ok = False
                 verdict.problems.append(
                     f"{base} has no code for this GPU ({sm}, compute capability {cap}): it "

@@ -1,14 +1,16 @@
 """CUDA versions and GPU architectures: driver vs image, GPU vs arch lists.
 
 Pure functions of what was read elsewhere (driver, image, torch); the tables
-and the SASS/PTX rules are gpulab's own (:mod:`gpulab_hub.arch`).
+and the SASS/PTX rules are gpulab's one architecture module,
+:mod:`gpulab_jupyter.arch`, which ``%gpu_install`` uses too.
 """
 
 from __future__ import annotations
 
 import re
 
-from .. import arch
+from gpulab_jupyter import arch
+
 from .findings import FAIL, OK, WARN, Finding, gpu_absent
 from .gpu import Gpu, Inventory, cuda_str, version_tuple
 
@@ -31,14 +33,6 @@ def expand_names(value: str) -> str:
     """'Ampere;9.0' -> '8.0;8.6+PTX;9.0' (other entries unchanged)."""
     items = re.split(r"[;\s,]+", value.strip())
     return ";".join(NAMED_ARCHES.get(i.lower(), i) for i in items if i)
-
-
-def how_it_runs(cc: tuple[int, int], sass: set[str], ptx: set[str]) -> str | None:
-    """'native' (a binary for this GPU), 'ptx' (JIT from PTX only) or None (no kernel image)."""
-    cap = f"{cc[0]}.{cc[1]}"
-    if arch.runs_on(cap, sass):
-        return "native"
-    return "ptx" if arch.runs_on(cap, set(), ptx) else None
 
 
 def _arch_text(sass: set[str], ptx: set[str]) -> str:
@@ -116,14 +110,16 @@ def check_torch_arch(
     if not arch_flags:
         return Finding(fid, OK, f"torch {torch_version} is a CPU build: nothing to run on a GPU")
     sass, ptx = arch.split_arch_list(arch_flags)
+    cudas = [arch.min_cuda(arch.normalize(g.cc)) for g in gpus if g.cc]
+    cuda = max(filter(None, cudas), key=version_tuple, default=None)
+    wheels = f": a CUDA {cuda}+ build, e.g. the cu{cuda.replace('.', '')} wheels" if cuda else ""
     return _arch_finding(
         fid,
         f"torch {torch_version} has {_arch_text(sass, ptx)}",
         sass,
         ptx,
         gpus,
-        "Install a torch build that includes {need} (for Blackwell, "
-        "cc 10.0 or 12.0: a CUDA 12.8+ build, e.g. the cu128 wheels).",
+        "Install a torch build that includes {need}" + wheels + ".",
     )
 
 
@@ -164,7 +160,7 @@ def _arch_finding(
         if g.cc < (7, 0):
             old.append(label)
             continue
-        how = how_it_runs(g.cc, sass, ptx)
+        how = arch.how_it_runs(arch.normalize(g.cc), sass, ptx)
         if how is None:
             missing.append(label)
         elif how == "ptx":

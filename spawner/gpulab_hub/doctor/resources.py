@@ -7,11 +7,11 @@ import re
 import shutil
 from pathlib import Path
 
+from gpulab_jupyter import arch
+
 from .findings import FAIL, OK, WARN, Finding
 
 GIB = 2**30
-# One nvcc job compiling flash-attn / pytorch3d style code peaks at about 4 GiB.
-GIB_PER_BUILD_JOB = 4
 # Free space below which builds fail (fail) or soon will (warn): a CUDA + torch
 # image is 10-20 GiB, and a build needs room for its layers on top.
 DOCKER_DISK = (10, 30)
@@ -29,11 +29,6 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def max_jobs(available: int, cpus: int) -> int:
-    """Parallel compile jobs that fit in ``available`` bytes (what builds set MAX_JOBS to)."""
-    return max(1, min(cpus, available // (GIB_PER_BUILD_JOB * GIB)))
-
-
 def gib(n: int | float) -> str:
     return f"{n / GIB:.1f} GiB"
 
@@ -43,21 +38,22 @@ def check_memory(meminfo_text: str, cpus: int) -> Finding:
     m = parse_meminfo(meminfo_text)
     avail = m.get("MemAvailable", m.get("MemFree", 0))
     swap = m.get("SwapTotal", 0)
-    jobs = max_jobs(avail, cpus)
+    # the MAX_JOBS %gpu_install sets for the same memory and CPUs
+    jobs = arch.max_jobs(avail, cpus)
     seen = (
         f"{gib(avail)} of {gib(m.get('MemTotal', 0))} memory available, swap {gib(swap)}, "
         f"{cpus} CPUs: CUDA extension builds run with MAX_JOBS={jobs}"
     )
-    if avail < GIB_PER_BUILD_JOB * GIB:
+    if avail < arch.JOB_GIB * GIB:
         return Finding(
             "host.memory",
             WARN,
-            seen + f" and even one job may not fit in {GIB_PER_BUILD_JOB} GiB",
+            seen + f" and even one job may not fit in {arch.JOB_GIB:g} GiB",
             "Free memory or add swap (e.g. a 16 GiB "
             "swap file) before compiling CUDA extensions (flash-attn, pytorch3d), "
             "or the OOM killer ends the build or the whole machine stalls.",
         )
-    if swap == 0 and avail < 2 * GIB_PER_BUILD_JOB * GIB:
+    if swap == 0 and avail < 2 * arch.JOB_GIB * GIB:
         return Finding(
             "host.memory",
             WARN,
