@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpulab_hub.projects import Project, ProjectError, ensure_project, project_name
+from gpulab_hub.projects import Project, ProjectError, project_name
+from gpulab_hub.safefs import ensure_project
 
 
 @pytest.mark.parametrize("name", ["a", "vision", "vision-2", "x1-y2-z3", "a" * 30])

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from .projects import Project, ProjectError, safe_owner
+from .projects import DOCKERFILE, Project, ProjectError, safe_owner
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -320,3 +320,55 @@ def walk(
                 yield from walk(sub, path, budget, skip, depth + 1)
             finally:
                 os.close(sub)
+
+
+def ensure_project(project: Project, dockerfile_text: str, uid: int, gid: int) -> bool:
+    """Create the project's directory and Dockerfile if missing (re-runnable).
+
+    Returns True when the Dockerfile was written now. An existing entry named
+    Dockerfile (even a link) is never touched. No link is followed; only what
+    is created here is given to the notebook user (``uid``/``gid``: its ids on
+    the host), through descriptors.
+    """
+    owner = safe_owner(project.owner)
+    try:
+        project.root.mkdir(parents=True, exist_ok=True)
+        root_fd = open_root(project.root)
+        try:
+            _mkdir(root_fd, owner, 0o755)
+            user_fd = open_dir(owner, root_fd, "")
+        finally:
+            os.close(root_fd)
+        try:
+            created = _mkdir(user_fd, project.name, 0o755)
+            fd = open_dir(project.name, user_fd, "")
+        finally:
+            os.close(user_fd)
+    except (OSError, Refused) as e:
+        if isinstance(e, Refused):
+            why = "it is a link" if e.reason == LINK else "it is not a folder"
+        else:
+            why = e.strerror
+        raise ProjectError(
+            f"Cannot create the project directory {project.path}: {why}. "
+            "Ask the administrator to check ProjectSpawner.projects_root."
+        ) from e
+    try:
+        if created:
+            chown_fd(fd, uid, gid)
+        try:
+            os.stat(DOCKERFILE, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return create_exclusive(fd, DOCKERFILE, dockerfile_text.encode(), uid, gid)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _mkdir(dir_fd: int, name: str, mode: int) -> bool:
+    try:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        return False
+    os.chmod(name, mode, dir_fd=dir_fd)  # the mode asked for, whatever the hub's umask (077)
+    return True

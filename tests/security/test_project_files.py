@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpulab_hub import images, projectimage, safefs
-from gpulab_hub.projects import Project, ProjectError, ensure_project
-from gpulab_hub.sharing import copy, public
+from gpulab_hub.projects import Project, ProjectError
+from gpulab_hub.safefs import ensure_project
+from gpulab_hub.sharing import copy, notebooks, public
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants device files and chowns: root")
 SECRET = b"root-only secret line 1\nroot-only secret line 2\n"
@@ -337,8 +338,8 @@ def test_notebook_to_copy_or_show_that_is_not_a_file(shared, outside, attack, pa
     if path.startswith("sub/"):
         attack = "link_dir" if attack == "link_file" else attack
     plant(target, attack, outside)
-    with deadline(), pytest.raises(copy.FileRefused) as err:
-        copy.read_notebook(shared.root, "alice", "one", path)
+    with deadline(), pytest.raises(notebooks.FileRefused) as err:
+        notebooks.read_notebook(shared.root, "alice", "one", path)
     status = {"link_file": 403, "link_dir": 403, "fifo": 400, "device": 400}[attack]
     if path.startswith("sub/") and attack in ("fifo", "device"):
         status = 404  # a FIFO where a folder should be: no such notebook
@@ -348,9 +349,9 @@ def test_notebook_to_copy_or_show_that_is_not_a_file(shared, outside, attack, pa
 
 
 def test_oversized_notebook(shared):
-    big(shared.path / "big.ipynb", copy.MAX_BYTES + 1)
-    with pytest.raises(copy.FileRefused) as err:
-        copy.read_notebook(shared.root, "alice", "one", "big.ipynb")
+    big(shared.path / "big.ipynb", notebooks.MAX_BYTES + 1)
+    with pytest.raises(notebooks.FileRefused) as err:
+        notebooks.read_notebook(shared.root, "alice", "one", "big.ipynb")
     assert err.value.status == 413 and "over 50 MiB" in str(err.value)
 
 
