@@ -24,7 +24,6 @@ import requests.exceptions
 
 from . import baseimage, images, objects, pidfile
 
-LOCAL_DEBIAN = "gpulab/debian:bookworm"
 DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 HOST_CA_DIR = "/usr/local/share/ca-certificates"
 

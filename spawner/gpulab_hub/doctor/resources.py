@@ -76,15 +76,6 @@ def is_wsl2(proc_version: str, environ) -> bool:
     )
 
 
-def parse_size(text: str) -> int | None:
-    """A .wslconfig size ('8GB', '512MB', '16G', '1TB') -> bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", text, re.IGNORECASE)
-    if not m:
-        return None
-    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()]
-    return int(float(m.group(1)) * scale)
-
-
 def parse_wslconfig(text: str) -> dict[str, str]:
     """The [wsl2] section of a .wslconfig (INI, keys case-insensitive, # and ; comments)."""
     section, out = "", {}
