@@ -50,6 +50,7 @@ what they were allowed (a revoked or lowered share, a revoked token).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -177,7 +178,15 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
     async def _still_allowed(self, handler, token: str, allowed) -> bool:
         """For an open websocket: whether ``token`` still reaches this server and may
         still do each (action, resource) in ``allowed`` (the hub asked afresh)."""
-        model = await self.hub_auth.user_for_token(token, use_cache=False, sync=False)
+        session_id = self.hub_auth.get_session_id(handler)
+        model = await self.hub_auth.user_for_token(
+            token, use_cache=False, session_id=session_id, sync=False
+        )
+        # HubOAuth keeps each token's answer for cache_max_age (30 s): put the fresh one
+        # there (user_for_token's own cache key), so a closed connection cannot reopen
+        # with the stale answer.
+        digest = hashlib.sha256(token.encode("utf8", "replace")).hexdigest()
+        self.hub_auth.cache[f"token:{session_id}:{digest}"] = model
         if not model or not self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):
             return False
         await self._shared(model, fresh=True)  # a listing at most REFRESH_MIN_S old
@@ -243,6 +252,9 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
 
 MUTATING = ("post", "put", "patch", "delete")
 READING = ("get", "head")
+# Handlers that let anyone in (``@allow_unauthenticated``) but answer a logged-in
+# person more: they ask the authorizer too (/metrics: request and kernel counts).
+ASK_ANYWAY = frozenset({"jupyter_server.base.handlers.PrometheusMetricsHandler"})
 
 
 def all_rules(web_app) -> list:
@@ -316,7 +328,10 @@ def guard_routes(rules) -> list[str]:
             method = getattr(cls, name, None)
             if method is None or method is getattr(RequestHandler, name, None):
                 continue
-            if asks_authorizer(method) or getattr(method, "__allow_unauthenticated", False):
+            open_to_all = getattr(method, "__allow_unauthenticated", False)
+            if open_to_all and f"{cls.__module__}.{cls.__qualname__}" in ASK_ANYWAY:
+                open_to_all = name not in READING
+            if asks_authorizer(method) or open_to_all:
                 continue
             resource = getattr(cls, "auth_resource", None) or "unknown"
             if name in READING:

@@ -78,6 +78,8 @@ def share_by_link(owner: HubUser, project: str, guest: HubUser, role: str) -> No
 def browser_session(user: HubUser, server: str) -> requests.Session | None:
     """A cookie session on ``server`` (``/user/<owner>/<project>``) after JupyterHub's
     OAuth, as a browser gets it; None where the server turned the user away."""
+    import time
+
     s = requests.Session()
     s.cookies.update(user.http.cookies)
     r = s.get(user.base + server + "/lab", timeout=30)
@@ -85,6 +87,11 @@ def browser_session(user: HubUser, server: str) -> requests.Session | None:
         xsrf = s.cookies.get("_xsrf", path="/hub/")
         scopes = re.findall(r'name="scopes" value="([^"]+)"', r.text)
         r = s.post(r.url, data={"_xsrf": xsrf, "scopes": scopes}, timeout=30)
+    for _ in range(10):  # a share made a moment ago: the server's listing may lag 2 s
+        if r.status_code != 403:
+            break
+        time.sleep(1)
+        r = s.get(user.base + server + "/lab", timeout=30)
     if r.status_code != 200 or not r.url.startswith(user.base + server):
         return None
     return s

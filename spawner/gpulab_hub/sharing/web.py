@@ -33,7 +33,7 @@ from jupyterhub.utils import utcnow
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from . import roles
+from . import origins, roles
 from .groupshares import GroupShareRoles
 from .policy import ProjectSharing, SharingPolicyStore
 
@@ -67,11 +67,22 @@ class ShareHandler(BaseHandler):
     @property
     def content_security_policy(self):
         """JupyterHub forbids framing its pages; the embedded share page allows its own
-        origin (JupyterLab's Share dialog) and no other."""
-        csp = super().content_security_policy
-        if self.embed:
-            csp = csp.replace("frame-ancestors 'none'", "frame-ancestors 'self'")
-        return csp
+        origin (JupyterLab's Share dialog) and, with subdomains, the project owner's
+        (see :meth:`allow_framing_by`), no other."""
+        csp = origins.configured_csp(self)
+        return origins.framed_by(csp, "'self'") if self.embed else csp
+
+    def set_default_headers(self):
+        super().set_default_headers()
+        # The hub's configured CSP (tornado_settings['headers']) would replace ours.
+        self.set_header(origins.CSP_HEADER, self.content_security_policy)
+
+    def allow_framing_by(self, owner: str) -> None:
+        """With subdomains, JupyterLab runs on the owner's origin, not the hub's."""
+        user = self.find_user(owner) if self.embed and self.subdomain_host else None
+        if user is not None:
+            csp = origins.framed_by(origins.configured_csp(self), "'self'", user.host)
+            self.set_header(origins.CSP_HEADER, csp)
 
     # --- who may use the page, on which project -------------------------------------
     def _target(self, first: str, second: str | None) -> tuple[str, str, bool]:
@@ -130,7 +141,9 @@ class ShareHandler(BaseHandler):
 
     async def _api(self, token: str, method: str, path: str, body=None, query=None):
         """One call to the hub's REST API as the owner; the decoded reply, or ApiError."""
-        url = f"http://127.0.0.1:{self.hub.port}{self.hub.base_url}api{path}"
+        # The hub's own address (it may listen only on gpulab's bridge network).
+        ip = self.hub.ip if self.hub.ip not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        url = f"{self.hub.proto}://{ip}:{self.hub.port}{self.hub.base_url}api{path}"
         if query:
             url += "?" + urlencode(query)
         request = HTTPRequest(
@@ -315,11 +328,13 @@ class ShareHandler(BaseHandler):
     @web.authenticated
     async def get(self, first: str, second: str | None = None):
         owner, project, resharing = self._target(first, second)
+        self.allow_framing_by(owner)
         await self._page(owner, project, resharing)
 
     @web.authenticated
     async def post(self, first: str, second: str | None = None):
         owner, project, resharing = self._target(first, second)
+        self.allow_framing_by(owner)
         token = None if resharing else self._token(project)
         try:
             message, link = await self._act(token, owner, project, resharing)

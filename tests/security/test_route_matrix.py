@@ -1,0 +1,267 @@
+"""Every route of a project server, asked as each role (issue 13, tests).
+
+The route list is read from the project's own image: the owner's kernel builds a
+Jupyter server with the same extensions as the running one (JupyterLab, jupyter-
+collaboration, terminals, language servers, gpulab's) and lists its tornado rules,
+with the methods each handler defines. Every rule must be in :data:`EXPECTED` (by
+handler class): a route added by a new extension and not listed here FAILS, so
+someone decides what it needs. Then each route's GET is asked as anonymous,
+another user, an admin without a share, a viewer, a collaborator and the owner,
+and each method that changes something (POST, PUT, PATCH, DELETE) as the four
+that may not change anything (never as a collaborator or the owner: it could stop
+the server).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import requests
+from people import (
+    NB,
+    ORIGINAL,
+    execute,
+    log_in_admin,
+    make_user,
+    notebook,
+    share_by_link,
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
+
+OWNER, PROJECT = "rmowner", "matrix"
+VIEWER, COLLAB, OTHER = "rmviewer", "rmcollab", "rmother"
+SERVER = f"/user/{OWNER}/{PROJECT}"
+ROLES = ("anonymous", "other", "admin", "viewer", "collaborator", "owner")
+
+DUMP = r"""
+import json
+from jupyter_server.serverapp import ServerApp
+from jupyter_server.base.handlers import JupyterHandler
+from tornado.web import RequestHandler
+app = ServerApp()
+app.initialize(argv=["--ServerApp.port=0", "--ServerApp.open_browser=False"],
+               new_httpserver=False)
+rules, pending = [], [app.web_app.default_router]
+while pending:
+    for rule in getattr(pending.pop(), "rules", ()):
+        (rules if isinstance(rule.target, type) else pending).append(
+            rule if isinstance(rule.target, type) else rule.target)
+rows = []
+for rule in rules:
+    cls = rule.target
+    methods = [m for m in ("get", "head", "post", "put", "patch", "delete")
+               if getattr(cls, m, None) is not getattr(RequestHandler, m)]
+    rows.append({"pattern": getattr(rule.matcher, "regex").pattern,
+                 "handler": cls.__module__ + "." + cls.__qualname__, "methods": methods,
+                 "jupyter": issubclass(cls, JupyterHandler)})
+print("ROUTES " + json.dumps(rows))
+"""
+
+# What each handler's GET needs: "public" (no login: static files, login, logout,
+# redirects), "read" (viewer and up), "execute" (collaborator and up: websockets of
+# kernels, terminals, events). Keyed by handler class name.
+EXPECTED = {
+    # jupyter_server
+    "jupyter_server.base.handlers.RedirectWithParams": "public",
+    "jupyter_server.base.handlers.TrailingSlashHandler": "public",
+    "jupyter_server.base.handlers.MainHandler": "public",  # a redirect to /lab
+    "jupyter_server.base.handlers.APIVersionHandler": "public",
+    "jupyter_server.base.handlers.Template404": "read",
+    "jupyter_server.base.handlers.FileFindHandler": "public",
+    "jupyter_server.base.handlers.PublicStaticFileHandler": "public",
+    "jupyter_server.base.handlers.AuthenticatedFileHandler": "read",
+    "jupyter_server.base.handlers.FilesRedirectHandler": "read",
+    "jupyter_server.base.handlers.PrometheusMetricsHandler": "read",
+    "jupyter_server.files.handlers.FilesHandler": "read",
+    "jupyter_server.view.handlers.ViewHandler": "read",
+    "jupyter_server.auth.login.LoginFormHandler": "public",
+    "jupyter_server.auth.login.LoginHandler": "public",
+    "jupyter_server.auth.logout.LogoutHandler": "public",
+    "jupyter_server.nbconvert.handlers.NbconvertFileHandler": "read",
+    "jupyter_server.nbconvert.handlers.NbconvertPostHandler": "read",
+    "jupyter_server.services.api.handlers.APISpecHandler": "read",
+    "jupyter_server.services.api.handlers.APIStatusHandler": "read",
+    "jupyter_server.services.api.handlers.IdentityHandler": "read",
+    "jupyter_server.services.config.handlers.ConfigHandler": "read",
+    "jupyter_server.services.contents.handlers.ContentsHandler": "read",
+    "jupyter_server.services.contents.handlers.CheckpointsHandler": "read",
+    "jupyter_server.services.contents.handlers.ModifyCheckpointsHandler": "read",
+    "jupyter_server.services.contents.handlers.NotebooksRedirectHandler": "public",
+    "jupyter_server.services.contents.handlers.TrustNotebooksHandler": "read",
+    "jupyter_server.services.events.handlers.EventHandler": "read",
+    "jupyter_server.services.events.handlers.SubscribeWebsocket": "execute",
+    "jupyter_server.services.kernels.handlers.MainKernelHandler": "read",
+    "jupyter_server.services.kernels.handlers.KernelHandler": "read",
+    "jupyter_server.services.kernels.handlers.KernelActionHandler": "read",
+    "jupyter_server.services.kernels.websocket.KernelWebsocketHandler": "execute",
+    "jupyter_server.services.kernelspecs.handlers.MainKernelSpecHandler": "read",
+    "jupyter_server.services.kernelspecs.handlers.KernelSpecHandler": "read",
+    "jupyter_server.kernelspecs.handlers.KernelSpecResourceHandler": "read",
+    "jupyter_server.services.nbconvert.handlers.NbconvertRootHandler": "read",
+    "jupyter_server.services.security.handlers.CSPReportHandler": "read",
+    "jupyter_server.services.sessions.handlers.SessionRootHandler": "read",
+    "jupyter_server.services.sessions.handlers.SessionHandler": "read",
+    "jupyter_server.services.shutdown.ShutdownHandler": "read",
+    "jupyter_server.i18n.handlers.TranslationsHandler": "read",
+    # terminals
+    "jupyter_server_terminals.api_handlers.TerminalRootHandler": "read",
+    "jupyter_server_terminals.api_handlers.TerminalHandler": "read",
+    "jupyter_server_terminals.handlers.TermSocket": "execute",
+    # JupyterLab
+    "jupyterlab_server.handlers.LabHandler": "read",
+    "jupyterlab_server.listings_handler.ListingsHandler": "read",
+    "jupyterlab_server.settings_handler.SettingsHandler": "read",
+    "jupyterlab_server.themes_handler.ThemesHandler": "public",  # theme CSS files
+    "jupyterlab_server.translations_handler.TranslationsHandler": "read",
+    "jupyterlab_server.workspaces_handler.WorkspacesHandler": "read",
+    "jupyterlab_server.licenses_handler.LicensesHandler": "read",
+    "jupyterlab.handlers.build_handler.BuildHandler": "read",
+    "jupyterlab.handlers.extension_manager_handler.ExtensionHandler": "read",
+    "jupyterlab.handlers.plugin_manager_handler.PluginHandler": "read",
+    "jupyterlab.handlers.announcements.CheckForUpdateHandler": "read",
+    "jupyterlab.handlers.announcements.NewsHandler": "read",
+    "jupyterlab.labapp.LabHandler": "read",
+    # language servers
+    "jupyter_lsp.handlers.LanguageServersHandler": "read",
+    "jupyter_lsp.handlers.LanguageServerWebSocketHandler": "execute",
+    # collaboration
+    "jupyter_server_ydoc.handlers.DocSessionHandler": "read",
+    "jupyter_server_ydoc.handlers.YDocWebSocketHandler": "read",
+    "gpulab_jupyter.collab.ReadOnlyRoomHandler": "read",
+    "jupyter_server_ydoc.handlers.TimelineHandler": "read",
+    "jupyter_server_ydoc.handlers.UndoRedoHandler": "read",
+    "jupyter_server_fileid.handler.FileIDHandler": "read",
+    "jupyter_server_fileid.handler.FilePathHandler": "read",
+    "jupyter_server_ydoc.handlers.DocForkHandler": "read",
+    "jupyter_server.services.api.handlers.PathResolverHandler": "read",
+    "jupyterlab_server.handlers.NotFoundHandler": "read",
+    # gpulab
+    "gpulab_jupyter.handlers.InfoHandler": "read",
+    "gpulab_jupyter.handlers.GPUStatusHandler": "read",
+    "gpulab_jupyter.handlers.GPUHistoryHandler": "read",
+    "gpulab_jupyter.handlers.GPUProcessesHandler": "read",
+}
+SAMPLES = ["x", f"/{NB}", "00000000-0000-0000-0000-000000000000", NB, "json:notebook:x", "1", "x/y"]
+REFUSED = (401, 403)
+
+
+def sample_path(pattern: str) -> str | None:
+    """A path the route's regex matches: each group replaced by one sample value."""
+    body = pattern.removesuffix("$")
+    for sample in SAMPLES:
+        out, depth, start = "", 0, 0
+        for i, ch in enumerate(body):
+            if ch == "(" and (i == 0 or body[i - 1] != "\\"):
+                if depth == 0:
+                    out += body[start:i]
+                depth += 1
+            elif ch == ")" and (i == 0 or body[i - 1] != "\\") and depth:
+                depth -= 1
+                if depth == 0:
+                    optional = body[i + 1 : i + 2] in ("?", "*")
+                    out += "" if optional else sample
+                    start = i + 2 if optional else i + 1
+        out += body[start:]
+        path = out.replace("\\", "").replace("?", "")
+        if re.fullmatch(pattern, path):
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def people(hub):
+    admin = log_in_admin(hub)
+    made = {n: make_user(hub, admin, n) for n in (OWNER, VIEWER, COLLAB, OTHER)}
+    return {"admin": admin, **made}
+
+
+@pytest.fixture(scope="module")
+def routes(people):
+    owner = people[OWNER]
+    owner.start_project(PROJECT)
+    body = {"type": "notebook", "format": "json", "content": notebook(ORIGINAL)}
+    assert owner.api("PUT", f"{SERVER}/api/contents/{NB}", json=body).status_code in (200, 201)
+    share_by_link(owner, PROJECT, people[VIEWER], "viewer")
+    share_by_link(owner, PROJECT, people[COLLAB], "collaborator")
+    out = execute(owner.base, SERVER, owner.token, DUMP, timeout=180)
+    line = next(x for x in out.splitlines() if x.startswith("ROUTES "))
+    yield json.loads(line.removeprefix("ROUTES "))
+    owner.stop_project(PROJECT)
+
+
+def token_of(people, role: str) -> str:
+    name = {"other": OTHER, "viewer": VIEWER, "collaborator": COLLAB, "owner": OWNER}
+    return "" if role == "anonymous" else people[name.get(role, role)].token
+
+
+def ask(base: str, method: str, path: str, token: str, timeout: float = 15) -> int:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    try:
+        r = requests.request(
+            method, base + SERVER + path, headers=headers, allow_redirects=False, timeout=timeout
+        )
+    except requests.Timeout:
+        if timeout < 120:  # the server may be busy with the route before (licenses)
+            return ask(base, method, path, token, timeout=120)
+        return 599  # the handler ran and waits (news and update checks go out to the web)
+    return r.status_code
+
+
+def test_every_route_is_in_the_expectation_table(routes):
+    unknown = sorted({r["handler"] for r in routes} - set(EXPECTED))
+    assert not unknown, f"routes nobody decided on (add them to EXPECTED): {unknown}"
+
+
+def test_every_route_as_every_role(people, routes):
+    base = people[OWNER].base
+    wrong, table = [], []
+    for route in routes:
+        need = EXPECTED.get(route["handler"])
+        path = sample_path(route["pattern"].removeprefix(SERVER))
+        if need is None or path is None or "get" not in route["methods"]:
+            continue
+        if path.startswith(SERVER):
+            path = path[len(SERVER) :]
+        got = {role: ask(base, "GET", path, token_of(people, role)) for role in ROLES}
+        table.append(f"{route['handler'].rsplit('.', 1)[1]:32} GET {path:45} {got}")
+        if need == "public":
+            continue
+        # Outsiders: refused (anonymous is sent to log in, or refused).
+        for role in ("other", "admin"):  # 405: no GET on that route, nothing answered
+            if got[role] not in (*REFUSED, 405):
+                wrong.append((path, role, got[role]))
+        if got["anonymous"] not in (*REFUSED, 302, 405):
+            wrong.append((path, "anonymous", got["anonymous"]))
+        allowed = (
+            ("viewer", "collaborator", "owner") if need == "read" else ("collaborator", "owner")
+        )
+        for role in ROLES[3:]:
+            refused = got[role] in REFUSED
+            if refused == (role in allowed):
+                wrong.append((path, role, got[role]))
+    print("\n" + "\n".join(table))
+    assert not wrong, f"(path, role, status) not as expected: {wrong}"
+
+
+def test_no_change_by_anyone_but_collaborators_and_owner(people, routes):
+    base = people[OWNER].base
+    wrong = []
+    for route in routes:
+        if EXPECTED.get(route["handler"]) == "public":
+            continue
+        path = sample_path(route["pattern"].removeprefix(SERVER))
+        if path is None:
+            continue
+        for method in ("post", "put", "patch", "delete"):
+            if method not in route["methods"]:
+                continue
+            for role in ("anonymous", "other", "admin", "viewer"):
+                got = ask(base, method.upper(), path, token_of(people, role))
+                # 405: the route has no such method; DocSessionHandler's PUT is a read
+                ok = got in (*REFUSED, 405) or route["handler"].endswith("DocSessionHandler")
+                if not ok:
+                    wrong.append((method.upper(), path, role, got))
+    assert not wrong, f"a change not refused: {wrong}"
