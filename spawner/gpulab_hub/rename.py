@@ -1,0 +1,489 @@
+"""Renaming a project: its server, files, image record, shares and links move together.
+
+JupyterHub 6.1 can change a server's display name but not its name, which is in the
+server's URL, its shares' scopes (``!server=<owner>/<project>``), gpulab's folders and
+records. The owner renames a stopped project at ``/hub/gpulab/rename/<project>`` (a form,
+POST with JupyterHub's XSRF check) or with a token at
+``POST /hub/api/gpulab/projects/<owner>/<project>/rename`` (``{"name": "<new>"}``).
+
+What moves from ``<old>`` to ``<new>``:
+
+- JupyterHub's server row (``orm.Spawner.name``): its shares and share codes reference
+  the row, so they follow; their scopes are rewritten to ``!server=<owner>/<new>``, and
+  so are API tokens' scopes that name the server. The server's OAuth client (gone with
+  its last stop, unless the hub died) is removed: people authorize the new name once.
+  The hub's in-memory spawner of the old name is dropped, so the next one is made
+  afresh under the new name (URL, OAuth client id, container name);
+- the project folder ``<projects_root>/<owner>/<old>`` and the hub's record of it
+  ``<state_root>/<owner>/<old>`` (last good image, build logs), renamed in place;
+- gpulab's records in the hub folder: the sharing settings, the public links, and the
+  roles mirroring group shares (their names and scopes name the project; the roles file
+  is what the hub loads at start).
+
+The display name stays, unless it was the old name itself (JupyterHub's default), which
+becomes the new one; the owner may give another. The project must be stopped (no
+container of it left). The new name follows the rules of every project name
+(projects.project_name, checked whole) and must be free: no project, folder or hub
+record of that name. If a step fails, what was moved is put back and one message says
+so. Nothing is left under the old name: a new project of that name starts empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import docker.errors
+import requests.exceptions
+import sqlalchemy as sa
+from jupyterhub import orm
+from jupyterhub import roles as hub_roles
+from jupyterhub.apihandlers import APIHandler
+from jupyterhub.handlers import BaseHandler
+from jupyterhub.scopes import needs_scope
+from tornado import web
+
+from . import jsonfile, options
+from .deletion import place_of
+from .projects import DEFAULT_PROJECT, ProjectError, project_name, safe_owner
+from .sharing import groupshares
+from .sharing.public import store as public_links
+from .sharing.received import policy_store
+
+PAGE = "/gpulab/rename"
+API = "/api/gpulab/projects"
+STOP_FIRST = "Stop the project first: a running project cannot be renamed."
+# A project name, whole: what projects.project_name accepts (JupyterHub's safe slug).
+NAME = re.compile(r"[a-z][a-z0-9]{0,29}(?:-[a-z0-9]+)*")
+MAX_NAME = 30
+STATE_KEYS = ("object_id", "object_name")  # DockerSpawner's record of a container
+
+
+class RenameError(Exception):
+    """A rename refused or failed; ``str()`` is the message for the owner."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Where:
+    """The folders a rename touches, from the hub's settings (deletion.place_of)."""
+
+    projects_root: Path
+    state_root: Path | None
+    hub_dir: Path
+
+
+# --- checks -----------------------------------------------------------------------
+def check_new_name(new: str, old: str) -> str:
+    """``new`` as a project name, or RenameError(400)."""
+    if not isinstance(new, str) or len(new) > MAX_NAME or not NAME.fullmatch(new):
+        raise RenameError(
+            400,
+            f"Invalid project name {str(new)[:40]!r}: use 1-30 lowercase letters, digits and "
+            "single hyphens, starting with a letter (e.g. 'vision-2').",
+        )
+    try:
+        project_name(new)
+    except ProjectError as e:
+        raise RenameError(400, str(e)) from e
+    if new == DEFAULT_PROJECT:
+        raise RenameError(400, f"{DEFAULT_PROJECT!r} is the name of the default project.")
+    if new == old:
+        raise RenameError(400, f"The project is called {old!r} already.")
+    return new
+
+
+def check_display_name(display: str | None) -> str | None:
+    if display is None or display == "":
+        return None
+    if not isinstance(display, str):
+        raise RenameError(400, "The display name must be text.")
+    try:
+        return options.check_display_name(display)
+    except options.OptionsError as e:
+        raise RenameError(400, str(e)) from e
+
+
+def _exists(path: Path) -> bool:
+    return os.path.lexists(path)
+
+
+def check_free(where: Where, orm_user, owner: str, new: str) -> None:
+    """RenameError(409) if anything of ``new`` exists already."""
+    if new in orm_user.orm_spawners:
+        raise RenameError(409, f"You have a project named {new!r} already.")
+    owner = safe_owner(owner)
+    taken = [where.projects_root / owner / new]
+    if where.state_root is not None:
+        taken.append(where.state_root / owner / new)
+    for path in taken:
+        if _exists(path):
+            raise RenameError(
+                409,
+                f"The name {new!r} is taken: a folder of that name is left on the hub "
+                "(from an earlier project). Choose another name, or ask the administrator.",
+            )
+
+
+# --- the steps, each with its undo ------------------------------------------------
+@dataclass
+class Steps:
+    """What was done so far, and how to put each back (last first)."""
+
+    done: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+
+    def add(self, what: str, undo: Callable[[], None]) -> None:
+        self.done.append((what, undo))
+
+    def undo(self, log) -> list[str]:
+        """Put everything back; what could not be."""
+        failed = []
+        for what, undo in reversed(self.done):
+            try:
+                undo()
+            except Exception as e:  # noqa: BLE001 (each undo is tried; failures reported)
+                log.error("gpulab: rename: could not put back %s: %s", what, e)
+                failed.append(f"{what} ({e})")
+        return failed
+
+
+def move_folder(parent: Path, old: str, new: str) -> bool:
+    """Rename ``parent/old`` to ``parent/new`` (never onto anything); False if no ``old``.
+    ``parent`` is the hub's folder of the owner; the entry itself is not followed."""
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            os.stat(old, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        try:
+            os.stat(new, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(old, new, src_dir_fd=fd, dst_dir_fd=fd)
+            return True
+        raise FileExistsError(f"{parent / new} exists already")
+    finally:
+        os.close(fd)
+
+
+def move_keyed(store: jsonfile.LockedRecord, old: str, new: str) -> Callable[[], None] | None:
+    """The record ``old`` of a keyed store as ``new``; the undo, or None if neither was."""
+    with store.locked():
+        records = store._read()
+        before = {k: records[k] for k in (old, new) if k in records}
+        if not before:
+            return None
+        records.pop(new, None)
+        if old in before:
+            records[new] = records.pop(old)
+        store._write(records)
+
+    def undo() -> None:
+        with store.locked():
+            now = store._read()
+            for key in (old, new):
+                now.pop(key, None)
+                if key in before:
+                    now[key] = before[key]
+            store._write(now)
+
+    return undo
+
+
+def move_links(hub_dir: Path, owner: str, old: str, new: str) -> Callable[[], None] | None:
+    """The public links of ``owner/old`` as links of ``owner/new`` (codes unchanged)."""
+    links = public_links(hub_dir)
+    with links._thread_lock, links._file_lock:
+        current = links._read()
+        mine = [x for x in current if (x.owner, x.project) == (owner, old)]
+        stale = [x for x in current if (x.owner, x.project) == (owner, new)]
+        if not mine and not stale:
+            return None
+        moved_ids = {x.id for x in mine}
+        kept = [x for x in current if (x.owner, x.project) not in ((owner, old), (owner, new))]
+        links._write([*kept, *(replace(x, project=new) for x in mine)])
+
+    def undo() -> None:
+        with links._thread_lock, links._file_lock:
+            now = links._read()
+            back = [replace(x, project=old) for x in now if x.id in moved_ids]
+            others = [x for x in now if x.id not in moved_ids]
+            links._write([*others, *back, *stale])
+
+    return undo
+
+
+def _server_scope(scope: str, owner: str, old: str, new: str) -> str:
+    base, _, filter_ = scope.partition("!")
+    return f"{base}!server={owner}/{new}" if filter_ == f"server={owner}/{old}" else scope
+
+
+def _rewrite_tokens(db, owner: str, old: str, new: str) -> None:
+    """API tokens whose scopes name ``owner/old`` name ``owner/new``."""
+    # The scopes column as text (JupyterHub's JSON type would not be cached by SQLAlchemy).
+    table = orm.APIToken.__tablename__
+    found = sa.text(f"SELECT id FROM {table} WHERE scopes LIKE :like")
+    ids = [row[0] for row in db.execute(found, {"like": f"%server={owner}/{old}%"})]
+    for token in db.query(orm.APIToken).filter(orm.APIToken.id.in_(ids)) if ids else ():
+        scopes = [_server_scope(s, owner, old, new) for s in token.scopes or []]
+        if scopes != list(token.scopes or []):
+            token.scopes = scopes
+
+
+def _drop_oauth_clients(db, orm_spawner, owner: str, names: tuple[str, ...]) -> None:
+    """The server's OAuth clients of these names (JupyterHub's ids), with their tokens."""
+    from urllib.parse import quote
+
+    idents = {f"jupyterhub-user-{quote(owner)}-{quote(n)}" for n in names}
+    clients = set(db.query(orm.OAuthClient).filter(orm.OAuthClient.identifier.in_(idents)))
+    if orm_spawner.oauth_client is not None:
+        clients.discard(orm_spawner.oauth_client)
+        orm_spawner.oauth_client = None  # delete-orphan: the client goes with its tokens
+    for client in clients:
+        db.delete(client)
+
+
+def rename_row(db, orm_spawner, old: str, new: str, display: str | None) -> None:
+    """JupyterHub's server row and what names it (committed)."""
+    owner = orm_spawner.user.name
+    orm_spawner.name = new
+    orm_spawner.display_name = display
+    for share in [*orm_spawner.shares, *orm_spawner.share_codes]:
+        share.scopes = sorted(
+            orm.Share._apply_filter(frozenset(share._scopes or ()), owner, new, check=False)
+        )
+    _rewrite_tokens(db, owner, old, new)
+    _drop_oauth_clients(db, orm_spawner, owner, (old, new))
+    state = dict(orm_spawner.state or {})
+    if any(key in state for key in STATE_KEYS):  # no container is left (checked)
+        orm_spawner.state = {k: v for k, v in state.items() if k not in STATE_KEYS}
+    db.commit()
+
+
+def move_group_roles(db, hub_dir: Path, orm_spawner, owner: str, old: str, new: str) -> bool:
+    """The roles mirroring group shares, made again for the project's present name;
+    whether it had any."""
+    roles = groupshares.GroupShareRoles(hub_dir / groupshares.FILE_NAME)
+    gone = roles.forget(owner, old)
+    for name in gone + roles.forget(owner, new):
+        if orm.Role.find(db, name) is not None:
+            hub_roles.delete_role(db, name)
+    roles.sync_project(db, orm_spawner)
+    return bool(gone) or any(s.group is not None for s in orm_spawner.shares)
+
+
+# --- the rename --------------------------------------------------------------------
+def move(db, orm_spawner, where: Where, new: str, display: str | None, log) -> list[str]:
+    """Blocking, on the hub's event loop (no other request runs meanwhile): rename the
+    stopped project of ``orm_spawner`` to ``new``; what was moved. RenameError if a step
+    fails, after putting back what was done."""
+    owner, old = safe_owner(orm_spawner.user.name), orm_spawner.name
+    old_display = orm_spawner.display_name
+    if display is None:
+        display = new if old_display in (None, "", old) else old_display
+    steps, moved = Steps(), []
+    step = "checking the names"
+    try:
+        check_free(where, orm_spawner.user, owner, new)
+        folders = [("project folder", where.projects_root / owner)]
+        if where.state_root is not None:
+            folders.append(("image record and build logs", where.state_root / owner))
+        for what, parent in folders:
+            step = f"moving the {what}"
+            if move_folder(parent, old, new):
+                steps.add(what, lambda p=parent: move_folder(p, new, old))
+                moved.append(what)
+        step = "moving the sharing settings"
+        undo = move_keyed(policy_store(where.hub_dir), f"{owner}/{old}", f"{owner}/{new}")
+        if undo is not None:
+            steps.add("sharing settings", undo)
+            moved.append("sharing settings")
+        step = "moving the public links"
+        undo = move_links(where.hub_dir, owner, old, new)
+        if undo is not None:
+            steps.add("public links", undo)
+            moved.append("public links")
+        step = "renaming the server, its shares and share links"
+        rename_row(db, orm_spawner, old, new, display)
+
+        def undo_row() -> None:  # the roles follow the row's name: made again after it
+            rename_row(db, orm_spawner, new, old, old_display)
+            move_group_roles(db, where.hub_dir, orm_spawner, owner, new, old)
+
+        steps.add("server, shares, share links and group shares' roles", undo_row)
+        moved.append("server, shares and share links")
+        step = "moving the group shares' roles"
+        if move_group_roles(db, where.hub_dir, orm_spawner, owner, old, new):
+            moved.append("group shares' roles")
+    except RenameError:
+        raise
+    except Exception as e:
+        db.rollback()
+        log.exception("gpulab: renaming %s/%s to %s failed while %s", owner, old, new, step)
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        failed = steps.undo(log)
+        if failed:
+            left = "; ".join(failed)
+            raise RenameError(
+                500,
+                f"Renaming {old!r} to {new!r} failed while {step} ({reason}), and this could "
+                f"not be put back: {left}. Ask the administrator to finish it by hand.",
+            ) from e
+        raise RenameError(
+            500,
+            f"Renaming {old!r} to {new!r} failed while {step} ({reason}); everything was "
+            f"put back, so the project is {old!r} as before.",
+        ) from e
+    return moved
+
+
+def _containers(client, prefix: str, owner: str, project: str) -> list[str]:
+    labels = [f"gpulab.instance={prefix}", f"gpulab.owner={owner}", f"gpulab.project={project}"]
+    return [c["Id"] for c in client.containers(all=True, filters={"label": labels})]
+
+
+def _active(user, name: str) -> bool:
+    spawner = dict.get(user.spawners, name)  # never makes one
+    if spawner is not None and (spawner.active or spawner.pending or spawner.ready):
+        return True
+    orm_spawner = user.orm_spawners.get(name)
+    return orm_spawner is not None and orm_spawner.server is not None
+
+
+async def rename_project(user, old: str, new: str, display: str | None = None) -> list[str]:
+    """Rename ``user``'s (a JupyterHub User's) stopped project ``old`` to ``new``; what
+    moved. RenameError with the message for the owner otherwise."""
+    if not old or user.orm_spawners.get(old) is None:
+        raise RenameError(404, f"You have no project named {old!r}.")
+    new = check_new_name(new, old)
+    display = check_display_name(display)
+    if _active(user, old):
+        raise RenameError(409, STOP_FIRST)
+    made = old not in user.spawners
+    spawner = user.spawners[old]
+    renamed = False
+    try:
+        place = place_of(spawner, user.name)
+        where = Where(place.projects_root, place.state_root, place.hub_dir)
+        check_free(where, user.orm_user, user.name, new)
+        loop = asyncio.get_running_loop()
+        try:
+            left = await loop.run_in_executor(
+                spawner.executor, _containers, spawner.client, spawner.prefix, user.name, old
+            )
+        except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
+            raise RenameError(
+                503,
+                "The Docker engine is not reachable, so gpulab cannot tell whether the project "
+                "still has a container; nothing was renamed. Try again later.",
+            ) from e
+        if left:
+            raise RenameError(409, STOP_FIRST + " (a container of it is still there).")
+        # From here on no await: no other request sees the project half moved.
+        if _active(user, old) or user.orm_spawners.get(old) is None:
+            raise RenameError(409, STOP_FIRST)
+        moved = move(user.db, user.orm_spawners[old], where, new, display, spawner.log)
+        renamed = True
+    finally:
+        # A spawner made here only to look is dropped; after a rename, the one of the old
+        # name too (it knew the old URL, OAuth client and container name).
+        if made or renamed:
+            dict.pop(user.spawners, old, None)
+        if renamed:
+            dict.pop(user.spawners, new, None)
+    spawner.log.info("gpulab: %s renamed %s to %s: %s", user.name, old, new, ", ".join(moved))
+    return moved
+
+
+def done_message(old: str, new: str, moved: list[str]) -> str:
+    return f"Renamed {old} to {new}." + (f" Moved: {', '.join(moved)}." if moved else "")
+
+
+# --- pages and API -------------------------------------------------------------------
+class RenameHandler(BaseHandler):
+    """/hub/gpulab/rename/<project>: the owner's form; POST renames."""
+
+    def _own(self, project: str):
+        orm_spawner = self.current_user.orm_spawners.get(project) if project else None
+        if orm_spawner is None:
+            raise web.HTTPError(404, f"You have no project named {project!r}.")
+        if not self.has_scope(f"servers!server={self.current_user.name}/{project}"):
+            raise web.HTTPError(403, "You may not rename this project.")
+        return orm_spawner
+
+    async def _page(self, project: str, status=200, message="", error="", new_name=""):
+        orm_spawner = self._own(project)
+        html = await self.render_template(
+            "gpulab-rename.html",
+            project=project,
+            display_name=orm_spawner.display_name or project,
+            running=_active(self.current_user, project),
+            message=message,
+            error=error,
+            new_name=new_name,
+        )
+        self.set_status(status)
+        self.finish(html)
+
+    @web.authenticated
+    async def get(self, project: str):
+        await self._page(project)
+
+    @web.authenticated
+    async def post(self, project: str):
+        self._own(project)
+        # Whole values, as sent (tornado strips by default: "lab\n" would pass as "lab").
+        new = self.get_body_argument("new_name", "", strip=False)
+        display = self.get_body_argument("display_name", "", strip=False)
+        try:
+            moved = await rename_project(self.current_user, project, new, display)
+        except RenameError as e:
+            await self._page(project, status=e.status, error=str(e), new_name=new[:MAX_NAME])
+            return
+        await self._page(new, message=done_message(project, new, moved))
+
+
+class RenameAPIHandler(APIHandler):
+    """POST /hub/api/gpulab/projects/<owner>/<project>/rename, body ``{"name": "<new>",
+    "display_name": "<optional>"}``: the owner's token (with ``servers`` on it)."""
+
+    @needs_scope("servers")
+    async def post(self, user_name: str, server_name: str):
+        me = self.current_user
+        if me is None or getattr(me, "name", None) != user_name or not hasattr(me, "spawners"):
+            raise web.HTTPError(403, "Only the project's owner may rename it.")
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError as e:
+            raise web.HTTPError(400, "The body must be JSON.") from e
+        if not isinstance(body, dict) or not set(body) <= {"name", "display_name"}:
+            raise web.HTTPError(400, 'The body is {"name": ..., "display_name": ...}.')
+        new, display = body.get("name", ""), body.get("display_name")
+        if not isinstance(new, str) or not (display is None or isinstance(display, str)):
+            raise web.HTTPError(400, "name and display_name must be text.")
+        try:
+            moved = await rename_project(me, server_name, new, display)
+        except RenameError as e:
+            raise web.HTTPError(e.status, str(e)) from e
+        message = done_message(server_name, new, moved)
+        reply = {"old": server_name, "name": new, "moved": moved, "message": message}
+        self.write(json.dumps(reply))
+
+
+def hub_handlers() -> list[tuple]:
+    """JupyterHub ``extra_handlers`` of renaming (settings.py adds them)."""
+    return [
+        (PAGE + r"/([^/]+)", "gpulab_hub.rename.RenameHandler"),
+        (API + r"/([^/]+)/([^/]+)/rename", "gpulab_hub.rename.RenameAPIHandler"),
+    ]

@@ -1,0 +1,318 @@
+"""Renaming a project (rename.py): its files, image record, shares and links move, on a
+real hub with real project containers; refusals; and, without a hub, every record moved
+and everything put back when a step fails."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hubclient import HubUser
+from jupyterhub import orm
+from security.people import execute, log_in_admin, make_user, page_post, share_by_link
+
+# Tests through the hub are marked docker; the record tests at the end need no hub.
+OWNER, OLD, NEW, OTHER = "rnalice", "lab-one", "lab-two", "lab-side"
+MARK = "written before the rename"
+
+
+def rename_form(user: HubUser, project: str, new: str, display: str = ""):
+    """The rename page's form, as a browser posts it (with the page's _xsrf)."""
+    user.http.get(f"{user.base}/hub/gpulab/rename/{project}", timeout=30)
+    xsrf = user.http.cookies.get("_xsrf", path="/hub/")
+    return user.http.post(
+        f"{user.base}/hub/gpulab/rename/{project}",
+        data={"_xsrf": xsrf, "new_name": new, "display_name": display},
+        timeout=60,
+    )
+
+
+def rename_api(user: HubUser, owner: str, project: str, new, **extra):
+    path = f"/hub/api/gpulab/projects/{owner}/{project}/rename"
+    return user.api("POST", path, json={"name": new, **extra}, timeout=60)
+
+
+def servers(user: HubUser) -> dict:
+    return user.api("GET", f"/hub/api/users/{user.name}").json()["servers"]
+
+
+def named(user: HubUser) -> set[str]:
+    """The user's projects as JupyterHub knows them (running or not)."""
+    r = user.api("GET", f"/hub/api/users/{user.name}?include_stopped_servers=1")
+    return {name for name in r.json()["servers"] if name}
+
+
+def stopped(user: HubUser, project: str = OLD) -> None:
+    if project in servers(user):
+        user.stop_project(project)
+
+
+def wait_code(user: HubUser, path: str, status: int, within: float = 45) -> int:
+    deadline = time.monotonic() + within
+    while True:
+        got = user.api("GET", path).status_code
+        if got == status or time.monotonic() > deadline:
+            return got
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def admin(hub):
+    return log_in_admin(hub)
+
+
+@pytest.fixture(scope="module")
+def people(hub, admin):
+    made = {n: make_user(hub, admin, n) for n in (OWNER, "rnbob", "rncarol", "rndave")}
+    r = admin.api("POST", "/hub/api/groups/rnteam", json={"users": ["rncarol"]})
+    assert r.status_code == 201, r.text
+    return made
+
+
+@pytest.fixture(scope="module")
+def shared(hub, people):
+    """alice's project, built once, with a file, shared with bob (link) and a group."""
+    alice, bob = people[OWNER], people["rnbob"]
+    alice.start_project(OLD)
+    assert alice.execute(OLD, f"open('kept.txt', 'w').write({MARK!r})") == ""
+    share_by_link(alice, OLD, bob, "collaborator")
+    r = page_post(alice, OLD, action="group", name="rnteam", role="collaborator")
+    assert r.status_code == 200 and "group <strong>rnteam</strong>" in r.text, r.text
+    r = page_post(alice, OLD, action="settings", allow="collaborators_may_start")
+    assert r.status_code == 200, r.text
+    # a second project: a name that exists
+    alice.start_project(OTHER)
+    alice.stop_project(OTHER)
+    return alice
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_a_running_project_is_not_renamed(hub, people, shared):
+    alice = people[OWNER]
+    assert OLD in servers(alice)
+    r = rename_api(alice, OWNER, OLD, NEW)
+    assert r.status_code == 409 and "Stop the project first" in r.json()["message"], r.text
+    r = rename_form(alice, OLD, NEW)
+    assert r.status_code == 409 and "Stop the project first" in r.text
+    page = alice.http.get(f"{alice.base}/hub/gpulab/rename/{OLD}", timeout=30)
+    assert page.status_code == 200 and 'id="rename-running"' in page.text
+    assert (hub.home / "projects" / OWNER / OLD / "kept.txt").read_text() == MARK
+    assert OLD in servers(alice) and NEW not in named(alice)
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_only_the_owner_renames(hub, people, shared, admin):
+    bob, dave = people["rnbob"], people["rndave"]
+    for who in (bob, dave, admin):  # a collaborator, a stranger, an admin
+        r = rename_api(who, OWNER, OLD, NEW)
+        assert r.status_code in (403, 404), (who.name, r.status_code, r.text)
+        assert rename_form(who, OLD, NEW).status_code == 404
+    assert OLD in named(people[OWNER]) and NEW not in named(people[OWNER])
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+@pytest.mark.parametrize(
+    "bad", ["Lab", "lab_two", "-lab", "lab-", "lab--two", "a" * 31, "lab\n", "", "2lab", "default"]
+)
+def test_invalid_names_are_refused_and_change_nothing(hub, people, shared, bad):
+    alice = people[OWNER]
+    stopped(alice)
+    r = rename_api(alice, OWNER, OLD, bad)
+    assert r.status_code == 400, r.text
+    assert rename_form(alice, OLD, bad).status_code == 400
+    assert OLD in named(alice)
+    assert (hub.home / "projects" / OWNER / OLD / "kept.txt").read_text() == MARK
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_existing_names_are_refused_and_change_nothing(hub, people, shared):
+    alice = people[OWNER]
+    stopped(alice)
+    r = rename_api(alice, OWNER, OLD, OTHER)
+    assert r.status_code == 409 and "already" in r.json()["message"], r.text
+    left = hub.home / "projects" / OWNER / "left-over"
+    left.mkdir()
+    try:
+        r = rename_form(alice, OLD, "left-over")
+        assert r.status_code == 409 and "taken" in r.text
+    finally:
+        left.rmdir()
+    assert rename_api(alice, OWNER, "no-such", NEW).status_code == 404
+    assert {OLD, OTHER} <= named(alice) and NEW not in named(alice)
+    assert (hub.home / "projects" / OWNER / OLD / "kept.txt").read_text() == MARK
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_rename_keeps_files_shares_and_image(hub, people, shared):
+    alice, bob, carol = people[OWNER], people["rnbob"], people["rncarol"]
+    stopped(alice)
+    home = alice.http.get(f"{alice.base}/hub/home", timeout=30)
+    assert f'href="/hub/gpulab/rename/{OLD}"' in home.text
+
+    r = rename_form(alice, OLD, NEW)
+    assert r.status_code == 200 and f"Renamed {OLD} to {NEW}." in r.text, r.text
+
+    projects, state = hub.home / "projects" / OWNER, hub.home / "hub" / "projects" / OWNER
+    assert (projects / NEW / "kept.txt").read_text() == MARK
+    assert not (projects / OLD).exists() and not (state / OLD).exists()
+    assert json.loads((state / NEW / "image.json").read_text())["last_good"]["tag"]
+    assert OLD not in named(alice) and NEW in named(alice)
+    hub_dir = hub.home / "hub"
+    settings = json.loads((hub_dir / "sharing.json").read_text())["projects"]
+    assert f"{OWNER}/{NEW}" in settings and f"{OWNER}/{OLD}" not in settings
+    group_roles = (hub_dir / "group-share-roles.json").read_text()
+    assert f"{OWNER}/{NEW}" in group_roles and f"{OWNER}/{OLD}" not in group_roles
+    listing = alice.api("GET", f"/hub/api/shares/{OWNER}/{NEW}").json()["items"]
+    assert {s["user"]["name"] for s in listing if s["user"]} == {"rnbob"}
+    assert all(f"!server={OWNER}/{NEW}" in x for s in listing for x in s["scopes"])
+
+    # The last good image is still the project's: a start may choose it.
+    r = alice.api("POST", f"/hub/api/users/{OWNER}/servers/{NEW}", json={"use_last_good": True})
+    assert r.status_code in (201, 202), r.text
+    alice.wait_ready(NEW)
+    assert alice.execute(NEW, "print(open('kept.txt').read())").strip() == MARK
+    # bob (by link) and carol (through the group) still work in it, under the new name.
+    server = f"/user/{OWNER}/{NEW}"
+    assert wait_code(bob, server + "/api/contents/kept.txt", 200) == 200
+    assert execute(hub.url, server, bob.token, "print(open('kept.txt').read())").strip() == MARK
+    carol.new_token()
+    assert wait_code(carol, server + "/api/contents/kept.txt", 200) == 200
+    assert execute(hub.url, server, carol.token, "print(1 + 1)").strip() == "2"
+    alice.stop_project(NEW)
+
+    # The old name is free: a new project of that name starts empty, shared with nobody.
+    alice.start_project(OLD)
+    files = alice.execute(OLD, "import os; print([f for f in os.listdir() if f[0] != '.'])")
+    assert files.strip() == "['Dockerfile']"
+    assert alice.api("GET", f"/hub/api/shares/{OWNER}/{OLD}").json()["items"] == []
+    assert wait_code(bob, f"/user/{OWNER}/{OLD}/api/contents", 403) == 403
+    alice.stop_project(OLD)
+
+
+# --- without a hub: every record moves, and a failed step puts everything back -------
+def records_hub(tmp_path):
+    """A JupyterHub database in memory, and gpulab's folders and records of alice/one:
+    files, image record, a user share, a group share (with its role), a share code, a
+    token naming the server, sharing settings and a public link."""
+    import logging
+
+    from jupyterhub import scopes
+
+    from gpulab_hub import rename
+    from gpulab_hub.sharing import groupshares, public, received, roles
+
+    scopes.define_custom_scopes(roles.CUSTOM_SCOPES)
+    db = orm.new_session_factory("sqlite://")()
+    alice, bob = orm.User(name="alice"), orm.User(name="bob")
+    team = orm.Group(name="team", users=[bob])
+    db.add_all([alice, bob, team, orm.OAuthClient(identifier="jupyterhub")])
+    spawner = orm.Spawner(name="one", display_name="one", user=alice)
+    db.add(spawner)
+    db.commit()
+    orm.Share.grant(db, spawner, bob, scopes=roles.share_scopes("collaborator", "alice", "one"))
+    orm.Share.grant(db, spawner, team, scopes=roles.share_scopes("viewer", "alice", "one"))
+    orm.ShareCode.new(db, spawner, scopes=roles.share_scopes("viewer", "alice", "one"))
+    token = orm.APIToken.find(db, orm.APIToken.new(user=alice, scopes=["inherit"]))
+    token.scopes = ["access:servers!server=alice/one"]  # as if alice held a role on it
+    hub_dir = tmp_path / "hub"
+    where = rename.Where(tmp_path / "projects", hub_dir / "projects", hub_dir)
+    (where.projects_root / "alice" / "one").mkdir(parents=True)
+    (where.projects_root / "alice" / "one" / "kept.txt").write_text(MARK)
+    (where.state_root / "alice" / "one").mkdir(parents=True)
+    (where.state_root / "alice" / "one" / "image.json").write_text('{"failed": false}')
+    received.policy_store(hub_dir).set("alice", "one", collaborators_may_start=True)
+    public.store(hub_dir).create("alice", "one", "nb.ipynb", 3600)
+    groupshares.GroupShareRoles(hub_dir / groupshares.FILE_NAME).sync_project(db, spawner)
+    db.commit()
+    return db, spawner, where, token, logging.getLogger("rename-test")
+
+
+def snapshot(db, where, name: str) -> dict:
+    """What alice's project ``name`` has, everywhere a rename looks."""
+    from gpulab_hub.sharing import groupshares, public, received
+
+    spawner = orm.User.find(db, "alice").orm_spawners.get(name)
+    roles_file = groupshares.GroupShareRoles(where.hub_dir / groupshares.FILE_NAME)
+    here = f"alice/{name}"
+    return {
+        "server": None
+        if spawner is None
+        else (
+            spawner.display_name,
+            sorted(x for s in spawner.shares for x in s.scopes),
+            sorted(x for c in spawner.share_codes for x in c.scopes),
+        ),
+        "files": sorted(p.name for p in (where.projects_root / "alice" / name).glob("*")),
+        "state": sorted(p.name for p in (where.state_root / "alice" / name).glob("*")),
+        "settings": received.policy_store(where.hub_dir).get("alice", name),
+        "links": [x.path for x in public.store(where.hub_dir).list("alice", name)],
+        "roles": sorted(s["name"] for s in roles_file.role_specs() if here in s["description"]),
+        "hub_roles": sorted(r.name for r in db.query(orm.Role) if any(here in x for x in r.scopes)),
+    }
+
+
+def test_every_record_moves_to_the_new_name(tmp_path):
+    from gpulab_hub import rename
+
+    db, spawner, where, token, log = records_hub(tmp_path)
+    before = snapshot(db, where, "one")
+    assert before["roles"] and before["links"] and before["settings"].collaborators_may_start
+    moved = rename.move(db, spawner, where, "two", None, log)
+    assert "project folder" in moved and "group shares' roles" in moved
+    after, old = snapshot(db, where, "two"), snapshot(db, where, "one")
+    assert after["files"] == ["kept.txt"] and after["state"] == ["image.json"]
+    assert after["server"][0] == "two"  # the display name was the old name
+    assert all(x.endswith("!server=alice/two") for x in after["server"][1] + after["server"][2])
+    assert len(after["server"][1]) == len(before["server"][1])
+    assert after["settings"] == before["settings"] and after["links"] == before["links"]
+    assert len(after["roles"]) == len(before["roles"]) == len(after["hub_roles"])
+    assert token.scopes == ["access:servers!server=alice/two"]
+    assert old == {
+        "server": None, "files": [], "state": [], "settings": type(before["settings"])(),
+        "links": [], "roles": [], "hub_roles": [],
+    }  # fmt: skip
+    # A display name of the owner's stays.
+    spawner.display_name = "My lab"
+    rename.move(db, spawner, where, "three", None, log)
+    assert snapshot(db, where, "three")["server"][0] == "My lab"
+
+
+@pytest.mark.parametrize("failing", ["move_group_roles", "rename_row", "move_links"])
+def test_a_failed_step_puts_everything_back(tmp_path, monkeypatch, failing):
+    from gpulab_hub import rename
+
+    db, spawner, where, token, log = records_hub(tmp_path)
+    before = snapshot(db, where, "one")
+    real = getattr(rename, failing)
+
+    def broken(*args):
+        if "two" in args[-1:] or args[-2:] == ("one", "two") or args[-3:-1] == ("one", "two"):
+            raise OSError(28, "No space left on device")
+        return real(*args)
+
+    monkeypatch.setattr(rename, failing, broken)
+    with pytest.raises(rename.RenameError) as e:
+        rename.move(db, spawner, where, "two", None, log)
+    assert "everything was put back" in str(e.value) and "No space left" in str(e.value)
+    assert snapshot(db, where, "one") == before
+    assert snapshot(db, where, "two")["files"] == [] and spawner.name == "one"
+    assert token.scopes == ["access:servers!server=alice/one"]
+
+
+def test_names_are_checked_whole():
+    from gpulab_hub import rename
+
+    for bad in ["lab\n", "Lab", "lab_2", "-lab", "lab-", "a--b", "a" * 31, "", "default", "1a"]:
+        with pytest.raises(rename.RenameError):
+            rename.check_new_name(bad, "old")
+    assert rename.check_new_name("vision-2", "old") == "vision-2"
+    with pytest.raises(rename.RenameError):
+        rename.check_new_name("old", "old")
+    with pytest.raises(rename.RenameError):
+        rename.check_display_name("two\nlines")
