@@ -97,7 +97,8 @@ class HubUser:
             raise BenchError(f"sign-up of {self.name} failed: HTTP {r.status_code}")
 
     def authorize(self, username: str) -> None:
-        r = self.http.get(f"{self.base}/hub/authorize/{username}", timeout=10)
+        """Approve a signed-up user as an admin's browser does (a form POST with _xsrf)."""
+        r = self._post_form("/hub/authorize", f"/hub/authorize/{username}", {"action": "authorize"})
         if r.status_code != 200:
             raise BenchError(f"approving {username} failed: HTTP {r.status_code}")
 

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from gpulab_hub.auth import GpulabAuthenticator
+from gpulab_hub.deletion import GpulabDeletion
 from gpulab_hub.settings import DEFAULTS
 from gpulab_hub.spawner import ProjectSpawner
 
@@ -49,7 +50,7 @@ def render() -> str:
     ]
     lines += [f"| `{k}` | `{v}` |" for k, v in DEFAULTS.items()]
     lines.append("")
-    for cls in (ProjectSpawner, GpulabAuthenticator):
+    for cls in (ProjectSpawner, GpulabAuthenticator, GpulabDeletion):
         lines += trait_lines(cls)
     return "\n".join(lines)
 

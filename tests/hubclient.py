@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
+from urllib.parse import quote
 
 import requests
 import websocket
@@ -46,9 +48,17 @@ class HubUser:
         )
         return r
 
-    def authorize(self, username: str) -> requests.Response:
-        """Admin approval of a signed-up user (NativeAuthenticator's page)."""
-        return self.http.get(f"{self.base}/hub/authorize/{username}", timeout=10)
+    def authorize(self, username: str, action: str = "authorize") -> requests.Response:
+        """Admin approval of a signed-up user, as a browser does it: the authorization
+        page, then the POST of its form (with the page's _xsrf token)."""
+        page = self.http.get(f"{self.base}/hub/authorize", timeout=10)
+        m = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+        xsrf = m.group(1) if m else self.http.cookies.get("_xsrf", path="/hub/")
+        return self.http.post(
+            f"{self.base}/hub/authorize/{quote(username)}",
+            data={"_xsrf": xsrf, "action": action},
+            timeout=10,
+        )
 
     def new_token(self) -> str:
         xsrf = self.http.cookies.get("_xsrf", path="/hub/")

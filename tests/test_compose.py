@@ -24,8 +24,11 @@ def compose_config(env: dict) -> dict:
     return yaml.safe_load(done.stdout)
 
 
+SITE = {"GPULAB_SUBDOMAIN_HOST": "https://lab.example.org"}
+
+
 def test_compose_file_is_valid_and_wires_the_hub():
-    cfg = compose_config({})
+    cfg = compose_config(SITE)
     hub = cfg["services"]["hub"]
     assert hub["build"]["dockerfile"] == "images/hub.Dockerfile"
     assert (REPO / "images" / "hub.Dockerfile").exists()
@@ -33,16 +36,36 @@ def test_compose_file_is_valid_and_wires_the_hub():
     # project folders must mean the same path on the host and in the hub
     assert "/srv/gpulab:/srv/gpulab:rw" in hub["volumes"]
     assert hub["environment"]["GPULAB_HOME"] == "/srv/gpulab"
+    # Projects join gpulab's bridge (made by `gpulab up`); the trusted hub shares the
+    # host's network and ids, and listens on loopback by default (a reverse proxy
+    # terminates TLS).
     assert hub["environment"]["GPULAB_NETWORK"] == "gpulab"
-    assert hub["environment"]["GPULAB_HUB_CONNECT_IP"] == hub["container_name"]
-    assert cfg["networks"]["gpulab"]["name"] == "gpulab"
-    # published on loopback by default; a reverse proxy terminates TLS
-    assert hub["ports"] == ["127.0.0.1:8000:8000/tcp"]
+    assert hub["network_mode"] == "host" and hub["userns_mode"] == "host"
+    assert hub["environment"]["GPULAB_BIND_URL"] == "http://127.0.0.1:8000"
+    assert "ports" not in hub and "networks" not in cfg
 
 
 def test_compose_follows_site_settings():
-    cfg = compose_config({"GPULAB_HOME": "/data/gpulab", "GPULAB_PUBLISH": "0.0.0.0:443"})
+    cfg = compose_config({**SITE, "GPULAB_HOME": "/data/gpulab", "GPULAB_PUBLISH": "0.0.0.0:443"})
     hub = cfg["services"]["hub"]
     assert "/data/gpulab:/data/gpulab:rw" in hub["volumes"]
     assert hub["environment"]["GPULAB_HOME"] == "/data/gpulab"
-    assert hub["ports"] == ["0.0.0.0:443:8000/tcp"]
+    assert hub["environment"]["GPULAB_BIND_URL"] == "http://0.0.0.0:443"
+
+
+def test_compose_serves_each_user_from_their_own_origin():
+    """Remote deployments: subdomains are required (docs/deployment.md, "Origins")."""
+    cfg = compose_config(SITE)
+    assert (
+        cfg["services"]["hub"]["environment"]["GPULAB_SUBDOMAIN_HOST"]
+        == SITE["GPULAB_SUBDOMAIN_HOST"]
+    )
+    exe = shutil.which("docker-compose")
+    done = subprocess.run(
+        [exe, "-f", str(REPO / "compose.yml"), "config"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode != 0
+    assert "set GPULAB_SUBDOMAIN_HOST" in done.stderr

@@ -2,9 +2,10 @@
 
 import json
 
+import pytest
 from traitlets.config import Config
 
-from gpulab_hub import doctor, settings, sharing
+from gpulab_hub import accounts, doctor, settings, sharing
 
 
 def applied(environ) -> Config:
@@ -15,7 +16,9 @@ def applied(environ) -> Config:
 
 def test_defaults_give_a_working_single_machine_hub():
     c = applied({})
-    assert c.JupyterHub == Config(
+    # tornado_settings (cookies, headers) are merged by several parts: checked on their own
+    hub = Config({k: v for k, v in c.JupyterHub.items() if k != "tornado_settings"})
+    assert hub == Config(
         {
             "bind_url": "http://0.0.0.0:8000",
             "hub_port": 8081,
@@ -24,62 +27,42 @@ def test_defaults_give_a_working_single_machine_hub():
             "cookie_secret_file": "/srv/gpulab/hub/jupyterhub_cookie_secret",
             "pid_file": "/srv/gpulab/hub/jupyterhub.pid",
             "cleanup_servers": False,
+            # Where each page finds projects and records is not given here: the pages read
+            # the hub's configuration (hubsettings.py), admin's own lines included.
             "extra_handlers": [
-                (
-                    "/gpulab/doctor",
-                    "gpulab_hub.doctor.web.DoctorHandler",
-                    {"report_path": "/srv/gpulab/hub/doctor-last.json"},
-                ),
+                ("/gpulab/doctor", "gpulab_hub.doctor.web.DoctorHandler", {}),
                 (
                     "/gpulab/share/([^/]+)(?:/([^/]+))?",
                     "gpulab_hub.sharing.web.ShareHandler",
-                    {
-                        "max_hours": 168,
-                        "default_hours": 24,
-                        "policy_path": "/srv/gpulab/hub/sharing.json",
-                        "group_roles_path": "/srv/gpulab/hub/group-share-roles.json",
-                    },
+                    {"max_hours": 168, "default_hours": 24},
                 ),
-                (
-                    "/gpulab/copy",
-                    "gpulab_hub.sharing.copy.CopyHandler",
-                    {
-                        "projects_root": "/srv/gpulab/projects",
-                        "hub_dir": "/srv/gpulab/hub",
-                        "public_links": False,
-                    },
-                ),
+                ("/gpulab/copy", "gpulab_hub.sharing.copy.CopyHandler", {"public_links": False}),
                 (
                     "/gpulab/shared",
                     "gpulab_hub.sharing.received.SharedWithMeHandler",
-                    {
-                        "projects_root": "/srv/gpulab/projects",
-                        "hub_dir": "/srv/gpulab/hub",
-                        "public_links": False,
-                    },
+                    {"public_links": False},
                 ),
                 (
                     "/gpulab/public-links/([^/]+)",
                     "gpulab_hub.sharing.public.PublicLinksHandler",
-                    {
-                        "projects_root": "/srv/gpulab/projects",
-                        "hub_dir": "/srv/gpulab/hub",
-                        "public_links": False,
-                        "max_hours": 168,
-                    },
+                    {"public_links": False, "max_hours": 168},
                 ),
                 (
                     "/gpulab/p/([^/]+)",
                     "gpulab_hub.sharing.public.PublicNotebookHandler",
-                    {
-                        "projects_root": "/srv/gpulab/projects",
-                        "hub_dir": "/srv/gpulab/hub",
-                        "public_links": False,
-                        "max_hours": 168,
-                    },
+                    {"public_links": False, "max_hours": 168},
+                ),
+                ("/gpulab/rename/([^/]+)", "gpulab_hub.rename.RenameHandler"),
+                (
+                    "/api/gpulab/projects/([^/]+)/([^/]+)/rename",
+                    "gpulab_hub.rename.RenameAPIHandler",
                 ),
             ],
-            "template_paths": [str(doctor.TEMPLATES), str(sharing.TEMPLATES)],
+            "template_paths": [
+                str(doctor.TEMPLATES),
+                str(sharing.TEMPLATES),
+                str(accounts.TEMPLATES),
+            ],
             "load_roles": [
                 {
                     "name": "user",
@@ -99,12 +82,13 @@ def test_defaults_give_a_working_single_machine_hub():
         {
             "projects_root": "/srv/gpulab/projects",
             "state_root": "/srv/gpulab/hub/projects",
+            "records_dir": "/srv/gpulab/hub",
             "data_root": "/srv/gpulab/data",
             "images_dir": "/opt/gpulab/images",
             "base_image": "gpulab/base:latest",
             "image_repo": "gpulab/project",
             "prefix": "gpulab",
-            "network_name": "host",
+            "network_name": "gpulab-net",
             "allocations_file": "/srv/gpulab/hub/gpu-allocations.json",
             "gpu_policy": "exclusive",
             "gpu_isolation": "auto",
@@ -186,24 +170,27 @@ def test_site_settings_override_defaults():
     assert c.GpulabAuthenticator.first_admin_password == "s3cret-pass"
     assert c.NativeAuthenticator.open_signup is True
     # A link cannot outlast the maximum; its default shrinks to fit.
-    handlers = {h[1].rsplit(".", 1)[-1]: h[2] for h in c.JupyterHub.extra_handlers}
-    assert handlers["ShareHandler"] == {
-        "max_hours": 12,
-        "default_hours": 12,
-        "policy_path": "/data/gpulab/hub/sharing.json",
-        "group_roles_path": "/data/gpulab/hub/group-share-roles.json",
-    }
+    handlers = {h[1].rsplit(".", 1)[-1]: (h[2:] or [{}])[0] for h in c.JupyterHub.extra_handlers}
+    assert handlers["ShareHandler"] == {"max_hours": 12, "default_hours": 12}
+    assert c.ProjectSpawner.records_dir == "/data/gpulab/hub"
     # The admin allowed public notebook links.
     assert handlers["CopyHandler"]["public_links"] is True
     assert handlers["PublicNotebookHandler"]["public_links"] is True
     assert handlers["PublicLinksHandler"]["max_hours"] == 12
 
 
-def test_user_defined_network_listens_for_containers():
-    c = applied({"GPULAB_NETWORK": "gpulab", "GPULAB_HUB_CONNECT_IP": "hub"})
-    assert c.JupyterHub.hub_ip == "0.0.0.0"
-    assert c.JupyterHub.hub_connect_ip == "hub"
+def test_the_hub_listens_where_project_containers_reach_it():
+    c = applied({"GPULAB_NETWORK": "gpulab", "GPULAB_HUB_IP": "172.30.0.1"})
+    assert c.JupyterHub.hub_ip == "172.30.0.1"
     assert c.ProjectSpawner.network_name == "gpulab"
+    c = applied({"GPULAB_HUB_IP": "0.0.0.0", "GPULAB_HUB_CONNECT_IP": "gpulab-hub"})
+    assert c.JupyterHub.hub_connect_ip == "gpulab-hub"
+
+
+@pytest.mark.parametrize("network", ["host", "none"])
+def test_host_networking_is_refused_at_start(network):
+    with pytest.raises(ValueError, match="bridge network of its own"):
+        applied({"GPULAB_NETWORK": network})
 
 
 def test_empty_variables_fall_back_to_defaults():

@@ -1,16 +1,32 @@
 """Authentication: NativeAuthenticator (bcrypt-hashed passwords, sign-up with
-admin approval) plus a first admin account created on the hub's first start."""
+admin approval) plus a first admin account created on the hub's first start.
+
+NativeAuthenticator's own password rules and failed-login lockout are on
+(``minimum_password_length``, ``check_common_password``, ``allowed_failed_logins``,
+``seconds_before_next_try``; settings.py sets them from the site settings), the
+login page says when a locked account may try again, and account changes on the
+admin's pages need POST + XSRF (accounts.py). Deleting a user stops their servers
+first and removes what they had (deletion.py).
+"""
 
 from __future__ import annotations
 
 import os
 import secrets
+import time
 from pathlib import Path
 
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator import handlers as native
 from nativeauthenticator.orm import UserInfo
-from traitlets import Unicode
+from traitlets import Unicode, default
+
+from . import accounts
+
+# Sane defaults of NativeAuthenticator's own settings (its traits default to "off").
+MIN_PASSWORD_LENGTH = 10
+ALLOWED_FAILED_LOGINS = 5
+SECONDS_BEFORE_NEXT_TRY = 300
 
 
 class LoginHandler(native.LoginHandler):
@@ -35,15 +51,50 @@ class LoginHandler(native.LoginHandler):
             return
         error = "Invalid username or password."
         info = self.authenticator.get_user(data["username"])
-        if info is not None and not info.is_authorized:
+        wait = self.authenticator.seconds_locked(data["username"])
+        if wait:
+            error = (
+                f"Too many failed logins for {data['username']}: this account is locked for "
+                f"{_duration(wait)} more (until {_clock(time.time() + wait)}). "
+                "Try again after that."
+            )
+        elif info is not None and not info.is_authorized:
             if info.is_valid_password(data.get("password", "")):
                 error = f"User {data['username']} has not been approved by an administrator yet."
         self.set_status(403)
         self.finish(await self._render(login_error=error, username=data["username"]))
 
 
+def _duration(seconds: float) -> str:
+    seconds = max(1, round(seconds))
+    minutes, rest = divmod(seconds, 60)
+    if not minutes:
+        return f"{rest} seconds"
+    return f"{minutes} min {rest} s" if rest else f"{minutes} minutes"
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(when))
+
+
 class GpulabAuthenticator(NativeAuthenticator):
     """Users sign up at /hub/signup; an admin approves them at /hub/authorize."""
+
+    @default("minimum_password_length")
+    def _default_min_length(self):
+        return MIN_PASSWORD_LENGTH
+
+    @default("check_common_password")
+    def _default_check_common(self):
+        return True
+
+    @default("allowed_failed_logins")
+    def _default_allowed_failed(self):
+        return ALLOWED_FAILED_LOGINS
+
+    @default("seconds_before_next_try")
+    def _default_wait(self):
+        return SECONDS_BEFORE_NEXT_TRY
 
     first_admin = Unicode(
         "admin",
@@ -77,17 +128,45 @@ class GpulabAuthenticator(NativeAuthenticator):
         self.ensure_first_admin()
 
     def get_handlers(self, app):
-        return [
-            (route, LoginHandler if route == r"/login" else handler)
-            for route, handler in super().get_handlers(app)
-        ]
+        mine = {
+            r"/login": LoginHandler,
+            r"/authorize": accounts.AuthorizationAreaHandler,
+            r"/authorize/([^/]*)": accounts.ToggleAuthorizationHandler,
+            r"/discard/([^/]*)": accounts.DiscardHandler,
+        }
+        return [(route, mine.get(route, handler)) for route, handler in super().get_handlers(app)]
+
+    def seconds_locked(self, username: str) -> float:
+        """How long ``username`` must wait before the next login try (0: not locked)."""
+        name = self.normalize_username(username)
+        if not self.allowed_failed_logins or not self.is_blocked(name):
+            return 0
+        since = time.time() - self.login_attempts[name]["time"].timestamp()
+        return max(0.0, self.seconds_before_next_try - since)
+
+    async def delete_user(self, user):
+        """Stop the user's servers and remove what they had, then the account itself.
+
+        JupyterHub's DELETE /hub/api/users/<name> calls this first; then each of the
+        user's spawners' ``delete_forever`` (which refuses a running server).
+        """
+        from . import deletion  # the spawner side (docker) only when deleting
+
+        await deletion.delete_user(self, user)
+        return super().delete_user(user)
 
     def ensure_first_admin(self) -> str | None:
         """Create the first admin if it has no password yet; return the password."""
         name = self.normalize_username(self.first_admin)
         if UserInfo.find(self.db, name) is not None:
             return None
-        password = self.first_admin_password or secrets.token_urlsafe(12)
+        password = self.first_admin_password or self._new_password()
+        if not self.is_password_strong(password):
+            raise ValueError(
+                f"The first admin's configured password is too weak: it needs at least "
+                f"{self.minimum_password_length} characters and must not be a common one "
+                "(GPULAB_ADMIN_PASSWORD)."
+            )
         info = UserInfo(
             username=name,
             password=_hash(password),
@@ -108,6 +187,13 @@ class GpulabAuthenticator(NativeAuthenticator):
         else:
             self.log.warning("Created the first admin %r with password: %s", name, password)
         return password
+
+    def _new_password(self) -> str:
+        """A random password that meets the password rules."""
+        while True:
+            password = secrets.token_urlsafe(max(12, self.minimum_password_length))
+            if self.is_password_strong(password):
+                return password
 
 
 def _hash(password: str) -> bytes:

@@ -12,19 +12,27 @@ from urllib.parse import urlparse
 
 import requests
 
-from . import baseimage, cli_gpus, cli_images, gpus, host, settings
+from . import (
+    allocator,
+    baseimage,
+    cli_gpus,
+    cli_images,
+    gpus,
+    host,
+    hubfiles,
+    hubsettings,
+    pidfile,
+    settings,
+)
 from .doctor.cli import add_parser as add_doctor_parser
 
 INSTANCE_LABEL = "gpulab.instance"
-NOTEBOOK_GID = 100  # the notebook user's group in gpulab images (ProjectSpawner.notebook_gid)
+HUB_PIDFILE = "gpulab-hub.pid"
 
 
 def repo_dir() -> Path:
     """The checkout holding jupyterhub_config.py and images/ (the hub's own files)."""
-    here = Path(__file__).resolve().parents[2]
-    if (here / "jupyterhub_config.py").exists():
-        return here
-    return Path.cwd()
+    return hubsettings.config_file().parent
 
 
 def local_url(bind_url: str) -> str:
@@ -34,16 +42,14 @@ def local_url(bind_url: str) -> str:
     return f"{u.scheme}://{hostname}:{u.port or 80}{u.path or '/'}"
 
 
+def hub_process(hub_dir: Path) -> tuple[pidfile.Identity | None, str]:
+    """(the hub `gpulab up` started, if it still runs; why its PID file is stale, if so)."""
+    return pidfile.check(hub_dir / HUB_PIDFILE, "jupyterhub")
+
+
 def hub_pid(hub_dir: Path) -> int | None:
-    pidfile = hub_dir / "gpulab-hub.pid"
-    if not pidfile.exists():
-        return None
-    pid = int(pidfile.read_text())
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
+    me, _ = hub_process(hub_dir)
+    return me.pid if me else None
 
 
 def wait_for_hub(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 120) -> None:
@@ -84,10 +90,14 @@ def base_spec(s: dict[str, str]) -> baseimage.BaseSpec:
 def cmd_up(args, environ) -> int:
     s = settings.site(environ)
     p = settings.paths(s["GPULAB_HOME"])
-    hub_dir = p["hub"]
+    hub_dir = p["hub"]  # the hub process's own files: database, log, PID file
     hub_dir.mkdir(parents=True, exist_ok=True)
-    host.ensure_data_root(p["data"], gid=NOTEBOOK_GID)
-    p["projects"].mkdir(parents=True, exist_ok=True)
+    where = hubsettings.load(hubsettings.config_file())
+    host.ensure_data_root(where.data_root)
+    where.projects_root.mkdir(parents=True, exist_ok=True)
+    # From here on, what gpulab up and the hub make is private (the hub folder's files).
+    os.umask(hubfiles.UMASK)
+    hubfiles.protect(hub_dir)
     url = local_url(s["GPULAB_BIND_URL"])
     if hub_pid(hub_dir):
         print(f"gpulab is already running at {url}")
@@ -96,9 +106,10 @@ def cmd_up(args, environ) -> int:
     dk = host.Docker()
     if host.ensure_dockerd(dk, hub_dir):
         print("Started the Docker engine (dockerd).")
-    host.ensure_base_image(dk, repo_dir(), hub_dir, base_spec(s), s["GPULAB_BASE_IMAGE"])
-
-    env = dict(environ)
+    network = where.network
+    host.ensure_network(dk, network)
+    env = settings.with_hub_ip(environ)
+    host.ensure_base_image(dk, repo_dir(), hub_dir, base_spec(s), where.base_image, network=network)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     log_path = hub_dir / "hub.log"
     config = repo_dir() / "jupyterhub_config.py"
@@ -110,12 +121,12 @@ def cmd_up(args, environ) -> int:
         proc = subprocess.Popen(
             cmd, cwd=hub_dir, env=env, stdout=log, stderr=log, start_new_session=True
         )
-    (hub_dir / "gpulab-hub.pid").write_text(str(proc.pid))
+    pidfile.write(hub_dir / HUB_PIDFILE, proc.pid)
     try:
         wait_for_hub(url, proc, log_path)
     except host.HostError:
         host.stop_pid(proc.pid)
-        (hub_dir / "gpulab-hub.pid").unlink(missing_ok=True)
+        (hub_dir / HUB_PIDFILE).unlink(missing_ok=True)
         raise
 
     print(f"gpulab is running: open {url}")
@@ -135,11 +146,12 @@ def cmd_up(args, environ) -> int:
 def cmd_down(args, environ) -> int:
     s = settings.site(environ)
     hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
-    pid = hub_pid(hub_dir)
-    if pid:
-        host.stop_pid(pid)
+    hub, stale = hub_process(hub_dir)
+    if hub and host.stop_pid(hub.pid, expect=hub):
         print("Stopped the hub.")
-    (hub_dir / "gpulab-hub.pid").unlink(missing_ok=True)
+    elif stale:
+        print(f"The hub's PID file was stale, so nothing was signalled: {stale}.")
+    (hub_dir / HUB_PIDFILE).unlink(missing_ok=True)
     dk = host.Docker()
     if dk.reachable():
         label = f"{INSTANCE_LABEL}={s['GPULAB_CONTAINER_PREFIX']}"
@@ -184,7 +196,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args, os.environ)
-    except host.HostError as e:
+    except (host.HostError, allocator.AllocationError) as e:
         print(f"gpulab: {e}", file=sys.stderr)
         return 1
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
-from . import allocator, gpus, settings
+from . import allocator, gpus, hubsettings
 
 
 def _when(t: float) -> str:
@@ -37,8 +36,7 @@ def report(inv: gpus.Inventory, held: dict[str, tuple[allocator.Holder, ...]]) -
 
 
 def cmd_gpus(args, environ) -> int:
-    s = settings.site(environ)
-    path = Path(settings.paths(s["GPULAB_HOME"])["hub"]) / "gpu-allocations.json"
+    path = hubsettings.load(hubsettings.config_file()).allocations_file
     inv = gpus.inventory()
     held = allocator.AllocationStore(path).holdings()
     if args.json:

@@ -6,13 +6,8 @@ import os
 import time
 from pathlib import Path
 
-from . import host, images, projectimage, settings
+from . import host, hubsettings, images, projectimage
 from .projects import Project, ProjectError, project_name
-
-
-def state_root(site: dict) -> Path:
-    """Where the hub keeps its per-project state (as settings.apply sets state_root)."""
-    return settings.paths(site["GPULAB_HOME"])["hub"] / "projects"
 
 
 def _projects(root: Path, state: Path) -> list[Project]:
@@ -28,19 +23,19 @@ def _projects(root: Path, state: Path) -> list[Project]:
 
 
 def cmd_build(args, environ) -> int:
-    s = settings.site(environ)
-    root = settings.paths(s["GPULAB_HOME"])["projects"]
+    where = hubsettings.load(hubsettings.config_file())
+    root = where.projects_root
     user, _, name = args.project.partition("/")
     if not user or not name:
         raise host.HostError("name the project as USER/PROJECT, e.g. alice/vision")
     try:
-        project = Project(root, user, project_name(name), state_root(s))
+        project = Project(root, user, project_name(name), where.state_root)
     except ProjectError as e:
         raise host.HostError(str(e)) from e
     if not os.path.lexists(project.dockerfile):
         raise host.HostError(f"{args.project} has no Dockerfile at {project.dockerfile}")
     dk = host.Docker()
-    network = settings.network_name(s)
+    network = where.network
     try:
         host.ensure_network(dk, network)
         tag = projectimage.ensure_image(
@@ -49,7 +44,7 @@ def cmd_build(args, environ) -> int:
             root / ".locks",
             print,
             args.timeout,
-            repo=s["GPULAB_IMAGE_REPO"],
+            repo=where.image_repo,
             network=network,
         )
     except (images.BuildError, ProjectError) as e:
@@ -83,11 +78,10 @@ def keep_tags(dk: host.Docker, root: Path, state: Path, repo: str) -> dict[str, 
 
 
 def cmd_images(args, environ) -> int:
-    s = settings.site(environ)
-    root = settings.paths(s["GPULAB_HOME"])["projects"]
-    repo = s["GPULAB_IMAGE_REPO"]
+    where = hubsettings.load(hubsettings.config_file())
+    repo = where.image_repo
     dk = host.Docker()
-    keep = keep_tags(dk, root, state_root(s), repo)
+    keep = keep_tags(dk, where.projects_root, where.state_root, repo)
     removed = 0
     for img in sorted(dk.call("images", name=repo), key=lambda i: -i["Created"]):
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(img["Created"]))

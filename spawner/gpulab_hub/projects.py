@@ -3,16 +3,17 @@
 Layout: ``<projects_root>/<user>/<project>/`` with ``Dockerfile`` at its top. The
 whole directory is the notebook root (``/workspace``) of the project's
 container, so its user controls every entry in it: the hub opens it only
-through safefs.py. ``<projects_root>/<user>/`` is the hub's (root, 0755, mounted
-nowhere). What the hub keeps about a project (its last good image, build logs)
-lives in ``<state_root>/<user>/<project>/``, hub-owned, 0700. Nothing here
-deletes or rewrites a file that exists: a project's Dockerfile is written once,
-from the template.
+through safefs.py, which also creates it (``safefs.ensure_project``); this
+module only names and places projects and opens nothing.
+``<projects_root>/<user>/`` is the hub's (root, 0755, mounted nowhere). What the
+hub keeps about a project (its last good image, build logs) lives in
+``<state_root>/<user>/<project>/``, hub-owned, 0700. Nothing here deletes or
+rewrites a file that exists: a project's Dockerfile is written once, from the
+template.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,57 +76,3 @@ class Project:
     @property
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
-
-
-def ensure_project(project: Project, dockerfile_text: str, uid: int, gid: int) -> bool:
-    """Create the project's directory and Dockerfile if missing (re-runnable).
-
-    Returns True when the Dockerfile was written now. An existing entry named
-    Dockerfile (even a link) is never touched. No link is followed; only what
-    is created here is given to the notebook user (``uid``/``gid``: its ids on
-    the host), through descriptors.
-    """
-    from . import safefs  # safefs imports this module
-
-    owner = safe_owner(project.owner)
-    try:
-        project.root.mkdir(parents=True, exist_ok=True)
-        root_fd = safefs.open_root(project.root)
-        try:
-            _mkdir(root_fd, owner, 0o755)
-            user_fd = safefs.open_dir(owner, root_fd, "")
-        finally:
-            os.close(root_fd)
-        try:
-            created = _mkdir(user_fd, project.name, 0o755)
-            fd = safefs.open_dir(project.name, user_fd, "")
-        finally:
-            os.close(user_fd)
-    except (OSError, safefs.Refused) as e:
-        if isinstance(e, safefs.Refused):
-            why = "it is a link" if e.reason == safefs.LINK else "it is not a folder"
-        else:
-            why = e.strerror
-        raise ProjectError(
-            f"Cannot create the project directory {project.path}: {why}. "
-            "Ask the administrator to check ProjectSpawner.projects_root."
-        ) from e
-    try:
-        if created:
-            safefs.chown_fd(fd, uid, gid)
-        try:
-            os.stat(DOCKERFILE, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return safefs.create_exclusive(fd, DOCKERFILE, dockerfile_text.encode(), uid, gid)
-        return False
-    finally:
-        os.close(fd)
-
-
-def _mkdir(dir_fd: int, name: str, mode: int) -> bool:
-    try:
-        os.mkdir(name, mode, dir_fd=dir_fd)
-    except FileExistsError:
-        return False
-    os.chmod(name, mode, dir_fd=dir_fd)  # the mode asked for, whatever the hub's umask (077)
-    return True

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import doctor, objects, sharing
-from .sharing import groupshares
+from . import accounts, doctor, objects, rename, sharing
+from .sharing import groupshares, origins
 
 DEFAULTS = {
     "GPULAB_HOME": "/srv/gpulab",
     "GPULAB_BIND_URL": "http://0.0.0.0:8000",
     "GPULAB_HUB_PORT": "8081",
     "GPULAB_PROXY_API_PORT": "8001",
-    "GPULAB_NETWORK": objects.HOST_NETWORK,
+    "GPULAB_NETWORK": "",
+    "GPULAB_HUB_IP": "",
     "GPULAB_HUB_CONNECT_IP": "",
     "GPULAB_ADMIN": "admin",
     "GPULAB_ADMIN_PASSWORD": "",
@@ -35,12 +36,39 @@ DEFAULTS = {
     "GPULAB_OPEN_SIGNUP": "0",
     "GPULAB_SHARE_MAX_HOURS": "168",
     "GPULAB_PUBLIC_LINKS": "0",
+    "GPULAB_SUBDOMAIN_HOST": "",
+    "GPULAB_PUBLIC_URL": "",
+    "GPULAB_PASSWORD_MIN_LENGTH": "10",
+    "GPULAB_PASSWORD_CHECK_COMMON": "1",
+    "GPULAB_LOGIN_ATTEMPTS": "5",
+    "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
+    "GPULAB_DELETED_FILES": "archive",
 }
 
 
 def site(environ) -> dict[str, str]:
     """The site settings: each GPULAB_* variable, or its default."""
     return {key: environ.get(key) or default for key, default in DEFAULTS.items()}
+
+
+def network_name(s: dict[str, str]) -> str:
+    """The bridge network of projects and builds: GPULAB_NETWORK, else <prefix>-net."""
+    return s["GPULAB_NETWORK"] or f"{s['GPULAB_CONTAINER_PREFIX']}-net"
+
+
+def with_hub_ip(environ) -> dict[str, str]:
+    """``environ`` with GPULAB_HUB_IP set: where project containers reach the hub.
+
+    Unless the admin set it, it is the gateway address of gpulab's bridge network
+    (made here if missing), so the hub's API listens there and not on every
+    interface. Blocking (asks Docker): called once when the hub starts.
+    """
+    env = dict(environ)
+    if not env.get("GPULAB_HUB_IP"):
+        from . import host
+
+        env["GPULAB_HUB_IP"] = host.ensure_network(host.Docker(), network_name(site(env)))
+    return env
 
 
 def paths(home: str | Path) -> dict[str, Path]:
@@ -70,11 +98,14 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # `gpulab doctor`'s last report, for admins at /hub/gpulab/doctor (linked in the nav bar).
     # Owners share projects at /hub/gpulab/share/<project> (links last at most the max).
     # Save a copy at /hub/gpulab/copy; public notebook links only where the admin allows them.
-    c.JupyterHub.extra_handlers = doctor.hub_handlers(hub_dir) + sharing.hub_handlers(
-        int(s["GPULAB_SHARE_MAX_HOURS"]),
-        hub_dir=hub_dir,
-        projects_root=p["projects"],
-        public_links=s["GPULAB_PUBLIC_LINKS"] == "1",
+    # Owners rename stopped projects at /hub/gpulab/rename/<project>. Where each page finds
+    # projects and records: the hub's own configuration (hubsettings.py).
+    c.JupyterHub.extra_handlers = (
+        doctor.hub_handlers()
+        + sharing.hub_handlers(
+            int(s["GPULAB_SHARE_MAX_HOURS"]), public_links=s["GPULAB_PUBLIC_LINKS"] == "1"
+        )
+        + rename.hub_handlers()
     )
     c.JupyterHub.template_paths = [str(doctor.TEMPLATES), str(sharing.TEMPLATES)]
     # Roles mirroring group shares are made at run time; JupyterHub deletes at start any
@@ -85,14 +116,16 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.JupyterHub.custom_scopes = sharing.roles.CUSTOM_SCOPES
     c.Spawner.oauth_client_allowed_scopes = sharing.roles.SERVER_CLIENT_SCOPES
     c.Spawner.server_token_scopes = sharing.roles.SERVER_TOKEN_SCOPES
+    # Each user's servers on an origin of their own (JupyterHub's subdomain_host), needed
+    # wherever others reach the hub; a strict CSP on the hub's pages (docs/deployment.md).
+    origins.apply(c, s["GPULAB_SUBDOMAIN_HOST"])
 
-    network = s["GPULAB_NETWORK"]
-    if network == objects.HOST_NETWORK:
-        c.JupyterHub.hub_ip = "127.0.0.1"
-    else:
-        c.JupyterHub.hub_ip = "0.0.0.0"
-        if s["GPULAB_HUB_CONNECT_IP"]:
-            c.JupyterHub.hub_connect_ip = s["GPULAB_HUB_CONNECT_IP"]
+    # Projects run on gpulab's bridge network, never the host's: the hub's API listens
+    # on that network's gateway (with_hub_ip), where containers reach it.
+    network = objects.check_network(network_name(s))
+    c.JupyterHub.hub_ip = s["GPULAB_HUB_IP"] or "127.0.0.1"
+    if s["GPULAB_HUB_CONNECT_IP"]:
+        c.JupyterHub.hub_connect_ip = s["GPULAB_HUB_CONNECT_IP"]
 
     c.JupyterHub.authenticator_class = "gpulab_hub.auth.GpulabAuthenticator"
     c.Authenticator.admin_users = {s["GPULAB_ADMIN"]}
@@ -102,6 +135,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.GpulabAuthenticator.first_admin = s["GPULAB_ADMIN"]
     c.GpulabAuthenticator.first_admin_password = s["GPULAB_ADMIN_PASSWORD"]
     c.GpulabAuthenticator.first_admin_password_file = str(p["admin_password"])
+    # Password rules, lockout, cookies, deletion: accounts.py.
+    accounts.configure(c, s, hub_dir)
 
     c.JupyterHub.allow_named_servers = True
     # After login, land on the project list instead of starting a "default" project.
@@ -111,6 +146,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.JupyterHub.spawner_class = "gpulab_hub.spawner.ProjectSpawner"
     c.ProjectSpawner.projects_root = str(p["projects"])
     c.ProjectSpawner.state_root = str(hub_dir / "projects")
+    c.ProjectSpawner.records_dir = str(hub_dir)
     c.ProjectSpawner.data_root = str(p["data"])
     c.ProjectSpawner.images_dir = str(images_dir)
     c.ProjectSpawner.base_image = s["GPULAB_BASE_IMAGE"]

@@ -2,8 +2,9 @@
 
 Each project's image is built from the Dockerfile the project keeps (content
 hash tag, so an unchanged project reuses its image), and its directory is
-mounted at /workspace. Works with host networking (each server on its own
-loopback port) and with a user-defined Docker network.
+mounted at /workspace. Containers join gpulab's bridge network (never the
+host's), run as the notebook user with no capabilities and no privilege gain,
+and within process, memory and CPU limits (docs/security.md).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from pathlib import Path
 import docker.errors
 import requests.exceptions
 from dockerspawner import DockerSpawner
-from jupyterhub.utils import random_port
-from traitlets import Float, Int, Unicode, default
+from traitlets import Bool, Float, Int, List, TraitError, Unicode, default, validate
 
-from . import allocator, gpu_spawner, images, objects, options, projectimage
+from . import allocator, gpu_spawner, host, images, objects, options, projectimage
 from .gpu_spawner import GpuSettings
-from .projects import Project, ProjectError, ensure_project, project_name
+from .projects import Project, ProjectError, project_name, safe_owner
+from .safefs import ensure_project
 
 _STEP = re.compile(r"^Step (\d+)/(\d+)")
 
@@ -38,6 +39,21 @@ class SpawnError(Exception):
             tail = "\n".join(log_tail)
             self.jupyterhub_message = f"{message}\nLast lines of the build log:\n{tail}"
             self.jupyterhub_html_message = f"<p>{escape(message)}</p><pre>{escape(tail)}</pre>"
+
+
+# DockerSpawner's settings that ProjectSpawner's container spec does not apply
+# (objects.container_spec builds the whole container); setting one is refused.
+UNAPPLIED_SETTINGS = (
+    "volumes",
+    "read_only_volumes",
+    "mounts",
+    "extra_host_config",
+    "extra_create_kwargs",
+    "links",
+    "allowed_images",
+    "mem_guarantee",
+    "cpu_guarantee",
+)
 
 
 class ProjectSpawner(DockerSpawner, GpuSettings):
@@ -69,8 +85,10 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         config=True,
         help="""Host folder of shared data, mounted at ``data_mount``.
 
-        Its ``datasets`` folder is mounted read-only, ``models`` and ``outputs``
-        writable. Default: /srv/gpulab/data.
+        Its ``datasets`` folder is mounted read-only in every project; each
+        user's ``models/<user>`` and ``outputs/<user>`` folders are mounted
+        writable at ``models`` and ``outputs`` in that user's projects only.
+        Default: /srv/gpulab/data.
         Example: ``c.ProjectSpawner.data_root = "/mnt/shared"``
         """,
     )
@@ -165,6 +183,41 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         (DockerSpawner uses one, so a long build would block every other spawn).
         Default: 8. Example: ``c.ProjectSpawner.docker_threads = 16``""",
     )
+    records_dir = Unicode(
+        "/srv/gpulab/hub",
+        config=True,
+        help="""Hub-owned folder of gpulab's hub-wide records: sharing settings,
+        group-share roles, public links, the doctor's last report, archives of
+        deleted accounts. Hub pages, the ``gpulab`` command and the doctor all read
+        it from here (gpulab_hub.hubsettings). Never inside a project folder.
+        Default: /srv/gpulab/hub (``gpulab up``: $GPULAB_HOME/hub).
+        Example: ``c.ProjectSpawner.records_dir = "/var/lib/gpulab"``""",
+    )
+    pids_limit = Int(
+        4096,
+        allow_none=True,
+        config=True,
+        help="""Most processes and threads one project container may run (a fork
+        bomb stops there instead of taking the host); None for Docker's default
+        (no limit). Default: 4096. Example: ``c.ProjectSpawner.pids_limit = 8192``""",
+    )
+    data_read_all = Bool(
+        False,
+        config=True,
+        help="""Let every project read (never write) every user's ``models`` and
+        ``outputs`` folders, at ``<data_mount>/all/``. Each user's own folders are
+        always writable at ``<data_mount>/models`` and ``<data_mount>/outputs``.
+        Default: False (each user sees only their own).
+        Example: ``c.ProjectSpawner.data_read_all = True``""",
+    )
+    data_groups = List(
+        Unicode(),
+        config=True,
+        help="""JupyterHub groups that get a shared data folder: members' projects
+        mount ``<data_root>/groups/<group>`` writable at ``<data_mount>/groups/<group>``
+        (members can change each other's files there). Default: [] (none).
+        Example: ``c.ProjectSpawner.data_groups = ["vision-lab"]``""",
+    )
 
     _executor = None
     _progress_events: list
@@ -176,7 +229,23 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
 
     @default("network_name")
     def _default_network(self):
-        return objects.HOST_NETWORK
+        return f"{self.prefix}-net"
+
+    @validate("network_name")
+    def _check_network(self, proposal):
+        try:
+            return objects.check_network(proposal.value)
+        except ValueError as e:
+            raise TraitError(str(e)) from e
+
+    @default("mem_limit")
+    def _default_mem_limit(self):
+        # Room for the hub and the host: no single project can exhaust memory.
+        return host.default_mem_limit()
+
+    @default("cpu_limit")
+    def _default_cpu_limit(self):
+        return host.default_cpu_limit()
 
     @default("remove")
     def _default_remove(self):
@@ -197,7 +266,29 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
 
     @default("ip")
     def _ip_default(self):
-        return "127.0.0.1" if self.network_name == objects.HOST_NETWORK else "0.0.0.0"
+        # Inside the container, on its own bridge address; the hub connects to it.
+        return "0.0.0.0"
+
+    _docker_info: dict | None = None
+
+    def notebook_owner(self) -> tuple[int, int]:
+        """Blocking: host uid/gid of the notebook user, shifted by the engine's
+        user-namespace remapping (so files it makes are never a real account's)."""
+        cls = ProjectSpawner
+        if cls._docker_info is None:
+            cls._docker_info = self._docker("info")
+        uid_off, gid_off = objects.userns_offset(cls._docker_info)
+        return self.notebook_uid + uid_off, self.notebook_gid + gid_off
+
+    def _data_groups(self) -> tuple[str, ...]:
+        mine = {g.name for g in self.user.groups}
+        return tuple(g for g in self.data_groups if g in mine and objects.valid_group(g))
+
+    def _ensure_data_folders(self, settings: objects.ContainerSettings) -> None:
+        """Blocking: this user's data folders, made by the hub and given to the user."""
+        uid, gid = self.notebook_owner()
+        for folder in objects.data_folders(settings):
+            host.ensure_owned_folder(Path(folder), uid, gid)
 
     @property
     def executor(self):
@@ -252,15 +343,13 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
             self.images_dir,
             self.project_template,
             base_image=self.base_image,
-            display_name=display or project.name,
+            display_name=options.one_line(display or project.name),
         )
 
     def _prepare_image(self, use_last_good: bool) -> str:
         """Blocking: project folder + Dockerfile + image. Returns the image tag."""
         project = self.project
-        if ensure_project(
-            project, self._render_dockerfile(project), self.notebook_uid, self.notebook_gid
-        ):
+        if ensure_project(project, self._render_dockerfile(project), *self.notebook_owner()):
             self._emit(5, f"Created project folder with a Dockerfile from {self.project_template}")
         if use_last_good:
             good = projectimage.last_good(project, self._docker, self.image_repo)
@@ -277,6 +366,8 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
             self._on_build_line,
             self.build_timeout,
             repo=self.image_repo,
+            network=self.network_name,
+            memory=self.mem_limit,
         )
 
     @default("options_form")
@@ -333,6 +424,8 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
             ),
             network=self.network_name,
             port=self.port,
+            owner=safe_owner(self.user.name),
+            user=f"{self.notebook_uid}:{self.notebook_gid}",
             labels={
                 "gpulab.instance": self.prefix,
                 "gpulab.owner": self.user.name,
@@ -344,6 +437,9 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
             shm_size=self.shm_size,
             mem_limit=self.mem_limit,
             cpu_limit=self.cpu_limit,
+            pids_limit=self.pids_limit,
+            data_read_all=self.data_read_all,
+            data_groups=self._data_groups(),
             gpus=self._gpus,
         )
 
@@ -354,19 +450,33 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         return env
 
     async def create_object(self):
-        spec = objects.container_spec(self.container_settings())
+        settings = self.container_settings()
+        await self._run(self._ensure_data_folders, settings)
+        spec = objects.container_spec(settings)
         spec["host_config"] = self.client.create_host_config(**spec["host_config"])
         return await self.docker("create_container", **spec)
+
+    def _refuse_unapplied_settings(self) -> None:
+        """DockerSpawner settings that gpulab's container spec does not apply are an
+        error, not silently ignored (the spec is gpulab's hardened one)."""
+        for name in UNAPPLIED_SETTINGS:
+            if self.trait_has_value(name) and getattr(self, name):
+                raise ProjectError(
+                    f"The hub sets c.{type(self).__name__}.{name} (a DockerSpawner setting) "
+                    "that gpulab does not apply: project containers come from gpulab's own "
+                    "spec (docs/security.md). Ask the administrator to remove it "
+                    "(docs/configuration.md lists what gpulab offers instead)."
+                )
 
     async def start(self):
         self._progress_events = []
         try:
+            self._refuse_unapplied_settings()
             opts = options.validate(self.user_options)
+            self._check_display_name()
             self._emit(2, f"Preparing project {project_name(self.name)}")
             self.image = await self._run(self._prepare_image, opts.get("use_last_good", False))
             await self._reserve_gpus(opts)
-            if self.network_name == objects.HOST_NETWORK:
-                self.port = random_port()
             self._emit(80, "Starting the project's container")
             try:
                 return await super().start()
@@ -394,7 +504,7 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
                     "project again and choose it to fix the Dockerfile from inside."
                 )
             raise SpawnError(message, e.tail) from e
-        except (ProjectError, options.OptionsError) as e:
+        except (ProjectError, options.OptionsError, host.HostError) as e:
             raise SpawnError(str(e)) from e
         except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
             if (
@@ -435,7 +545,21 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
             await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
         return status
 
-    async def get_ip_and_port(self):
-        if self.network_name == objects.HOST_NETWORK:
-            return "127.0.0.1", self.port
-        return await super().get_ip_and_port()
+    def _check_display_name(self) -> None:
+        """Refuse (and forget) a display name JupyterHub stored unchecked (a rename)."""
+        orm_spawner = self.orm_spawner
+        if orm_spawner is None or not orm_spawner.display_name:
+            return
+        try:
+            options.check_display_name(orm_spawner.display_name)
+        except options.OptionsError:
+            orm_spawner.display_name = self.name
+            self.user.db.commit()
+            raise
+
+    async def delete_forever(self):
+        """The project (or its user) is deleted: its folder, records, shares and GPUs
+        go, so nothing passes to a later account or project of the same name."""
+        from . import deletion
+
+        await deletion.delete_project(self)

@@ -14,7 +14,7 @@ TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/doctor"
 
 
-def hub_handlers(hub_dir: str | Path) -> list[tuple]:
-    """JupyterHub ``extra_handlers``: the last report at /hub/gpulab/doctor, for admins."""
-    report = str(Path(hub_dir) / "doctor-last.json")
-    return [(PAGE, "gpulab_hub.doctor.web.DoctorHandler", {"report_path": report})]
+def hub_handlers() -> list[tuple]:
+    """JupyterHub ``extra_handlers``: the last report at /hub/gpulab/doctor, for admins
+    (where the hub's settings keep it: gpulab_hub.hubsettings)."""
+    return [(PAGE, "gpulab_hub.doctor.web.DoctorHandler", {})]

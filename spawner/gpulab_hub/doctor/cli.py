@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 
-from .. import settings
+from .. import hubsettings
 from . import PAGE
 from .findings import exit_code, render_table, to_json
 from .report import Options, report_path, run, save
@@ -42,8 +42,7 @@ def add_parser(sub) -> None:
 def cmd_doctor(args, environ) -> int:
     opts = Options(project=args.project, cpu_only=args.cpu_only, image=args.image)
     findings, report = run(environ, opts)
-    site = settings.site(environ)
-    path = report_path(site)
+    path = report_path(hubsettings.load(hubsettings.config_file()))
     note = f"Report saved to {path}; admins see it at /hub{PAGE} on the hub."
     try:
         save(report, path)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import cli_images, host, objects, projectimage, settings
+from .. import host, objects, projectimage
+from ..hubsettings import HubSettings
 from ..projects import Project, ProjectError
 from . import cuda, docker_checks, libs, probe
 from .findings import FAIL, OK, WARN, Finding
@@ -192,11 +193,11 @@ def find_container(dk: host.Docker, prefix: str, user: str, project: str) -> dic
     )
 
 
-def find_image(dk: host.Docker, site: dict, user: str, project: str) -> str | None:
+def find_image(dk: host.Docker, hub: HubSettings, user: str, project: str) -> str | None:
     """The project's newest image: labelled by its build, or the hub's record of its
     last image that built (``image.json`` in its hub-owned state folder)."""
     labels = [f"gpulab.owner={user}", f"gpulab.project={project}"]
-    repo = site["GPULAB_IMAGE_REPO"]
+    repo = hub.image_repo
     tags = [
         (img["Created"], tag)
         for img in dk.call("images", filters={"label": labels})
@@ -206,12 +207,7 @@ def find_image(dk: host.Docker, site: dict, user: str, project: str) -> str | No
     if tags:
         return max(tags)[1]
     try:
-        record = Project(
-            settings.paths(site["GPULAB_HOME"])["projects"],
-            user,
-            project,
-            cli_images.state_root(site),
-        )
+        record = Project(hub.projects_root, user, project, hub.state_root)
         good = projectimage.last_good(record, dk.call, repo)
     except ProjectError:
         return None
@@ -233,7 +229,7 @@ def exec_probe(dk: host.Docker, container_id: str) -> dict:
 
 def project_findings(
     dk: host.Docker,
-    site: dict,
+    hub: HubSettings,
     spec: str,
     gpus: objects.GpuAssignment | None,
 ) -> list[Finding]:
@@ -249,14 +245,14 @@ def project_findings(
                 "Name the project as USER/PROJECT, e.g. `--project alice/one`.",
             )
         ]
-    prefix = site["GPULAB_CONTAINER_PREFIX"]
+    prefix = hub.prefix
     try:
         container = find_container(dk, prefix, user, project)
         if container and container.get("State") == "running":
             where = f"the running container {container['Names'][0].lstrip('/')}"
             facts = exec_probe(dk, container["Id"])
         else:
-            image = find_image(dk, site, user, project)
+            image = find_image(dk, hub, user, project)
             if image is None:
                 return [
                     Finding(

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import host, images, jsonfile, projectimage, settings
+from .. import host, hubsettings, images, jsonfile, projectimage
+from ..hubsettings import HubSettings
 from ..projects import Project, ProjectError
 from . import cuda, docker_checks, gpu, project, protections, resources
 from .findings import FAIL, OK, WARN, Finding, exit_code
 
 MAX_IMAGES = 6  # images looked into per run (each is one short container)
-REPORT_NAME = "doctor-last.json"
 IMAGE_CACHE_NAME = "doctor-images.json"
 
 
@@ -30,8 +30,8 @@ class Options:
     image: str | None = None  # image for the GPU test container (default: the base image)
 
 
-def report_path(site: dict) -> Path:
-    return settings.paths(site["GPULAB_HOME"])["hub"] / REPORT_NAME
+def report_path(hub: HubSettings) -> Path:
+    return hub.doctor_report
 
 
 def _read(path: str) -> str:
@@ -41,16 +41,17 @@ def _read(path: str) -> str:
         return ""
 
 
-def images_in_use(dk: host.Docker, site: dict, projects_root: Path) -> list[str]:
+def images_in_use(dk: host.Docker, hub: HubSettings) -> list[str]:
     """The base image, what project Dockerfiles start FROM, images of running projects."""
-    refs = [site["GPULAB_BASE_IMAGE"]]
+    projects_root = hub.projects_root
+    refs = [hub.base_image]
     for dockerfile in sorted(projects_root.glob("*/*/Dockerfile")):
         where = Project(projects_root, dockerfile.parent.parent.name, dockerfile.parent.name)
         try:  # hostile input: no link, no FIFO, bounded (safefs.py)
             refs.append(images.base_of(projectimage.read_dockerfile(where)))
         except (OSError, ValueError, ProjectError):
             continue
-    label = f"gpulab.instance={site['GPULAB_CONTAINER_PREFIX']}"
+    label = f"gpulab.instance={hub.prefix}"
     refs += [c["Image"] for c in dk.call("containers", filters={"label": label})]
     return [r for r in dict.fromkeys(refs) if r]
 
@@ -103,13 +104,12 @@ def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) ->
     return out
 
 
-def docker_findings(dk, info, site, environ, opts, inv, hub_dir) -> list[Finding]:
+def docker_findings(dk, info, hub: HubSettings, environ, opts, inv) -> list[Finding]:
     drivers = docker_checks.driver_dir(environ)
     out = [docker_checks.check_gpu_access(info, inv, drivers, opts.cpu_only)]
-    prefix = site["GPULAB_CONTAINER_PREFIX"]
-    projects_root = settings.paths(site["GPULAB_HOME"])["projects"]
-    refs = images_in_use(dk, site, projects_root)
-    cache_file = hub_dir / IMAGE_CACHE_NAME
+    prefix = hub.prefix
+    refs = images_in_use(dk, hub)
+    cache_file = hub.records_dir / IMAGE_CACHE_NAME
     try:
         cache = json.loads(cache_file.read_text())
     except (OSError, ValueError):
@@ -126,7 +126,7 @@ def docker_findings(dk, info, site, environ, opts, inv, hub_dir) -> list[Finding
     out.append(
         docker_checks.check_gpu_container(dk, test_image, inv, info, drivers, prefix, opts.cpu_only)
     )
-    base = site["GPULAB_BASE_IMAGE"]
+    base = hub.base_image
     if facts.get(base) is None:
         out.append(
             Finding(
@@ -163,8 +163,7 @@ def docker_findings(dk, info, site, environ, opts, inv, hub_dir) -> list[Finding
 def run(environ, opts: Options) -> tuple[list[Finding], dict]:
     """Every finding, and the report (with when, where, the exit code) to save."""
     started = time.monotonic()
-    site = settings.site(environ)
-    paths = settings.paths(site["GPULAB_HOME"])
+    hub = hubsettings.load(hubsettings.config_file())
     inv = gpu.inventory()
     proc_version = _read("/proc/version")
     wsl = resources.is_wsl2(proc_version, environ)
@@ -186,7 +185,7 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
         resources.check_disk(
             "disk.gpulab_home",
             "gpulab's projects and data",
-            site["GPULAB_HOME"],
+            str(hub.projects_root),
             resources.HOME_DISK,
         )
     )
@@ -195,14 +194,12 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
     findings.append(engine)
     if info is not None:
         try:
-            findings += protections.findings(
-                dk, info, settings.network_name(site), site["GPULAB_CONTAINER_PREFIX"]
-            )
-            findings += docker_findings(dk, info, site, environ, opts, inv, paths["hub"])
+            findings += protections.findings(dk, info, hub.network, hub.prefix)
+            findings += docker_findings(dk, info, hub, environ, opts, inv)
             if opts.project:
                 drivers = docker_checks.driver_dir(environ)
                 gpus = docker_checks.all_gpus(inv, info, drivers)
-                findings += project.project_findings(dk, site, opts.project, gpus)
+                findings += project.project_findings(dk, hub, opts.project, gpus)
         except docker_checks.DOCKER_ERRORS as e:
             findings.append(
                 Finding(

@@ -7,13 +7,15 @@ from pathlib import Path
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from .. import hubsettings
 from .findings import counts, from_dicts
 from .report import load_last
 
 
 class DoctorHandler(BaseHandler):
-    def initialize(self, report_path: str):
-        self.report_path = Path(report_path)
+    @property
+    def report_path(self) -> Path:
+        return hubsettings.of_handler(self).doctor_report
 
     @web.authenticated
     async def get(self):

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import groupshares, roles
+from . import roles
 
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/share"
 DEFAULT_LINK_HOURS = 24
 # Project servers cache the hub's token checks this long, so revoking takes this long.
 REVOKE_WITHIN_S = 30
-# In the hub's folder: what each owner allows the people a project is shared with.
-POLICY_FILE = "sharing.json"
 
 # Every user may share their own projects. Not ``read:users:name``, which
 # JupyterHub's API wants for sharing by name: it would let users list each other;
@@ -30,27 +28,17 @@ USER_ROLE = {
 }
 
 
-def hub_handlers(
-    max_hours: int, *, hub_dir=None, projects_root=None, public_links: bool = False
-) -> list[tuple]:
+def hub_handlers(max_hours: int, *, public_links: bool = False) -> list[tuple]:
     """JupyterHub ``extra_handlers``: the share page of each of the user's projects;
-    "save a copy" (copy.py); "shared with me" (received.py); public links (public.py)."""
-    files = {
-        "projects_root": str(projects_root),
-        "hub_dir": str(hub_dir),
-        "public_links": public_links,
-    }
+    "save a copy" (copy.py); "shared with me" (received.py); public links (public.py).
+    Where their records live comes from the hub's configuration (hubsettings.py)."""
+    files = {"public_links": public_links}
     return [
         (
             # /<project> for its owner; /<owner>/<project> for a collaborator re-sharing
             PAGE + r"/([^/]+)(?:/([^/]+))?",
             "gpulab_hub.sharing.web.ShareHandler",
-            {
-                "max_hours": max_hours,
-                "default_hours": min(DEFAULT_LINK_HOURS, max_hours),
-                "policy_path": str(Path(hub_dir) / POLICY_FILE) if hub_dir else None,
-                "group_roles_path": str(Path(hub_dir) / groupshares.FILE_NAME) if hub_dir else None,
-            },
+            {"max_hours": max_hours, "default_hours": min(DEFAULT_LINK_HOURS, max_hours)},
         ),
         (r"/gpulab/copy", "gpulab_hub.sharing.copy.CopyHandler", files),
         (r"/gpulab/shared", "gpulab_hub.sharing.received.SharedWithMeHandler", files),

@@ -26,7 +26,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from gpulab_hub import safefs
+from gpulab_hub import hubsettings, safefs
 from gpulab_hub.projects import Project, ProjectError, project_name
 
 from . import roles
@@ -38,8 +38,8 @@ from .notebooks import (
     open_project_dir,
     read_notebook,
 )
+from .public import find_link
 
-PAGE = "/gpulab/copy"
 _COPY_TRIES = 100
 
 
@@ -90,17 +90,16 @@ class Source:
 
 
 class CopyHandler(BaseHandler):
-    def initialize(self, projects_root: str, hub_dir: str, public_links: bool):
-        self.projects_root = projects_root
-        self.hub_dir = hub_dir
+    def initialize(self, public_links: bool):
+        where = hubsettings.of_handler(self)  # the hub's own configuration
+        self.projects_root = where.projects_root
+        self.hub_dir = where.records_dir
         self.public_links = public_links
 
     def _source(self) -> Source:
         """What to copy, checked against what the user may read (FileRefused if not)."""
         code = self.get_argument("public", "")
         if code:
-            from .public import find_link  # here: public.py imports this module
-
             link = find_link(self.hub_dir, code) if self.public_links else None
             if link is None:
                 raise FileRefused(404, "That public link does not exist, or expired.")

@@ -16,15 +16,17 @@ revoked through JupyterHub's REST API takes effect there at the next visit.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub import roles as hub_roles
 
-from gpulab_hub import jsonfile
+from gpulab_hub import hubsettings, jsonfile
 
 ROLE_PREFIX = "gpulab-group-share-"
-FILE_NAME = "group-share-roles.json"
+FILE_NAME = hubsettings.GROUP_SHARE_ROLES  # in the hub's records folder
+ROLE_FIELDS = ("description", "group", "project")
 
 
 def role_name(owner: str, project: str, group: str) -> str:
@@ -37,6 +39,23 @@ class GroupShareRoles(jsonfile.LockedRecord):
     """The mirror roles, in ``path``; every change under a file lock."""
 
     section = "roles"
+    what = "The group-share roles file"
+    on_damage = (
+        "members of groups a project was shared with lose access until its owner opens the "
+        "project's Share page, which makes the roles again from JupyterHub's shares"
+    )
+
+    def _parse(self, section) -> dict:
+        section = super()._parse(section)
+        for name, spec in section.items():
+            if not re.fullmatch(re.escape(ROLE_PREFIX) + "[0-9a-f]+", name):
+                raise ValueError(f"{name!r} is not a role gpulab makes")
+            scopes, texts = spec.get("scopes"), [spec.get(k) for k in ROLE_FIELDS]
+            if not all(isinstance(t, str) for t in texts) or not isinstance(scopes, list):
+                raise TypeError(f"role {name} lacks its group, project, description or scopes")
+            if not all(isinstance(x, str) for x in scopes):
+                raise TypeError(f"the scopes of role {name} are not names")
+        return section
 
     def role_specs(self) -> list[dict]:
         """The roles as ``c.JupyterHub.load_roles`` entries."""
@@ -85,7 +104,28 @@ class GroupShareRoles(jsonfile.LockedRecord):
         for group in sorted(set(recorded) | set(shared)):
             self.sync(db, spawner, group)
 
+    def forget(self, owner: str, project: str | None) -> list[str]:
+        """Drop the records of a deleted project (None: of all of a deleted user's
+        projects); the names of the roles, for the caller to delete from the hub."""
+        with self._thread_lock, self._file_lock:
+            recorded = self._read()
+            gone = [
+                name
+                for name, spec in recorded.items()
+                if (spec.get("project") == f"{owner}/{project}")
+                or (project is None and str(spec.get("project", "")).split("/")[0] == owner)
+            ]
+            if gone:
+                self._write({k: v for k, v in recorded.items() if k not in gone})
+        return gone
+
 
 def load_roles(hub_dir: str | Path) -> list[dict]:
-    """The mirror roles recorded in ``hub_dir``, for ``c.JupyterHub.load_roles``."""
-    return GroupShareRoles(Path(hub_dir) / FILE_NAME).role_specs()
+    """The mirror roles recorded in ``hub_dir``, for ``c.JupyterHub.load_roles``; none
+    (the hub still starts; the error says what to do) if the file cannot be read."""
+    roles = GroupShareRoles(Path(hub_dir) / FILE_NAME)
+    try:
+        return roles.role_specs()
+    except jsonfile.RecordError as e:
+        roles.log.error("%s Until then, group shares give no access.", e)
+        return []

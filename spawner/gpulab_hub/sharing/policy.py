@@ -21,10 +21,28 @@ class SharingPolicyStore(jsonfile.LockedRecord):
     """One JSON file of ``{"owner/project": {...}}``; every change under a file lock."""
 
     section = "projects"
+    what = "The sharing settings file"
+    on_damage = (
+        "every shared project is back to the defaults (collaborators may not start the "
+        "server or share it on) until its owner sets them again on the project's Share page"
+    )
+
+    def _parse(self, section) -> dict:
+        section = super()._parse(section)
+        known = {f.name for f in fields(ProjectSharing)}
+        for key, raw in section.items():
+            if not all(isinstance(v, bool) for v in raw.values()) or not set(raw) <= known:
+                raise TypeError(f"the settings of {key} are not {', '.join(sorted(known))}")
+        return section
 
     def get(self, owner: str, project: str) -> ProjectSharing:
-        with self._thread_lock, self._file_lock:
-            raw = self._read().get(f"{owner}/{project}", {})
+        """The project's settings; the defaults (least allowed) if the file is unreadable."""
+        try:
+            with self.locked():
+                raw = self._read().get(f"{owner}/{project}", {})
+        except jsonfile.RecordError as e:
+            self.log.error("%s", e)
+            return ProjectSharing()
         known = {f.name for f in fields(ProjectSharing)}
         return ProjectSharing(**{k: bool(v) for k, v in raw.items() if k in known})
 
@@ -44,3 +62,11 @@ class SharingPolicyStore(jsonfile.LockedRecord):
             projects = self._read()
             if projects.pop(f"{owner}/{project}", None) is not None:
                 self._write(projects)
+
+    def forget_owner(self, owner: str) -> None:
+        """Drop the records of every project of a deleted user."""
+        with self._thread_lock, self._file_lock:
+            projects = self._read()
+            kept = {k: v for k, v in projects.items() if k.split("/", 1)[0] != owner}
+            if kept != projects:
+                self._write(kept)

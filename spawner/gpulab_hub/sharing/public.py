@@ -7,7 +7,7 @@ Anyone with the link sees /hub/gpulab/p/<code>: the notebook rendered by
 nbconvert with its outputs sanitized, no kernel, served with a Content-Security-
 Policy that lets no script run (the page comes from the hub's origin, where users
 have their login cookies). The path is opened again on each view through
-safefs.py (sharing/copy.py: no link followed, a regular file only, bounded), so
+safefs.py (sharing/notebooks.py: no link followed, a regular file only, bounded), so
 nothing else in the project, or outside it, is reachable. Codes are
 ``secrets.token_urlsafe(32)``; only their SHA-256 is kept, in
 ``<hub dir>/public-links.json`` (file-locked, written atomically).
@@ -31,11 +31,11 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from gpulab_hub import jsonfile, safefs
+from gpulab_hub import hubsettings, jsonfile, safefs
 
-from .copy import FileRefused, check_path, open_project_dir, read_notebook
+from .notebooks import FileRefused, check_path, open_project_dir, read_notebook
 
-LINKS_FILE = "public-links.json"
+LINKS_FILE = hubsettings.PUBLIC_LINKS  # in the hub's records folder
 MAX_LINKS_PER_PROJECT = 50
 MAX_LISTED = 500  # notebooks offered when making a link
 MAX_SCANNED = 20_000  # files and folders looked at to find them
@@ -145,6 +145,14 @@ class PublicLinkStore:
             if kept != links:
                 self._write(kept)
 
+    def forget_owner(self, owner: str) -> None:
+        """Drop every link of a deleted user's projects."""
+        with self._thread_lock, self._file_lock:
+            links = self._read()
+            kept = [x for x in links if x.owner != owner]
+            if kept != links:
+                self._write(kept)
+
     def find(self, code: str) -> PublicLink | None:
         """The unexpired link of ``code``, or None."""
         if not _CODE.fullmatch(code or ""):
@@ -222,9 +230,10 @@ def highlight_css() -> str:
 
 
 class _Base(BaseHandler):
-    def initialize(self, projects_root: str, hub_dir: str, public_links: bool, max_hours: int):
-        self.projects_root = projects_root
-        self.links = store(hub_dir)
+    def initialize(self, public_links: bool, max_hours: int):
+        where = hubsettings.of_handler(self)  # the hub's own configuration
+        self.projects_root = where.projects_root
+        self.links = store(where.records_dir)
         self.enabled = public_links
         self.max_hours = max_hours
 
@@ -317,6 +326,8 @@ class PublicNotebookHandler(_Base):
 
     def set_default_headers(self):
         super().set_default_headers()
+        # The hub's configured CSP (tornado_settings['headers']) would replace this one.
+        self.set_header("Content-Security-Policy", CSP)
         self.set_header("X-Content-Type-Options", "nosniff")
         self.set_header("Referrer-Policy", "no-referrer")
         self.set_header("Cache-Control", "no-store")

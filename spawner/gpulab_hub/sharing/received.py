@@ -22,11 +22,12 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 
+from .. import hubsettings
 from . import roles
 from .policy import SharingPolicyStore
 
 PAGE = "/gpulab/shared"
-POLICY_FILE = "sharing.json"
+POLICY_FILE = hubsettings.SHARING_POLICY  # in the hub's records folder
 
 
 @dataclass
@@ -47,8 +48,8 @@ def policy_store(hub_dir: str | Path) -> SharingPolicyStore:
 
 
 class SharedWithMeHandler(BaseHandler):
-    def initialize(self, hub_dir: str, **_):
-        self.policies = policy_store(hub_dir)
+    def initialize(self, **_):
+        self.policies = policy_store(hubsettings.of_handler(self).records_dir)
 
     def _state(self, share: orm.Share) -> tuple[str, str]:
         """The owner's server: its state and URL."""

@@ -33,6 +33,7 @@ from jupyterhub.utils import utcnow
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
+from .. import hubsettings
 from . import origins, roles
 from .groupshares import GroupShareRoles
 from .policy import ProjectSharing, SharingPolicyStore
@@ -52,13 +53,12 @@ def iso(when) -> str | None:
 
 
 class ShareHandler(BaseHandler):
-    def initialize(
-        self, max_hours: int, default_hours: int, policy_path=None, group_roles_path=None
-    ):
+    def initialize(self, max_hours: int, default_hours: int):
         self.max_hours = max_hours
         self.default_hours = default_hours
-        self.policy = SharingPolicyStore(policy_path) if policy_path else None
-        self.group_roles = GroupShareRoles(group_roles_path) if group_roles_path else None
+        where = hubsettings.of_handler(self)  # the hub's own configuration
+        self.policy = SharingPolicyStore(where.sharing_policy)
+        self.group_roles = GroupShareRoles(where.group_share_roles)
 
     @property
     def embed(self) -> bool:

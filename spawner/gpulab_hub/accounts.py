@@ -1,0 +1,141 @@
+"""The admin's account pages, with every change made by POST and JupyterHub's XSRF check.
+
+NativeAuthenticator 1.3 approves (``/hub/authorize/<user>``) and discards
+(``/hub/discard/<user>``) accounts on GET, so a link or an image on any page an
+admin opens could approve an account. Here GET only shows (it sends the admin to
+that account's row on ``/hub/authorize``); the page's buttons are small forms that
+POST with the ``_xsrf`` token, which JupyterHub's BaseHandler checks on every POST.
+
+Approving sets the state the button names (``action=authorize|unauthorize``)
+instead of toggling it, so a repeated POST changes nothing. Discarding an account
+that was never approved deletes it the way JupyterHub's user API does (servers
+stopped, every project's and the account's data removed: deletion.py), not only
+NativeAuthenticator's row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote
+
+from jupyterhub.scopes import needs_scope
+from jupyterhub.utils import maybe_future
+from nativeauthenticator import handlers as native
+from nativeauthenticator.orm import UserInfo
+from tornado import web
+
+TEMPLATES = Path(__file__).with_name("templates")
+ACTIONS = {"authorize": True, "unauthorize": False}
+USERNAME_PATTERN = r"[a-z0-9][a-z0-9._@+-]{0,63}\Z"
+
+
+class AuthorizationAreaHandler(native.AuthorizationAreaHandler):
+    """/hub/authorize: every account, with Authorize / Unauthorize / Discard forms."""
+
+    @needs_scope("admin:users")
+    async def get(self):
+        html = await self.render_template(
+            "gpulab-authorize.html",
+            ask_email=self.authenticator.ask_email_on_signup,
+            users=self.db.query(UserInfo).order_by(UserInfo.username).all(),
+        )
+        self.finish(html)
+
+
+class _AccountAction(native.LocalBase):
+    def _back(self, name: str) -> None:
+        # 303: the browser follows with a GET of the page, never repeating the POST.
+        self.redirect(f"{self.hub.base_url}authorize#{quote(name)}", status=303)
+
+    @needs_scope("admin:users")
+    async def get(self, name: str):
+        """Shows only: no GET changes an account."""
+        self._back(name)
+
+
+class ToggleAuthorizationHandler(_AccountAction):
+    """POST /hub/authorize/<user> with ``action=authorize`` or ``action=unauthorize``."""
+
+    @needs_scope("admin:users")
+    async def post(self, name: str):
+        wanted = ACTIONS.get(self.get_body_argument("action", ""))
+        if wanted is None:
+            raise web.HTTPError(400, "action must be 'authorize' or 'unauthorize'.")
+        info = UserInfo.find(self.db, name)
+        if info is None:
+            raise web.HTTPError(404, f"No account named {name!r}.")
+        if bool(info.is_authorized) != wanted:
+            info.is_authorized = wanted
+            self.db.commit()
+            done = "approved" if wanted else "unapproved"
+            self.log.info("gpulab: %s %s the account %s", self.current_user.name, done, name)
+        self._back(name)
+
+
+class DiscardHandler(_AccountAction):
+    """POST /hub/discard/<user>: delete an account that was never approved."""
+
+    @needs_scope("admin:users")
+    async def post(self, name: str):
+        info = self.authenticator.get_user(name)
+        if info is None or info.is_authorized:
+            raise web.HTTPError(400, "Only an account that is not approved can be discarded.")
+        user = self.find_user(name)
+        if user is None:
+            # Never logged in: no JupyterHub user, but leftovers of an older
+            # account of that name are removed all the same.
+            await maybe_future(self.authenticator.delete_user(_Named(name)))
+        else:
+            await maybe_future(self.authenticator.delete_user(user))
+            await user.delete_spawners()
+            self.users.delete(user)
+        self.log.info("gpulab: %s discarded the account %s", self.current_user.name, name)
+        self.redirect(f"{self.hub.base_url}authorize", status=303)
+
+
+class _Named:
+    """A user known by name only (what Authenticator.delete_user reads)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+def cookie_options(public_url: str) -> dict:
+    """Options of every cookie the hub and the project servers set.
+
+    ``SameSite=Lax``: a page of another site cannot make the browser send them with
+    its requests (forms, fetches, frames), while a link from another site (an email
+    with a share link) still opens the page logged in. ``Strict`` would break that
+    link: the project server's OAuth callback, at the end of a redirect chain that
+    began on another site, would arrive without its state cookie and fail.
+    ``Secure`` when people reach the hub over https.
+    """
+    options: dict = {"samesite": "Lax"}
+    if public_url.lower().startswith("https://"):
+        options["secure"] = True
+    return options
+
+
+def configure(c, s: dict[str, str], hub_dir: Path) -> None:
+    """Account settings from the site settings ``s`` (settings.apply calls this)."""
+    # User names become folder, volume and label names: plain ASCII, checked whole
+    # (JupyterHub matches this pattern from the start; \Z, not $, ends it).
+    c.Authenticator.username_pattern = USERNAME_PATTERN
+    # NativeAuthenticator's own password rules and failed-login lockout.
+    c.NativeAuthenticator.minimum_password_length = int(s["GPULAB_PASSWORD_MIN_LENGTH"])
+    c.NativeAuthenticator.check_common_password = s["GPULAB_PASSWORD_CHECK_COMMON"] == "1"
+    c.NativeAuthenticator.allowed_failed_logins = int(s["GPULAB_LOGIN_ATTEMPTS"])
+    c.NativeAuthenticator.seconds_before_next_try = int(s["GPULAB_LOGIN_LOCKOUT_SECONDS"])
+    # JupyterHub sets cookie_options on its own cookies (the _xsrf one too) and hands
+    # them to each project server (JUPYTERHUB_COOKIE_OPTIONS) for its login cookies.
+    if s["GPULAB_PUBLIC_URL"]:
+        c.JupyterHub.public_url = s["GPULAB_PUBLIC_URL"]
+    public = s["GPULAB_PUBLIC_URL"] or s.get("GPULAB_SUBDOMAIN_HOST") or s["GPULAB_BIND_URL"]
+    c.JupyterHub.tornado_settings.update({"cookie_options": cookie_options(public)})
+    # The authorization page's template (after the ones settings.apply set).
+    paths = c.JupyterHub.template_paths
+    c.JupyterHub.template_paths = [*(paths if isinstance(paths, list) else []), str(TEMPLATES)]
+    # Deleting a user or a project (deletion.py).
+    if s["GPULAB_DELETED_FILES"] not in ("archive", "remove"):
+        raise ValueError("GPULAB_DELETED_FILES must be 'archive' or 'remove'.")
+    c.GpulabDeletion.archive = s["GPULAB_DELETED_FILES"] == "archive"

@@ -1,0 +1,119 @@
+"""One source of truth for where gpulab keeps things: the hub's own configuration.
+
+``jupyterhub_config.py`` (site settings, then the admin's ``c.ProjectSpawner.*``
+lines) decides where projects, shared data, hub records and the GPU allocation
+record live. :class:`HubSettings` is read from that configuration once, through
+``ProjectSpawner``'s traits (so defaults and the admin's overrides both count),
+and handed to the hub's pages (:func:`of_handler`), the ``gpulab`` command and
+the doctor (:func:`load`). Nothing else derives these paths.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from traitlets.utils.importstring import import_item
+
+# Files in ``records_dir`` (the hub's folder), each kept by one module.
+SHARING_POLICY = "sharing.json"
+GROUP_SHARE_ROLES = "group-share-roles.json"
+PUBLIC_LINKS = "public-links.json"
+DOCTOR_REPORT = "doctor-last.json"
+DELETED = "deleted"
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """Where gpulab keeps things, and the names it gives Docker objects."""
+
+    records_dir: Path  # hub-owned: sharing records, public links, doctor report, archives
+    projects_root: Path
+    data_root: Path
+    state_root: Path
+    allocations_file: Path
+    image_repo: str
+    base_image: str
+    prefix: str
+    network: str
+
+    @property
+    def sharing_policy(self) -> Path:
+        return self.records_dir / SHARING_POLICY
+
+    @property
+    def group_share_roles(self) -> Path:
+        return self.records_dir / GROUP_SHARE_ROLES
+
+    @property
+    def public_links(self) -> Path:
+        return self.records_dir / PUBLIC_LINKS
+
+    @property
+    def doctor_report(self) -> Path:
+        return self.records_dir / DOCTOR_REPORT
+
+    @property
+    def deleted_dir(self) -> Path:
+        return self.records_dir / DELETED
+
+
+def from_config(config, spawner_class=None) -> HubSettings:
+    """The settings a hub with this (traitlets) configuration uses: its spawner's
+    traits (``JupyterHub.spawner_class``, gpulab's ProjectSpawner)."""
+    if spawner_class is None:
+        name = config.JupyterHub.get("spawner_class", "gpulab_hub.spawner.ProjectSpawner")
+        spawner_class = import_item(name) if isinstance(name, str) else name
+    sp = spawner_class(config=config)
+    return HubSettings(
+        records_dir=Path(sp.records_dir),
+        projects_root=Path(sp.projects_root),
+        data_root=Path(sp.data_root),
+        state_root=Path(sp.state_root),
+        allocations_file=Path(sp.allocations_file),
+        image_repo=sp.image_repo,
+        base_image=sp.base_image,
+        prefix=sp.prefix,
+        network=sp.network_name,
+    )
+
+
+def of_handler(handler) -> HubSettings:
+    """The running hub's settings, for one of its pages (built once per hub)."""
+    app_settings = handler.settings
+    if "gpulab" not in app_settings:
+        app_settings["gpulab"] = from_config(
+            app_settings["config"], app_settings.get("spawner_class")
+        )
+    return app_settings["gpulab"]
+
+
+def config_file() -> Path:
+    """The hub's jupyterhub_config.py: in the checkout gpulab runs from (next to
+    its ``images/``), else in the working folder (the hub image's layout)."""
+    here = Path(__file__).resolve().parents[2]
+    if (here / "jupyterhub_config.py").exists():
+        return here / "jupyterhub_config.py"
+    return Path.cwd() / "jupyterhub_config.py"
+
+
+def load(config_file: Path) -> HubSettings:
+    """The settings of the hub that ``config_file`` (its jupyterhub_config.py)
+    configures, read as the hub reads it, with this process's environment."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    # The command never listens for containers: spare the config file asking Docker
+    # where the hub's API should listen (settings.with_hub_ip).
+    placeholder = not os.environ.get("GPULAB_HUB_IP")
+    if placeholder:
+        os.environ["GPULAB_HUB_IP"] = "127.0.0.1"
+    umask = os.umask(0o077)  # the config file makes the hub's umask; keep this process's
+    try:
+        loader = PyFileConfigLoader(config_file.name, path=str(config_file.parent))
+        config = loader.load_config()
+    finally:
+        os.umask(umask)
+        if placeholder:
+            del os.environ["GPULAB_HUB_IP"]
+    return from_config(config)

@@ -1,0 +1,120 @@
+"""Every module of both distributions imports on its own, and no two import each other.
+
+The import graph is read from the source (every ``import``, at the top or inside
+a function, except under ``if TYPE_CHECKING:``), so a cycle hidden in a function
+body counts too: it is still two modules that need each other. A module reading
+its own package (``from . import __version__``) is no edge: Python has always
+imported the package first.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+PACKAGES = ("gpulab_hub", "gpulab_jupyter")
+
+
+def modules() -> dict[str, Path]:
+    """name -> source file of every module and package of gpulab_hub and gpulab_jupyter."""
+    found = {}
+    for top in PACKAGES:
+        package = importlib.import_module(top)
+        found[top] = Path(package.__file__)
+        for info in pkgutil.walk_packages(package.__path__, top + "."):
+            spec = importlib.util.find_spec(info.name)
+            if spec and spec.origin and spec.origin.endswith(".py"):
+                found[info.name] = Path(spec.origin)
+    return found
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST):
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _type_checking(node):
+            yield from (n for child in node.orelse for n in _imports_of(child))
+            continue
+        yield from _imports_of(node)
+
+
+def _imports_of(node: ast.AST):
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+    yield from _imports(node)
+
+
+def imported_by(name: str, path: Path, known: set[str]) -> set[str]:
+    """The gpulab modules that module ``name`` imports."""
+    is_package = path.name == "__init__.py"
+    here = name if is_package else name.rpartition(".")[0]
+    out = set()
+    for node in _imports(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+            continue
+        base = node.module or ""
+        if node.level:
+            parent = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+            base = f"{parent}.{base}" if base else parent
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            if sub in known:
+                out.add(sub)  # from package import module
+            elif base in known:
+                out.add(base)
+    return {m for m in out if m != name and not name.startswith(m + ".")}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (a list of modules, first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+MODULES = modules()
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_imports(name):
+    importlib.import_module(name)
+
+
+def test_no_import_cycles():
+    known = set(MODULES)
+    graph = {name: imported_by(name, path, known) for name, path in MODULES.items()}
+    assert graph["gpulab_hub.doctor.cuda"] >= {"gpulab_jupyter.arch"}  # the reader reads
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
