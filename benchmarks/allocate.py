@@ -21,8 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpulab_hub.allocator import AllocationError, AllocationStore, Holder, Policy, Request, choose
 from gpulab_hub.gpus import Device
+from gpulab_hub.gpus.allocator import (
+    AllocationError,
+    AllocationStore,
+    Holder,
+    Policy,
+    Request,
+    choose,
+)
 
 
 def simulated_gpus(n: int) -> list[Device]:

@@ -20,7 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpulab_hub import allocator, gpus, host, hostimage, objects
+from gpulab_hub import gpus, host
+from gpulab_hub.gpus import allocator
+from gpulab_hub.images import hostimage
+from gpulab_hub.projects import objects
 
 PREFIX = "gpulabbench-gpu"
 IMAGE = f"{PREFIX}/host-userland:latest"

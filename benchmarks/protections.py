@@ -25,7 +25,8 @@ import argparse
 import statistics
 import time
 
-from gpulab_hub import host, objects
+from gpulab_hub import host
+from gpulab_hub.projects import objects
 
 PREFIX = "gpulabbench-prot"
 NETWORK = f"{PREFIX}-net"

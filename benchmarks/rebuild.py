@@ -22,7 +22,9 @@ from pathlib import Path
 
 import docker.errors
 
-from gpulab_hub import baseimage, host, images, projectimage
+from gpulab_hub import host, images
+from gpulab_hub.images import base as baseimage
+from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project
 
 PREFIX = "gpulabbench-rebuild"

@@ -9,8 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from gpulab_hub.auth import GpulabAuthenticator
-from gpulab_hub.deletion import GpulabDeletion
+from gpulab_hub.accounts.auth import GpulabAuthenticator
+from gpulab_hub.projects.deletion import GpulabDeletion
 from gpulab_hub.settings import DEFAULTS
 from gpulab_hub.spawner import ProjectSpawner
 

@@ -20,8 +20,8 @@ COPY jupyterhub_config.py ./
 # base image builds share with %gpu_install): both from this checkout, not an index.
 # nbconvert (a dependency of gpulab-hub) renders public notebook links.
 RUN pip install --no-cache-dir ./extensions ./spawner \
- && python -c "import gpulab_hub.spawner, gpulab_hub.auth, gpulab_hub.sharing.public, \
-gpulab_hub.doctor.cuda, gpulab_hub.baseimage, gpulab_jupyter.arch, nbconvert"
+ && python -c "import gpulab_hub.spawner, gpulab_hub.accounts.auth, gpulab_hub.sharing.public, \
+gpulab_hub.doctor.cuda, gpulab_hub.images.base, gpulab_jupyter.arch, nbconvert"
 
 EXPOSE 8000
 # Makes sure the base image for projects exists, then runs the hub in the foreground.

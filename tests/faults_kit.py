@@ -10,7 +10,8 @@ import time
 
 import docker.errors
 
-from gpulab_hub import gpus, objects
+from gpulab_hub import gpus
+from gpulab_hub.projects import objects
 
 PREFIX = "gpulabfault"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -29,7 +29,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gpulab_hub.allocator import (
+from gpulab_hub.gpus import Device
+from gpulab_hub.gpus.allocator import (
     MOST,
     AllocationError,
     AllocationStore,
@@ -38,7 +39,6 @@ from gpulab_hub.allocator import (
     Request,
     choose,
 )
-from gpulab_hub.gpus import Device
 
 H100 = "NVIDIA H100 80GB HBM3"
 A100 = "NVIDIA A100-SXM4-40GB"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from test_allocator import A100, H100, T0, gpu, mig_slice, tick_clock, when
 
-from gpulab_hub.allocator import (
+from gpulab_hub.gpus import Device
+from gpulab_hub.gpus.allocator import (
     AllocationError,
     AllocationStore,
     Holder,
@@ -14,7 +15,6 @@ from gpulab_hub.allocator import (
     Request,
     choose,
 )
-from gpulab_hub.gpus import Device
 
 
 def store_with(tmp_path, *holdings: tuple[str, str, int, list[Device]], policy=Policy()):

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from gpulab_hub import baseimage
 from gpulab_hub.doctor import cuda, gpu, resources
+from gpulab_hub.images import base as baseimage
 from gpulab_jupyter import arch
 from gpulab_jupyter.magics import buildenv
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab_hub import baseimage
+from gpulab_hub.images import base as baseimage
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import PREFIX
 
-from gpulab_hub import host, images, projectimage
+from gpulab_hub import host, images
+from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, ProjectError
 
 pytestmark = pytest.mark.docker

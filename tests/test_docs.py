@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab_hub.auth import GpulabAuthenticator
+from gpulab_hub.accounts.auth import GpulabAuthenticator
 from gpulab_hub.spawner import ProjectSpawner
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

@@ -29,7 +29,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from gpulab_hub import allocator, gpu_spawner, host
+from gpulab_hub import host
+from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import spawner as gpu_spawner
 
 T0 = 1_750_000_000.0
 PICK = st.integers(0, 99)

@@ -18,8 +18,11 @@ import pytest
 from faults_kit import PREFIX, RecordedDocker, inventory
 from traitlets.config import Config
 
-from gpulab_hub import allocator, gpu_spawner, jsonfile, objects, settings
+from gpulab_hub import jsonfile, settings
 from gpulab_hub.doctor import report
+from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import spawner as gpu_spawner
+from gpulab_hub.projects import objects
 from gpulab_hub.sharing import groupshares, policy
 
 DAMAGE = {

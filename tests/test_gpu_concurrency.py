@@ -21,7 +21,10 @@ import docker.errors
 import pytest
 from test_gpu_isolation import IMAGE, NETWORK, PREFIX, PYTHON, dk, inventory  # noqa: F401
 
-from gpulab_hub import allocator, gpu_spawner, hostimage, objects
+from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import spawner as gpu_spawner
+from gpulab_hub.images import hostimage
+from gpulab_hub.projects import objects
 
 pytestmark = pytest.mark.gpu
 INSTANCE = f"{PREFIX}-conc"  # the gpulab.instance label of this test's containers

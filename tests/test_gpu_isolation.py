@@ -16,7 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gpulab_hub import allocator, gpus, host, hostimage, objects
+from gpulab_hub import gpus, host
+from gpulab_hub.gpus import allocator
+from gpulab_hub.images import hostimage
+from gpulab_hub.projects import objects
 
 pytestmark = pytest.mark.gpu
 PREFIX = os.environ.get("GPULAB_TEST_PREFIX", "gpulabgpu")

@@ -2,7 +2,11 @@
 
 import pytest
 
-from gpulab_hub import allocator, cli_gpus, gpu_spawner, gpus, objects, options
+from gpulab_hub import gpus
+from gpulab_hub.cli import gpus as cli_gpus
+from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import spawner as gpu_spawner
+from gpulab_hub.projects import objects, options
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
-"""Whole container specs from the pure functions in gpulab_hub.objects."""
+"""Whole container specs from the pure functions in gpulab_hub.projects.objects."""
 
 import pytest
 
-from gpulab_hub.objects import (
+from gpulab_hub.projects.objects import (
     ContainerSettings,
     GpuAssignment,
     container_spec,

@@ -204,7 +204,7 @@ def records_hub(tmp_path):
 
     from jupyterhub import scopes
 
-    from gpulab_hub import rename
+    from gpulab_hub.projects import rename
     from gpulab_hub.sharing import groupshares, public, received, roles
 
     scopes.define_custom_scopes(roles.CUSTOM_SCOPES)
@@ -258,7 +258,7 @@ def snapshot(db, where, name: str) -> dict:
 
 
 def test_every_record_moves_to_the_new_name(tmp_path):
-    from gpulab_hub import rename
+    from gpulab_hub.projects import rename
 
     db, spawner, where, token, log = records_hub(tmp_path)
     before = snapshot(db, where, "one")
@@ -285,7 +285,7 @@ def test_every_record_moves_to_the_new_name(tmp_path):
 
 @pytest.mark.parametrize("failing", ["move_group_roles", "rename_row", "move_links"])
 def test_a_failed_step_puts_everything_back(tmp_path, monkeypatch, failing):
-    from gpulab_hub import rename
+    from gpulab_hub.projects import rename
 
     db, spawner, where, token, log = records_hub(tmp_path)
     before = snapshot(db, where, "one")
@@ -306,7 +306,7 @@ def test_a_failed_step_puts_everything_back(tmp_path, monkeypatch, failing):
 
 
 def test_names_are_checked_whole():
-    from gpulab_hub import rename
+    from gpulab_hub.projects import rename
 
     for bad in ["lab\n", "Lab", "lab_2", "-lab", "lab-", "a--b", "a" * 31, "", "default", "1a"]:
         with pytest.raises(rename.RenameError):

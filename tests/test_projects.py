@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpulab_hub.projects import Project, ProjectError, project_name
-from gpulab_hub.safefs import ensure_project
+from gpulab_hub.projects.safefs import ensure_project
 
 
 @pytest.mark.parametrize("name", ["a", "vision", "vision-2", "x1-y2-z3", "a" * 30])

@@ -6,6 +6,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab_hub import accounts, doctor, settings, sharing
+from gpulab_hub.projects import rename
 
 
 def applied(environ) -> Config:
@@ -52,15 +53,16 @@ def test_defaults_give_a_working_single_machine_hub():
                     "gpulab_hub.sharing.public.PublicNotebookHandler",
                     {"public_links": False, "max_hours": 168},
                 ),
-                ("/gpulab/rename/([^/]+)", "gpulab_hub.rename.RenameHandler"),
+                ("/gpulab/rename/([^/]+)", "gpulab_hub.projects.rename.RenameHandler"),
                 (
                     "/api/gpulab/projects/([^/]+)/([^/]+)/rename",
-                    "gpulab_hub.rename.RenameAPIHandler",
+                    "gpulab_hub.projects.rename.RenameAPIHandler",
                 ),
             ],
             "template_paths": [
                 str(doctor.TEMPLATES),
                 str(sharing.TEMPLATES),
+                str(rename.TEMPLATES),
                 str(accounts.TEMPLATES),
             ],
             "load_roles": [
@@ -71,7 +73,7 @@ def test_defaults_give_a_working_single_machine_hub():
                 }
             ],
             "custom_scopes": sharing.roles.CUSTOM_SCOPES,
-            "authenticator_class": "gpulab_hub.auth.GpulabAuthenticator",
+            "authenticator_class": "gpulab_hub.accounts.auth.GpulabAuthenticator",
             "allow_named_servers": True,
             "redirect_to_server": False,
             "named_server_limit_per_user": 10,

@@ -22,7 +22,9 @@ import docker.errors
 import docker.utils
 import requests.exceptions
 
-from . import baseimage, images, objects, pidfile
+from gpulab_hub import images, pidfile
+from gpulab_hub.images import base as baseimage
+from gpulab_hub.projects import objects
 
 DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
 HOST_CA_DIR = "/usr/local/share/ca-certificates"

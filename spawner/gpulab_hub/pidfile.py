@@ -15,7 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import jsonfile
+from gpulab_hub import jsonfile
 
 
 @dataclass(frozen=True)

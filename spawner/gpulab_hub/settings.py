@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import accounts, doctor, objects, rename, sharing
-from .sharing import groupshares, origins
+from gpulab_hub import accounts, doctor, sharing
+from gpulab_hub.projects import objects, rename
+from gpulab_hub.sharing import groupshares, origins
 
 DEFAULTS = {
     "GPULAB_HOME": "/srv/gpulab",
@@ -65,7 +66,7 @@ def with_hub_ip(environ) -> dict[str, str]:
     """
     env = dict(environ)
     if not env.get("GPULAB_HUB_IP"):
-        from . import host
+        from gpulab_hub import host
 
         env["GPULAB_HUB_IP"] = host.ensure_network(host.Docker(), network_name(site(env)))
     return env
@@ -107,7 +108,11 @@ def apply(c, environ, images_dir: str | Path) -> None:
         )
         + rename.hub_handlers()
     )
-    c.JupyterHub.template_paths = [str(doctor.TEMPLATES), str(sharing.TEMPLATES)]
+    c.JupyterHub.template_paths = [
+        str(doctor.TEMPLATES),
+        str(sharing.TEMPLATES),
+        str(rename.TEMPLATES),
+    ]
     # Roles mirroring group shares are made at run time; JupyterHub deletes at start any
     # role it is not given here (see sharing/groupshares.py).
     c.JupyterHub.load_roles = [sharing.USER_ROLE, *groupshares.load_roles(hub_dir)]
@@ -127,7 +132,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
     if s["GPULAB_HUB_CONNECT_IP"]:
         c.JupyterHub.hub_connect_ip = s["GPULAB_HUB_CONNECT_IP"]
 
-    c.JupyterHub.authenticator_class = "gpulab_hub.auth.GpulabAuthenticator"
+    c.JupyterHub.authenticator_class = "gpulab_hub.accounts.auth.GpulabAuthenticator"
     c.Authenticator.admin_users = {s["GPULAB_ADMIN"]}
     # NativeAuthenticator lets in only accounts an admin approved.
     c.Authenticator.allow_all = True

@@ -21,10 +21,13 @@ import requests.exceptions
 from dockerspawner import DockerSpawner
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, default, validate
 
-from . import allocator, gpu_spawner, host, images, objects, options, projectimage
-from .gpu_spawner import GpuSettings
-from .projects import Project, ProjectError, project_name, safe_owner
-from .safefs import ensure_project
+from gpulab_hub import host, images
+from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import spawner as gpu_spawner
+from gpulab_hub.gpus.spawner import GpuSettings
+from gpulab_hub.images import project as projectimage
+from gpulab_hub.projects import Project, ProjectError, objects, options, project_name, safe_owner
+from gpulab_hub.projects.safefs import ensure_project
 
 _STEP = re.compile(r"^Step (\d+)/(\d+)")
 
@@ -560,6 +563,6 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
     async def delete_forever(self):
         """The project (or its user) is deleted: its folder, records, shares and GPUs
         go, so nothing passes to a later account or project of the same name."""
-        from . import deletion
+        from gpulab_hub.projects import deletion
 
         await deletion.delete_project(self)

@@ -347,7 +347,8 @@ class FakeDocker:
 @pytest.mark.parametrize("archive", [True, False])
 def test_user_deletion_takes_every_record_away(tmp_path, archive):
     """Without a hub: folders, records and GPU holdings of one user go, others' stay."""
-    from gpulab_hub import allocator, deletion
+    from gpulab_hub.gpus import allocator
+    from gpulab_hub.projects import deletion
     from gpulab_hub.sharing import policy, public
 
     hub = tmp_path / "hub"

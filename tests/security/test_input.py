@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from magics_kit import new_dockerfile
 
-from gpulab_hub import images, options
+from gpulab_hub import images
+from gpulab_hub.projects import options
 from gpulab_jupyter import magics
 from gpulab_jupyter.magics import spec
 from gpulab_jupyter.magics.spec import SpecError

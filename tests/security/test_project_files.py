@@ -21,9 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpulab_hub import images, projectimage, safefs
-from gpulab_hub.projects import Project, ProjectError
-from gpulab_hub.safefs import ensure_project
+from gpulab_hub import images
+from gpulab_hub.images import project as projectimage
+from gpulab_hub.projects import Project, ProjectError, safefs
+from gpulab_hub.projects.safefs import ensure_project
 from gpulab_hub.sharing import copy, notebooks, public
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants device files and chowns: root")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 import sys
 
-from .. import hubsettings
-from . import PAGE
-from .findings import exit_code, render_table, to_json
-from .report import Options, report_path, run, save
+from gpulab_hub import hubsettings
+from gpulab_hub.doctor import PAGE
+from gpulab_hub.doctor.findings import exit_code, render_table, to_json
+from gpulab_hub.doctor.report import Options, report_path, run, save
 
 HELP = "check this host (and a project) for the GPU, Docker, memory and disk traps"
 EPILOG = """exit code: 0 all ok, 1 warnings, 2 failures. A host without a GPU warns about

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import re
 
+from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
+from gpulab_hub.doctor.gpu import Gpu, Inventory, cuda_str, version_tuple
 from gpulab_jupyter import arch
-
-from .findings import FAIL, OK, WARN, Finding, gpu_absent
-from .gpu import Gpu, Inventory, cuda_str, version_tuple
 
 # torch.utils.cpp_extension's names for TORCH_CUDA_ARCH_LIST entries.
 NAMED_ARCHES = {

@@ -15,10 +15,11 @@ import docker.errors
 import docker.utils
 import requests.exceptions
 
-from .. import host, objects
-from . import probe
-from .findings import FAIL, OK, WARN, Finding, gpu_absent
-from .gpu import Inventory
+from gpulab_hub import host
+from gpulab_hub.doctor import probe
+from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
+from gpulab_hub.doctor.gpu import Inventory
+from gpulab_hub.projects import objects
 
 DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 CALL_TIMEOUT = 30  # seconds for one Docker API call (doctor must finish within a minute)

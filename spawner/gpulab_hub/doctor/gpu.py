@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .findings import FAIL, OK, WARN, Finding, gpu_absent
+from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Where drivers put NVML when it is not on the loader's path: the NVIDIA
@@ -140,7 +140,7 @@ def smi_inventory(nvidia_smi: str, timeout: float = 20) -> Inventory:
 
 def find_nvml_library(ldconfig_text: str | None = None) -> str | None:
     """Path of the driver's NVML library on this machine, or None."""
-    from .libs import parse_ldconfig
+    from gpulab_hub.doctor.libs import parse_ldconfig
 
     if ldconfig_text is None:
         ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
@@ -160,7 +160,7 @@ def find_nvml_library(ldconfig_text: str | None = None) -> str | None:
 
 def nvml_inventory() -> Inventory:
     """The driver and GPUs through NVML (gpulab's inventory, nvitop), loaded only now."""
-    from .. import gpus
+    from gpulab_hub import gpus
 
     lib = find_nvml_library()
     if lib is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from .findings import FAIL, OK, WARN, Finding
+from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 
 _LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)\s*$")
 # Only the main libraries: libcudnn_ops/_cnn/... come with their libcudnn.

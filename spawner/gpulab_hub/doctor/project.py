@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import host, objects, projectimage
-from ..hubsettings import HubSettings
-from ..projects import Project, ProjectError
-from . import cuda, docker_checks, libs, probe
-from .findings import FAIL, OK, WARN, Finding
-from .gpu import Gpu
+from gpulab_hub import host
+from gpulab_hub.doctor import cuda, docker_checks, libs, probe
+from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
+from gpulab_hub.doctor.gpu import Gpu
+from gpulab_hub.hubsettings import HubSettings
+from gpulab_hub.images import project as projectimage
+from gpulab_hub.projects import Project, ProjectError, objects
 
 NO_GPU_CVD = ("", "-1", "none", "nodevfiles")
 

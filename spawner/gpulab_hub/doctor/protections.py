@@ -7,8 +7,8 @@ threat model they belong to is docs/security.md.
 
 from __future__ import annotations
 
-from .. import objects
-from .findings import FAIL, OK, WARN, Finding
+from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
+from gpulab_hub.projects import objects
 
 ENABLE_USERNS = (
     'Start dockerd with user-namespace remapping: add "userns-remap": "default" to '

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .. import host, hubsettings, images, jsonfile, projectimage
-from ..hubsettings import HubSettings
-from ..projects import Project, ProjectError
-from . import cuda, docker_checks, gpu, project, protections, resources
-from .findings import FAIL, OK, WARN, Finding, exit_code
+from gpulab_hub import host, hubsettings, images, jsonfile
+from gpulab_hub.doctor import cuda, docker_checks, gpu, project, protections, resources
+from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, exit_code
+from gpulab_hub.hubsettings import HubSettings
+from gpulab_hub.images import project as projectimage
+from gpulab_hub.projects import Project, ProjectError
 
 MAX_IMAGES = 6  # images looked into per run (each is one short container)
 IMAGE_CACHE_NAME = "doctor-images.json"

@@ -7,9 +7,9 @@ from pathlib import Path
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from .. import hubsettings
-from .findings import counts, from_dicts
-from .report import load_last
+from gpulab_hub import hubsettings
+from gpulab_hub.doctor.findings import counts, from_dicts
+from gpulab_hub.doctor.report import load_last
 
 
 class DoctorHandler(BaseHandler):

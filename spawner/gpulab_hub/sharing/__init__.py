@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import roles
+from gpulab_hub.sharing import roles
 
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/share"

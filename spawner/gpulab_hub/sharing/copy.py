@@ -26,11 +26,10 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from gpulab_hub import hubsettings, safefs
-from gpulab_hub.projects import Project, ProjectError, project_name
-
-from . import roles
-from .notebooks import (
+from gpulab_hub import hubsettings
+from gpulab_hub.projects import Project, ProjectError, project_name, safefs
+from gpulab_hub.sharing import roles
+from gpulab_hub.sharing.notebooks import (
     NOTEBOOK,
     FileRefused,
     check_path,
@@ -38,7 +37,7 @@ from .notebooks import (
     open_project_dir,
     read_notebook,
 )
-from .public import find_link
+from gpulab_hub.sharing.public import find_link
 
 _COPY_TRIES = 100
 

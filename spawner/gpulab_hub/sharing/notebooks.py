@@ -18,8 +18,7 @@ from pathlib import Path
 
 from jupyterhub.slugs import is_valid_safe_slug
 
-from gpulab_hub import safefs
-from gpulab_hub.projects import Project, ProjectError, safe_owner
+from gpulab_hub.projects import Project, ProjectError, safe_owner, safefs
 
 MAX_BYTES = 50 * 1024 * 1024  # the largest notebook copied (or shown on a public page)
 MAX_DEPTH = 16

@@ -31,9 +31,9 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from gpulab_hub import hubsettings, jsonfile, safefs
-
-from .notebooks import FileRefused, check_path, open_project_dir, read_notebook
+from gpulab_hub import hubsettings, jsonfile
+from gpulab_hub.projects import safefs
+from gpulab_hub.sharing.notebooks import FileRefused, check_path, open_project_dir, read_notebook
 
 LINKS_FILE = hubsettings.PUBLIC_LINKS  # in the hub's records folder
 MAX_LINKS_PER_PROJECT = 50

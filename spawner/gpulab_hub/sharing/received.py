@@ -22,9 +22,9 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 
-from .. import hubsettings
-from . import roles
-from .policy import SharingPolicyStore
+from gpulab_hub import hubsettings
+from gpulab_hub.sharing import roles
+from gpulab_hub.sharing.policy import SharingPolicyStore
 
 PAGE = "/gpulab/shared"
 POLICY_FILE = hubsettings.SHARING_POLICY  # in the hub's records folder

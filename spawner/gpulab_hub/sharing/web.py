@@ -33,10 +33,10 @@ from jupyterhub.utils import utcnow
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from .. import hubsettings
-from . import origins, roles
-from .groupshares import GroupShareRoles
-from .policy import ProjectSharing, SharingPolicyStore
+from gpulab_hub import hubsettings
+from gpulab_hub.sharing import origins, roles
+from gpulab_hub.sharing.groupshares import GroupShareRoles
+from gpulab_hub.sharing.policy import ProjectSharing, SharingPolicyStore
 
 TOKEN_SECONDS = 120
 SETTINGS = ("collaborators_may_start", "collaborators_may_reshare")

@@ -12,19 +12,13 @@ from urllib.parse import urlparse
 
 import requests
 
-from . import (
-    allocator,
-    baseimage,
-    cli_gpus,
-    cli_images,
-    gpus,
-    host,
-    hubfiles,
-    hubsettings,
-    pidfile,
-    settings,
-)
-from .doctor.cli import add_parser as add_doctor_parser
+from gpulab_hub import host, hubfiles, hubsettings, pidfile, settings
+from gpulab_hub.cli import gpus as cli_gpus
+from gpulab_hub.cli import images as cli_images
+from gpulab_hub.doctor.cli import add_parser as add_doctor_parser
+from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import inventory as gpu_inventory
+from gpulab_hub.images import base as baseimage
 
 INSTANCE_LABEL = "gpulab.instance"
 HUB_PIDFILE = "gpulab-hub.pid"
@@ -70,7 +64,7 @@ def wait_for_hub(url: str, proc: subprocess.Popen, log_path: Path, timeout: floa
 
 def base_spec(s: dict[str, str]) -> baseimage.BaseSpec:
     """The base image this host needs: GPU variant for its GPUs, else CPU only."""
-    inv = gpus.inventory()
+    inv = gpu_inventory()
     if inv.devices:
         names = sorted({d.name for d in inv.gpus})
         print(f"GPUs: {len(inv.gpus)} ({', '.join(names)}), driver {inv.driver}")

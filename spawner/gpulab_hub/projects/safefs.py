@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from .projects import DOCKERFILE, Project, ProjectError, safe_owner
+from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safe_owner
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -31,8 +31,8 @@ from pathlib import Path
 import filelock
 from dockerfile_parse import DockerfileParser
 
-from . import images, jsonfile, safefs
-from .projects import DOCKERFILE, Project, ProjectError
+from gpulab_hub import images, jsonfile
+from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
 
 PROJECT_REPO = "gpulab/project"
 # Never part of a build context, at any depth: gpulab's and Jupyter's bookkeeping.

@@ -6,8 +6,9 @@ import os
 import time
 from pathlib import Path
 
-from . import host, hubsettings, images, projectimage
-from .projects import Project, ProjectError, project_name
+from gpulab_hub import host, hubsettings, images
+from gpulab_hub.images import project as projectimage
+from gpulab_hub.projects import Project, ProjectError, project_name
 
 
 def _projects(root: Path, state: Path) -> list[Project]:

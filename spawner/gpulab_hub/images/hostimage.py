@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from . import images
+from gpulab_hub import images
 
 DIRS = ("usr", "opt", "tmp", "etc", "proc", "sys", "dev", "workspace", "data", "root", "run")
 LINKS = {"bin": "usr/bin", "lib": "usr/lib", "lib64": "usr/lib64", "sbin": "usr/sbin"}

@@ -21,7 +21,7 @@ from nativeauthenticator import handlers as native
 from nativeauthenticator.orm import UserInfo
 from traitlets import Unicode, default
 
-from . import accounts
+from gpulab_hub import accounts
 
 # Sane defaults of NativeAuthenticator's own settings (its traits default to "off").
 MIN_PASSWORD_LENGTH = 10
@@ -150,7 +150,7 @@ class GpulabAuthenticator(NativeAuthenticator):
         JupyterHub's DELETE /hub/api/users/<name> calls this first; then each of the
         user's spawners' ``delete_forever`` (which refuses a running server).
         """
-        from . import deletion  # the spawner side (docker) only when deleting
+        from gpulab_hub.projects import deletion  # the spawner side (docker) only when deleting
 
         await deletion.delete_user(self, user)
         return super().delete_user(user)

@@ -42,11 +42,11 @@ from jupyterhub import roles as hub_roles
 from traitlets import Bool
 from traitlets.config import Configurable
 
-from . import allocator, objects
-from .projects import project_name, safe_owner
-from .sharing import groupshares
-from .sharing.public import store as public_links
-from .sharing.received import policy_store
+from gpulab_hub.gpus import allocator
+from gpulab_hub.projects import objects, project_name, safe_owner
+from gpulab_hub.sharing import groupshares
+from gpulab_hub.sharing.public import store as public_links
+from gpulab_hub.sharing.received import policy_store
 
 ARCHIVE_DIR = "deleted"
 STOP_WAIT_S = 120

@@ -25,7 +25,7 @@ import requests.exceptions
 import urllib3.exceptions
 from dockerfile_parse import DockerfileParser
 
-from . import objects
+from gpulab_hub.projects import objects
 
 LOG_TAIL = 20
 

@@ -48,12 +48,14 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.scopes import needs_scope
 from tornado import web
 
-from . import jsonfile, options
-from .deletion import place_of
-from .projects import DEFAULT_PROJECT, ProjectError, project_name, safe_owner
-from .sharing import groupshares
-from .sharing.public import store as public_links
-from .sharing.received import policy_store
+from gpulab_hub import jsonfile
+from gpulab_hub.projects import DEFAULT_PROJECT, ProjectError, options, project_name, safe_owner
+from gpulab_hub.projects.deletion import place_of
+from gpulab_hub.sharing import groupshares
+from gpulab_hub.sharing.public import store as public_links
+from gpulab_hub.sharing.received import policy_store
+
+TEMPLATES = Path(__file__).with_name("templates")  # the rename page
 
 PAGE = "/gpulab/rename"
 API = "/api/gpulab/projects"
@@ -484,6 +486,6 @@ class RenameAPIHandler(APIHandler):
 def hub_handlers() -> list[tuple]:
     """JupyterHub ``extra_handlers`` of renaming (settings.py adds them)."""
     return [
-        (PAGE + r"/([^/]+)", "gpulab_hub.rename.RenameHandler"),
-        (API + r"/([^/]+)/([^/]+)/rename", "gpulab_hub.rename.RenameAPIHandler"),
+        (PAGE + r"/([^/]+)", "gpulab_hub.projects.rename.RenameHandler"),
+        (API + r"/([^/]+)/([^/]+)/rename", "gpulab_hub.projects.rename.RenameAPIHandler"),
     ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from . import allocator, gpus, hubsettings
+from gpulab_hub import gpus, hubsettings
+from gpulab_hub.gpus import allocator
 
 
 def _when(t: float) -> str:

@@ -14,7 +14,9 @@ from pathlib import Path
 import docker.errors
 from traitlets import Bool, HasTraits, Int, List, Unicode
 
-from . import allocator, gpus, objects
+from gpulab_hub import gpus
+from gpulab_hub.gpus import allocator
+from gpulab_hub.projects import objects
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
 
