@@ -23,7 +23,7 @@ from gpulab_hub.doctor import report
 from gpulab_hub.gpus import allocator
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.projects import objects
-from gpulab_hub.sharing import groupshares, policy
+from gpulab_hub.sharing import groupshares, policy, public
 
 DAMAGE = {
     "empty": b"",
@@ -38,6 +38,12 @@ WRONG = {
         {"holdings": {"GPU-0000-fault": "alice"}},
         {"holdings": {"GPU-0000-fault": [{"owner": 1, "project": "a", "since": 0}]}},
         {"holdings": {"GPU-0000-fault": [{"owner": "alice", "project": "a", "since": "now"}]}},
+        {"version": 1},
+    ],
+    "links": [
+        {"links": {"pl_1": {}}},
+        {"links": [{"id": "pl_1"}]},
+        {"links": ["pl_1"]},
         {"version": 1},
     ],
     "projects": [
@@ -158,6 +164,22 @@ def test_unreadable_sharing_settings_give_the_defaults(tmp_path, caplog):
     assert policy.SharingPolicyStore(path).get("alice", "a") == policy.ProjectSharing()
     (message,) = errors(caplog)
     assert f"The sharing settings file {path} cannot be read" in message
+
+
+# --- public notebook links -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, text", damages("links"), ids=[n for n, _ in damages("links")])
+def test_damaged_public_links_stop_working_with_one_message(tmp_path, caplog, name, text):
+    path = tmp_path / "public-links.json"
+    path.write_bytes(text)
+    store = public.PublicLinkStore(path)
+    assert store.find("x" * 43) is None  # no link, no traceback
+    aside = check_one_clear_message(caplog, path)
+    assert aside.read_bytes() == text
+    assert "every public notebook link stopped working" in errors(caplog)[0]
+    code, _ = store.create("alice", "a", "nb.ipynb", 3600)
+    assert public.PublicLinkStore(path).find(code) is not None  # a new link works
 
 
 # --- the group-share roles, read when the hub starts --------------------------------

@@ -34,6 +34,14 @@ class HostError(Exception):
     """A set-up step failed; the message says what to do."""
 
 
+def docker_client(timeout: float = 600, **kwargs) -> docker.APIClient:
+    """gpulab's one way to make a Docker client: the engine DOCKER_HOST names (and its
+    TLS variables), else the local socket; ``kwargs`` as ``docker.APIClient`` takes."""
+    return docker.APIClient(
+        **{"version": "auto", "timeout": timeout, **docker.utils.kwargs_from_env(), **kwargs}
+    )
+
+
 class Docker:
     """The one place the CLI, set-up steps and the doctor talk to the Docker engine.
 
@@ -49,8 +57,7 @@ class Docker:
     @property
     def client(self) -> docker.APIClient:
         if self._client is None:
-            kwargs = docker.utils.kwargs_from_env()
-            self._client = docker.APIClient(version="auto", timeout=self.timeout, **kwargs)
+            self._client = docker_client(self.timeout)
         return self._client
 
     def call(self, method: str, *args, **kwargs):

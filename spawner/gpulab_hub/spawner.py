@@ -17,6 +17,7 @@ from html import escape
 from pathlib import Path
 
 import docker.errors
+import docker.tls
 import requests.exceptions
 from dockerspawner import DockerSpawner
 from traitlets import Bool, Float, Int, List, TraitError, Unicode, default, validate
@@ -292,6 +293,18 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         uid, gid = self.notebook_owner()
         for folder in objects.data_folders(settings):
             host.ensure_owned_folder(Path(folder), uid, gid)
+
+    @property
+    def client(self):
+        """The hub's Docker client (host.docker_client, as the CLI and doctor make
+        theirs), with DockerSpawner's own ``tls_config`` and ``client_kwargs``."""
+        cls = ProjectSpawner
+        if cls._client is None:
+            extra = dict(self.client_kwargs)
+            if self.tls_config:
+                extra["tls"] = docker.tls.TLSConfig(**self.tls_config)
+            cls._client = host.docker_client(**extra)
+        return cls._client
 
     @property
     def executor(self):

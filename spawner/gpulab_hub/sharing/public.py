@@ -16,17 +16,14 @@ nothing else in the project, or outside it, is reachable. Codes are
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import secrets
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
-from filelock import FileLock
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 from tornado.ioloop import IOLoop
@@ -72,30 +69,27 @@ def _digest(code: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
 
 
-class PublicLinkStore:
-    """``{"links": [...]}`` in one JSON file; every change under a file lock."""
+class PublicLinkStore(jsonfile.LockedRecord):
+    """``{"links": [...]}`` in one JSON file of the hub's records (jsonfile.LockedRecord:
+    file lock, atomic and durable writes, a damaged file moved aside with one message)."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
-        self._thread_lock = threading.RLock()
+    section = "links"
+    what = "The public links file"
+    on_damage = "every public notebook link stopped working; owners make new ones"
 
-    def _read(self) -> list[PublicLink]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return []
-        links = []
-        for raw in data.get("links", []) if isinstance(data, dict) else []:
-            try:
-                links.append(PublicLink(**raw))
-            except TypeError:
-                continue
-        return links
+    def _parse(self, section) -> list[PublicLink]:
+        if not isinstance(section, list):
+            raise TypeError('"links" is not a list')
+        return [PublicLink(**raw) for raw in section]  # TypeError on a malformed link
 
-    def _write(self, links: list[PublicLink]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        jsonfile.write_atomic(self.path, {"version": 1, "links": [asdict(x) for x in links]})
+    def _missing(self) -> list[PublicLink]:
+        return []
+
+    def _recover(self) -> list[PublicLink]:
+        return []
+
+    def _dump(self, links: list[PublicLink]) -> list[dict]:
+        return [asdict(x) for x in links]
 
     def create(self, owner: str, project: str, path: str, seconds: float) -> tuple[str, PublicLink]:
         """A new link; its code (shown once, never stored) and its record."""
