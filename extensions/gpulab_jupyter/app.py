@@ -38,7 +38,7 @@ class GPULabExtension(ExtensionApp):
     def guard_routes(self):
         """Routes that never ask the authorizer ask it for writes; real-time
         collaboration rooms are read-only for viewers (see authorizer.py, collab.py)."""
-        from .authorizer import all_rules, guard_routes
+        from .authorizer import all_rules, guard_routes, mend_licenses
         from .collab import guard_rooms
 
         try:
@@ -49,6 +49,7 @@ class GPULabExtension(ExtensionApp):
                 page_config["token"] = ""
             rules = all_rules(self.serverapp.web_app)
             guarded = guard_routes(rules)
+            mend_licenses(rules)
             rooms = guard_rooms(rules)
         except Exception:
             # Never serve viewers unguarded routes: stop the server instead.

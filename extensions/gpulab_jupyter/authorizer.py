@@ -340,3 +340,32 @@ def guard_routes(rules) -> list[str]:
                 setattr(cls, name, authorized("write", resource=resource)(method))
             done.append(f"{cls.__module__}.{cls.__qualname__}.{name}")
     return sorted(done)
+
+
+def mend_licenses(rules) -> list[str]:
+    """jupyterlab_server's ``LicensesHandler.finish`` needs a MIME type that tornado's
+    error path never passes: every error answer there (a 403 from the authorizer, for
+    anyone without a share) raised in the error handler and left the request open for
+    ever, so anyone could hold connections of someone's server. Its ``finish`` now
+    takes the MIME type as a keyword only; without it, an ordinary API answer. Names of
+    the classes mended here."""
+    from jupyter_server.base.handlers import APIHandler
+
+    done = []
+    for cls in {rule.target for rule in rules}:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name != "jupyterlab_server.licenses_handler.LicensesHandler":
+            continue
+        if getattr(cls.finish, "__gpulab_mended__", False):
+            continue
+        original = cls.finish
+
+        def finish(self, *args, _mime_type=None, _original=original, **kwargs):
+            if _mime_type is None:
+                return APIHandler.finish(self, *args, **kwargs)
+            return _original(self, *args, _mime_type=_mime_type, **kwargs)
+
+        finish.__gpulab_mended__ = True
+        cls.finish = finish
+        done.append(name)
+    return done
