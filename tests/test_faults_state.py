@@ -252,3 +252,26 @@ def test_a_failed_write_leaves_the_old_record(tmp_path):
         jsonfile.write_atomic(path, {"a": object()})  # fails half-way through the dump
     assert json.loads(path.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_deleting_a_project_completes_with_a_damaged_gpu_record(tmp_path, caplog):
+    from gpulab_hub.projects import deletion
+
+    gpus = tmp_path / "hub" / "gpu-allocations.json"
+    gpus.parent.mkdir()
+    gpus.write_bytes(DAMAGE["truncated"])
+    (tmp_path / "projects" / "alice" / "old").mkdir(parents=True)
+    place = deletion.Place(
+        projects_root=tmp_path / "projects",
+        state_root=tmp_path / "hub" / "projects",
+        data_root=tmp_path / "data",
+        hub_dir=tmp_path / "hub",
+        archive=True,
+        allocations_file=gpus,
+        prefix=PREFIX,
+        hf_volume=f"{PREFIX}-hf-alice",
+    )
+    done = deletion.project_files(place, "alice", "old")
+    assert not (tmp_path / "projects" / "alice" / "old").exists() and done
+    (message,) = errors(caplog)
+    assert "GPU holdings of alice/old not released now" in message and str(gpus) in message

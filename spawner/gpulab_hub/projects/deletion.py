@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -42,13 +43,15 @@ from jupyterhub import roles as hub_roles
 from traitlets import Bool
 from traitlets.config import Configurable
 
+from gpulab_hub import hubsettings
 from gpulab_hub.gpus import allocator
 from gpulab_hub.projects import objects, project_name, safe_owner
 from gpulab_hub.sharing import groupshares
 from gpulab_hub.sharing.public import store as public_links
 from gpulab_hub.sharing.received import policy_store
 
-ARCHIVE_DIR = "deleted"
+LOG = logging.getLogger("gpulab.deletion")
+ARCHIVE_DIR = hubsettings.DELETED
 STOP_WAIT_S = 120
 
 
@@ -150,7 +153,12 @@ def _forget_records(place: Place, owner: str, project: str | None) -> None:
         policies.forget(owner, project)
         links.forget(owner, project)
     store = allocator.AllocationStore(place.allocations_file)
-    store.release_dead(lambda o, p: o != owner or (project is not None and p != project))
+    try:
+        store.release_dead(lambda o, p: o != owner or (project is not None and p != project))
+    except allocator.AllocationError as e:
+        # A damaged GPU record is repaired from Docker by the next GPU spawn (which
+        # sees no container of the deleted project); deleting goes on.
+        LOG.error("GPU holdings of %s/%s not released now: %s", owner, project or "*", e)
 
 
 def project_files(place: Place, owner: str, project: str) -> list[str]:
