@@ -8,6 +8,7 @@ one machine out of the box (see docs/configuration.md).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from gpulab_hub import accounts, doctor, sharing
@@ -66,9 +67,20 @@ def with_hub_ip(environ) -> dict[str, str]:
     """
     env = dict(environ)
     if not env.get("GPULAB_HUB_IP"):
+        import docker.errors
+        import requests.exceptions
+
         from gpulab_hub import host
 
-        env["GPULAB_HUB_IP"] = host.ensure_network(host.Docker(), network_name(site(env)))
+        try:
+            env["GPULAB_HUB_IP"] = host.ensure_network(host.Docker(), network_name(site(env)))
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            # The hub still starts and tells each user who starts a project why it
+            # cannot; containers need the hub on the network's gateway, so restart the
+            # hub once the engine answers (`gpulab up` starts one).
+            print(f"gpulab: the Docker engine does not answer ({e}); restart the hub once "
+                  "it does", file=sys.stderr)  # fmt: skip
+            env["GPULAB_HUB_IP"] = "127.0.0.1"
     return env
 
 
