@@ -16,6 +16,8 @@ import pytest
 from conftest import PREFIX, hub_env, start_hub
 from security.people import execute, log_in_admin, make_user, share_by_link
 
+from gpulab_hub import pidfile
+
 pytestmark = [pytest.mark.docker]
 
 
@@ -49,7 +51,8 @@ def test_a_killed_hub_readopts_running_projects_and_forgets_dead_ones(crash_hub,
     rita.execute("keep", "open('before.txt', 'w').write('written before the crash')")
     keep = docker_engine.call("inspect_container", f"{PREFIX}-rita--keep")
 
-    kill_hard(int((crash_hub.home / "hub" / "gpulab-hub.pid").read_text()))
+    hub_process = pidfile.read(crash_hub.home / "hub" / "gpulab-hub.pid")
+    kill_hard(hub_process.pid)
     docker_engine.call("remove_container", f"{PREFIX}-rita--dies", force=True)
     again = start_hub(crash_hub.home, crash_hub.env)
     assert "gpulab is running" in again.up_output, again.up_output

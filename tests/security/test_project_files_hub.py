@@ -17,27 +17,16 @@ from pathlib import Path
 import pytest
 from conftest import PREFIX
 from hubclient import HubUser
+from people import log_in_admin, make_user
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 
 SECRET_LINES = ["fs-secret-first-line", "fs-secret-second-line"]
 
 
-def make_user(hub, admin: HubUser, name: str) -> HubUser:
-    user = HubUser(hub.url, name, f"{name}-Passw0rd-long")
-    assert user.signup().status_code == 200
-    assert admin.authorize(name).status_code == 200
-    assert user.login().status_code == 302
-    user.new_token()
-    return user
-
-
 @pytest.fixture(scope="module")
 def admin(hub):
-    a = HubUser(hub.url, "admin", hub.admin_password)
-    assert a.login().status_code == 302
-    a.new_token()
-    return a
+    return log_in_admin(hub)
 
 
 @pytest.fixture(scope="module")
