@@ -171,3 +171,28 @@ def test_rtc_messages_a_viewer_may_send():
     assert not collab.reader_may_send(b"")
     assert not collab.reader_may_send(bytes([125, 0]))  # chat and anything unknown
     assert collab.read_var_uint(bytes([0xAC, 0x02])) == (300, 2)
+
+
+async def test_someone_who_just_accepted_a_share_gets_in_at_once():
+    """The server's listing of its shares was read a moment before bob accepted his: his
+    first refusal asks the hub again (not only every 2 s), so the page he lands on
+    after accepting opens; his further refusals do not make the hub answer again."""
+    auth = authorizer.ProjectAuthorizer()
+    auth.owner, auth.server_name = "alice", "one"
+    listings = [[], [{"user": {"name": "bob"}, "group": None, "scopes": VIEWER}]]
+    asked = []
+
+    async def fetch():
+        asked.append(1)
+        return listings[min(len(asked) - 1, 1)]
+
+    auth._fetch_shares = fetch
+    mallory = {"name": "mallory", "kind": "user", "scopes": []}
+    assert not await auth.allows(mallory, "read", "contents")  # listing read: nothing shared
+    assert len(asked) == 1
+    bob = {"name": "bob", "kind": "user", "scopes": []}
+    assert await auth.allows(bob, "read", "contents")  # within 2 s of that listing
+    assert len(asked) == 2
+    assert not await auth.allows(mallory, "read", "contents")
+    assert not await auth.allows(mallory, "write", "contents")
+    assert len(asked) == 2  # refused again within 2 s: the hub is not asked again

@@ -139,6 +139,7 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
         self.server_name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
         self._shares: list[dict] = []
         self._fetched_at = -math.inf
+        self._asked_at: dict[str, float] = {}  # who last made a refusal ask the hub, when
         self._lock: asyncio.Lock | None = None
         self.connections = OpenConnections(
             self._still_allowed, self.connections_recheck_s, self.log
@@ -203,8 +204,19 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            age = time.monotonic() - self._fetched_at
-            if age > self.shares_max_age or (fresh and age > REFRESH_MIN_S):
+            now = time.monotonic()
+            age = now - self._fetched_at
+            # A refusal asks the hub again if the listing is older than REFRESH_MIN_S, or
+            # if this person has not made it ask in that time: someone who accepted a
+            # share a moment after the last listing gets in at once, and one person's
+            # refused requests still make the hub answer at most every REFRESH_MIN_S.
+            name = hub_user.get("name", "")
+            first_ask = now - self._asked_at.get(name, -math.inf) > REFRESH_MIN_S
+            if age > self.shares_max_age or (fresh and (age > REFRESH_MIN_S or first_ask)):
+                self._asked_at = {
+                    n: t for n, t in self._asked_at.items() if now - t <= REFRESH_MIN_S
+                }
+                self._asked_at[name] = now
                 self._shares = await self._fetch_shares()
                 self._fetched_at = time.monotonic()
             shares = self._shares
