@@ -298,7 +298,11 @@ def ensure_base_image(
     network: str,
 ) -> str:
     """Build (or reuse) gpulab's base image for ``spec`` and tag it ``alias``."""
-    if spec.base_image.startswith("gpulab") and spec.base_image.endswith("/debian:bookworm"):
+    # "<name>/debian:bookworm" (no registry host, not Docker Hub's library image) is the
+    # local Debian made here: gpulab's default, and each test run's own prefix.
+    namespace, _, rest = spec.base_image.partition("/")
+    local = namespace not in ("library", "docker.io") and "." not in namespace
+    if rest == "debian:bookworm" and local:
         ensure_local_debian(dk, spec.base_image, cache_dir(), log)
     wheels = user_wheels(repo_dir, state_dir / "wheels")
     log(
