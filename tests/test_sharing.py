@@ -157,11 +157,31 @@ def test_groups_and_refusals_on_the_page(hub, people, project, admin):
     assert wait_status(erin, CONTENTS, 403, within=REVOKE_WITHIN_S + 10) == 403
 
     r = page_post(alice, action="user", name="nosuchuser")
-    assert r.status_code == 400 and "No such user" in r.text
+    assert r.status_code == 400 and "No gpulab account named nosuchuser" in r.text
+    r = page_post(alice, action="group", name="nosuchgroup")
+    assert r.status_code == 400 and "No group named nosuchgroup" in r.text
     r = page_post(alice, action="user", name=OWNER)
     assert r.status_code == 400 and "yours already" in r.text
     r = page_post(alice, action="link", hours="100000")
     assert r.status_code == 400 and "from 1 to 168 hours" in r.text
+
+
+def test_share_with_someone_approved_who_never_logged_in(hub, people, project, admin):
+    alice = people[OWNER]
+    # Signed up, not yet approved: not someone to share with.
+    frank = HubUser(hub.url, "shfrank", "shfrank-Passw0rd-long")
+    assert frank.signup().status_code == 200
+    r = page_post(alice, action="user", name="shfrank", role="viewer")
+    assert r.status_code == 400 and "once an administrator has approved them" in r.text
+    # Approved, and never logged in: the share is made, and waits for him.
+    assert admin.authorize("shfrank").status_code == 200
+    r = page_post(alice, action="user", name="shfrank", role="viewer")
+    assert r.status_code == 200 and "Shared with user shfrank as viewer." in r.text, r.text
+    assert frank.login().status_code == 302
+    frank.new_token()
+    assert wait_status(frank, CONTENTS, 200, within=REVOKE_WITHIN_S + 10) == 200
+    r = frank.http.get(hub.url + "/hub/gpulab/shared", timeout=10)
+    assert r.status_code == 200 and PROJECT in r.text
 
 
 def test_link_grants_access_until_revoked(people, project, short_link):

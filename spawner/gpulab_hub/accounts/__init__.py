@@ -69,6 +69,10 @@ class ToggleAuthorizationHandler(_AccountAction):
             self.db.commit()
             done = "approved" if wanted else "unapproved"
             self.log.info("gpulab: %s %s the account %s", self.current_user.name, done, name)
+        if wanted:
+            # A hub user from the moment of approval: others can share with them
+            # before they ever log in.
+            self.user_from_username(info.username)
         self._back(name)
 
 
@@ -91,6 +95,21 @@ class DiscardHandler(_AccountAction):
             self.users.delete(user)
         self.log.info("gpulab: %s discarded the account %s", self.current_user.name, name)
         self.redirect(f"{self.hub.base_url}authorize", status=303)
+
+
+def approved_hub_user(handler, name: str):
+    """The hub's user (``orm.User``) of the approved account ``name``, made if the
+    account was approved but never logged in (or approved before gpulab made hub
+    users at approval); None where no approved account has that name."""
+    from jupyterhub import orm
+
+    user = orm.User.find(handler.db, name)
+    if user is not None:
+        return user
+    info = UserInfo.find(handler.db, name)
+    if info is None or not info.is_authorized:
+        return None
+    return handler.user_from_username(info.username).orm_user
 
 
 class _Named:

@@ -33,7 +33,7 @@ from jupyterhub.utils import utcnow
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from gpulab_hub import hubsettings
+from gpulab_hub import accounts, hubsettings
 from gpulab_hub.sharing import origins, roles
 from gpulab_hub.sharing.groupshares import GroupShareRoles
 from gpulab_hub.sharing.policy import ProjectSharing, SharingPolicyStore
@@ -224,7 +224,8 @@ class ShareHandler(BaseHandler):
         if not name:
             raise ApiError(400, f"Name the {kind} to share with.")
         if kind == "user":
-            target = orm.User.find(self.db, name)
+            # An approved account that never logged in is a user all the same.
+            target = accounts.approved_hub_user(self, name)
             if target is not None and target.name == owner:
                 whose = f"{owner}'s" if resharing else "yours"
                 raise ApiError(400, f"The project is {whose} already.")
@@ -232,8 +233,14 @@ class ShareHandler(BaseHandler):
                 raise ApiError(400, "You have access already.")
         else:
             target = orm.Group.find(self.db, name)
+        if target is None and kind == "user":
+            raise ApiError(
+                400,
+                f"No gpulab account named {name}. Check the spelling; someone who just "
+                "signed up can be shared with once an administrator has approved them.",
+            )
         if target is None:
-            raise ApiError(400, f"No such {kind}: {name}")
+            raise ApiError(400, f"No group named {name}.")
         spawner = self._spawner(owner, project)
         scopes = roles.share_scopes(role, owner, project)
         if not resharing:
