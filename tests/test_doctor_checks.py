@@ -419,8 +419,11 @@ def test_exit_codes_and_json_shape():
         Finding("c", FAIL, "s", "f"),
     )
     assert findings.exit_code([ok]) == 0
-    assert findings.exit_code([ok, warn]) == 1
-    assert findings.exit_code([warn, fail, ok]) == 2
+    assert findings.exit_code([ok, warn]) == 0  # warnings are printed, not an error
+    assert findings.exit_code([ok, warn], strict=True) == 1
+    assert findings.exit_code([warn, fail, ok]) == 1
+    assert "gpulab can run" in findings.render_table([ok, warn])
+    assert "fix the failures" in findings.render_table([ok, warn, fail])
     items = json.loads(findings.to_json([ok, fail]))
     assert items[1] == {"id": "c", "status": "fail", "seen": "s", "fix": "f"}
 

@@ -11,8 +11,9 @@ from gpulab_hub.doctor.findings import exit_code, render_table, to_json
 from gpulab_hub.doctor.report import Options, report_path, run, save
 
 HELP = "check this host (and a project) for the GPU, Docker, memory and disk traps"
-EPILOG = """exit code: 0 all ok, 1 warnings, 2 failures. A host without a GPU warns about
-it (a hub can run CPU-only); say it is meant to be so with --cpu-only to get 0."""
+EPILOG = """exit code: 0 when nothing failed (warnings are printed), 1 when a check failed;
+with --strict, warnings give 1 too. A host without a GPU warns about it (a hub can run
+CPU-only); say it is meant to be so with --cpu-only to turn those warnings into ok."""
 
 
 def add_parser(sub) -> None:
@@ -36,6 +37,11 @@ def add_parser(sub) -> None:
         help="image for the GPU test container (default: the first "
         "image in use with a python3, the base image first)",
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on warnings too, not only on failures (for monitoring)",
+    )
     p.set_defaults(fn=cmd_doctor)
 
 
@@ -56,4 +62,4 @@ def cmd_doctor(args, environ) -> int:
         width = shutil.get_terminal_size((110, 24)).columns
         print(render_table(findings, color=color, width=width))
         print(note)
-    return exit_code(findings)
+    return exit_code(findings, strict=args.strict)

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 STATUSES = (OK, WARN, FAIL)
-EXIT_CODES = {OK: 0, WARN: 1, FAIL: 2}
 _COLOURS = {OK: "\033[32m", WARN: "\033[33m", FAIL: "\033[31m"}
 _RESET, _DIM = "\033[0m", "\033[2m"
 
@@ -44,9 +43,11 @@ def gpu_absent(id: str, seen: str, fix: str, cpu_only: bool) -> Finding:
     return Finding(id, WARN, seen, fix)
 
 
-def exit_code(findings: list[Finding]) -> int:
-    """0 when all are ok, 1 when the worst is a warning, 2 when any failed."""
-    return max((EXIT_CODES[f.status] for f in findings), default=0)
+def exit_code(findings: list[Finding], strict: bool = False) -> int:
+    """1 when a check failed (or, with ``strict``, warned), else 0: a warning says what
+    to improve, and gpulab runs with it, so scripts (``gpulab doctor && ...``) go on."""
+    worst = {f.status for f in findings}
+    return 1 if FAIL in worst or (strict and WARN in worst) else 0
 
 
 def to_json(findings: list[Finding]) -> str:
@@ -89,6 +90,10 @@ def render_table(findings: list[Finding], color: bool = False, width: int = 100)
             ]
     c = counts(findings)
     summary = f"{c[OK]} ok, {c[WARN]} warnings, {c[FAIL]} failures"
+    if c[FAIL]:
+        summary += ": fix the failures above, gpulab cannot work well until then"
+    elif c[WARN]:
+        summary += ": gpulab can run; the warnings say what to improve"
     worst = FAIL if c[FAIL] else WARN if c[WARN] else OK
     lines += ["", paint(summary, _COLOURS[worst])]
     return "\n".join(lines)
