@@ -45,6 +45,10 @@ BACKEND = textwrap.dedent(
         return []
 
     def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+        for line in CFG.get("say", []):  # what a build prints (colours, progress)
+            print(line, flush=True)
+        if CFG.get("fail"):
+            sys.exit(1)
         if CFG.get("compile"):
             src = os.path.join(HERE, CFG["compile"])
             cmd = ["cc", "-c", src, "-o", os.path.join(wheel_directory, "x.o")]
@@ -79,7 +83,8 @@ BACKEND = textwrap.dedent(
 
 
 def make_package(root: Path, name: str, version: str, files: dict[str, str], **cfg) -> Path:
-    """A source tree of a package built by BACKEND (cfg: requires, compile, copy, tag)."""
+    """A source tree of a package built by BACKEND (cfg: requires, compile, copy, tag,
+    say: lines its build prints, fail: the build fails after saying them)."""
     src = root / f"{name}-{version}"
     src.mkdir(parents=True)
     (src / "pyproject.toml").write_text(
@@ -225,3 +230,25 @@ class Kernel:
     def close(self) -> None:
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
+
+
+def run_notebook(venv: Path, env: dict, cells: list[str], timeout: float = 300):
+    """A new notebook of these code cells, run by nbclient in a fresh kernel of ``venv``:
+    its outputs are built from the kernel's messages as a notebook frontend builds them
+    (display updates replace the output they name). Returns the notebook (nbformat)."""
+    import nbformat
+    from jupyter_client import AsyncKernelManager
+    from jupyter_core.utils import run_sync
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(code) for code in cells]
+    ksm = KernelSpecManager(kernel_dirs=[str(venv / "share" / "jupyter" / "kernels")])
+    km = AsyncKernelManager(kernel_name="gpulabtest", kernel_spec_manager=ksm)
+    client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=True)
+    try:
+        client.execute(env=env, cwd=env.get("GPULAB_PROJECT_DIR"))
+    finally:
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+    return nb

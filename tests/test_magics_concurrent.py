@@ -50,7 +50,7 @@ def test_twenty_concurrent_installs_record_twenty_lines(tmp_path):
     elapsed = time.monotonic() - start
     for name, p, out in zip(names, procs, outputs, strict=True):
         assert p.returncode == 0, out
-        assert f"{name} 1.0: installed, verified and recorded" in out, out
+        assert f"{name} 1.0: installed, verified and written to the Dockerfile" in out, out
     text = (project / "Dockerfile").read_text()
     head, block, tail = df.split(text)
     assert "".join(head) + "".join(tail) == original  # outside the block: as it was

@@ -51,7 +51,7 @@ def test_gpu_install_in_a_container_is_rebuilt_into_the_image(hub, mona, docker_
     )
     assert absent.strip() == "None"
     out = mona.execute("magic", f"%gpu_install {PACKAGE}=={VERSION}", timeout=300)
-    assert f"✔ {PACKAGE} {VERSION}: installed, verified and recorded" in out, out
+    assert f"✔ {PACKAGE} {VERSION}: installed, verified and written to the Dockerfile" in out, out
 
     after = (project / "Dockerfile").read_text()
     assert [ln for ln in after.splitlines() if ln not in before.splitlines()] == [LINE]

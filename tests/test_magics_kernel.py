@@ -4,6 +4,7 @@ a local wheelhouse the tests build (pure packages, a failing build, a failing im
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from magics_kit import (
     make_venv,
     new_dockerfile,
     pip_env,
+    run_notebook,
     site_packages,
 )
 
@@ -116,7 +118,7 @@ def test_pure_package_installs_verifies_and_writes_exactly_one_line(lab):
     before = (lab["project"] / "Dockerfile").read_text().splitlines()
     out = magic(lab, "tiny-pure==1.0")
     assert out["status"] == "ok", out
-    assert "tiny-pure 1.0: installed, verified and recorded" in out["stdout"]
+    assert "tiny-pure 1.0: installed, verified and written to the Dockerfile" in out["stdout"]
     after = (lab["project"] / "Dockerfile").read_text().splitlines()
     added = [ln for ln in after if ln not in before]
     assert added == [
@@ -329,3 +331,140 @@ def test_a_local_wheel_needs_allow_local_and_is_recorded_pinned(lab):
         "RUN python -m pip install --no-cache-dir tiny-other==1.0 && python -c 'import tiny_other'"
     ]
     lab["kernel"].run("%pip uninstall -q -y tiny-other")
+
+
+def outputs_of(nb) -> list[dict]:
+    return [out for cell in nb["cells"] for out in cell.get("outputs", [])]
+
+
+def joined(value) -> str:
+    """A saved notebook's text (a string, or a list of lines as nbformat writes it)."""
+    return "".join(value) if isinstance(value, list) else value
+
+
+def shown_text(output: dict) -> str:
+    """Everything an output holds as text: stream text, every format of display data."""
+    if output["output_type"] == "stream":
+        return joined(output["text"])
+    if output["output_type"] == "error":
+        return "\n".join([output["ename"], output["evalue"], *output["traceback"]])
+    return "\n".join(
+        v if isinstance(v, str | list) and not isinstance(v, dict) else json.dumps(v)
+        for v in (joined(v) if isinstance(v, list) else v for v in output["data"].values())
+    )
+
+
+def test_a_saved_notebook_shows_a_readable_summary(lab, tmp_path):
+    """A notebook saved after %gpu_install holds no widget (it dies with the kernel),
+    no terminal escape codes and no CUDA line for pure Python: a summary to read."""
+    from jupyter_server.services.contents.filemanager import FileContentsManager
+
+    colour = ["\x1b[33mwarning: tiny-color is built in colour\x1b[0m", "50%\r\x1b[2K100% built"]
+    src = make_package(tmp_path, "tiny-color", "1.0", {"tiny_color.py": "C = 1\n"}, say=colour)
+    build_sdist(src, lab["wh"])
+    bad = ["\x1b[31mERROR: tiny-colorfail needs libcolor.so.7\x1b[0m"]
+    src = make_package(tmp_path, "tiny-colorfail", "1.0", {"tiny_colorfail.py": ""}, say=bad,
+                       fail=True)  # fmt: skip
+    build_sdist(src, lab["wh"])
+    env = pip_env()
+    env.update(GPULAB_PROJECT_DIR=str(lab["project"]))
+    where = f"--no-index --find-links {lab['wh']}"
+    nb = run_notebook(lab["venv"], env, [f"%gpu_install {where} tiny-color",
+                                         f"%gpu_install {where} tiny-colorfail"])  # fmt: skip
+    # Saved as JupyterLab saves it: through the contents API's file manager.
+    contents = FileContentsManager(root_dir=str(lab["project"]))
+    contents.save({"type": "notebook", "format": "json", "content": nb}, "install.ipynb")
+    raw = (lab["project"] / "install.ipynb").read_text()
+    saved = json.loads(raw)
+    ok, failed = (cell["outputs"] for cell in saved["cells"])
+    every = [shown_text(o) for o in ok + failed]
+    assert every and not [t for t in every if "VBox(children=" in t], every
+    assert "\\u001b" not in raw and not [t for t in every if "\x1b" in t], every
+    assert not [t for t in every if "CUDA architectures" in t], every
+    mimes = {m for o in ok + failed for m in o.get("data", {})}
+    assert "application/vnd.jupyter.widget-view+json" not in mimes, mimes
+
+    # The install: a summary display (HTML and text), then what was written where.
+    summary = [o for o in ok if o["output_type"] == "display_data"]
+    assert len(summary) == 1, ok
+    text, page = (joined(summary[0]["data"][m]) for m in ("text/plain", "text/html"))
+    assert text.startswith("%gpu_install tiny-color: ✔ done in "), text
+    assert "Full log: " in text and "/.gpulab/logs/gpu_install-" in text
+    assert "✔ done in" in page and "<details>" in page
+    assert "warning: tiny-color is built in colour" in page  # the build's own line, uncoloured
+    assert "100% built" in page and "[2K" not in page  # the erase-line code is gone
+    said = "".join(joined(o["text"]) for o in ok if o["output_type"] == "stream")
+    assert "✔ tiny-color 1.0: installed, verified and written to the Dockerfile (" in said
+    assert "RUN python -m pip install --no-cache-dir tiny-color==1.0 && python -c " in said
+    # Built here, but pure Python: recorded without the compile variables.
+    assert "RUN python -m pip install --no-cache-dir tiny-color==1.0" in managed_lines(
+        lab["project"]
+    )[0]
+
+    # The failure: the summary says so, and the pip line that matters is readable.
+    summary = [o for o in failed if o["output_type"] == "display_data"]
+    assert len(summary) == 1, failed
+    assert joined(summary[0]["data"]["text/plain"]).startswith(
+        "%gpu_install tiny-colorfail: ✘ failed while building, after "
+    )
+    err = "".join(joined(o["text"]) for o in failed if o["output_type"] == "stream")
+    assert "ERROR: tiny-colorfail needs libcolor.so.7" in err
+    assert "The Dockerfile is unchanged" in err
+    assert "UsageError: tiny-colorfail: failed while building (Dockerfile unchanged)" in err
+    lab["kernel"].run("%pip uninstall -q -y tiny-color")
+
+
+@pytest.fixture
+def http_index(lab, tmp_path):
+    """A plain-http package index on this machine, named by the machine's host name
+    (pip trusts only localhost and 127.0.0.0/8 by address): /simple/tiny-http/."""
+    import functools
+    import socket
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    host = socket.gethostname()
+    address = socket.gethostbyname(host)  # this machine's own name: no other machine is asked
+    assert host != "localhost", "the test needs a host name pip does not trust by itself"
+    folder = tmp_path / "index" / "simple" / "tiny-http"
+    folder.mkdir(parents=True)
+    src = make_package(tmp_path / "src", "tiny-http", "1.0", {"tiny_http.py": "H = 1\n"})
+    build_wheels([src], folder)
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(tmp_path / "index"))
+    server = ThreadingHTTPServer((address, 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield host, f"http://{host}:{server.server_address[1]}/simple"
+    server.shutdown()
+    server.server_close()
+    lab["kernel"].run("%pip uninstall -q -y tiny-http")
+
+
+def test_an_untrusted_http_index_is_explained(lab, http_index):
+    host, url = http_index
+    dockerfile = (lab["project"] / "Dockerfile").read_bytes()
+    env = tree(lab["venv"])
+    out = lab["kernel"].run(f"%gpu_install --index-url {url} tiny-http")
+    assert out["status"] == "error"
+    err = out["stderr"]
+    assert f"pip ignored the package index at {host}: it is plain http:// and {host} is not " \
+        "a trusted host" in err, err  # fmt: skip
+    assert f"add --trusted-host {host}" in err and "https://" in err
+    assert "No matching distribution found for tiny-http" in err  # what pip said, below
+    assert (lab["project"] / "Dockerfile").read_bytes() == dockerfile
+    assert tree(lab["venv"]) == env
+
+    # Doing what it says works, and the build gets the same index and trust.
+    out = lab["kernel"].run(f"%gpu_install --index-url {url} --trusted-host {host} tiny-http")
+    assert out["status"] == "ok", out
+    assert managed_lines(lab["project"]) == [
+        f"RUN python -m pip install --no-cache-dir --index-url {url} --trusted-host {host} "
+        "tiny-http==1.0 && python -c 'import tiny_http'"
+    ]
+    refused = lab["kernel"].run("%gpu_install --trusted-host 'evil;rm' tiny-http")
+    assert refused["status"] == "error" and "is not a host name" in refused["stderr"]

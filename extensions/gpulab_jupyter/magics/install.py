@@ -35,7 +35,25 @@ def _pip_args(opts, benv, constraint_file: str | None, extra=()) -> list[str]:
     return args + list(extra) + [s.pip_arg for s in opts.specs]
 
 
-def _refusal(opts, run) -> list[str]:
+def _insecure(hosts: list[str]) -> list[str]:
+    """Why pip found nothing at a plain-http index, and what to do."""
+    out = []
+    for host in hosts:
+        out.append(
+            f"pip ignored the package index at {host}: it is plain http:// and {host} is not "
+            'a trusted host, so pip did not look there at all (hence "No matching '
+            'distribution" below).'
+        )
+    host = hosts[0]
+    out.append(
+        "Use the index's https:// address if it has one; or, if you trust the network "
+        f"between this project and {host}, add --trusted-host {host} "
+        "(it is written to the Dockerfile with the index, so builds use it too)."
+    )
+    return out
+
+
+def _refusal(opts, run, benv=None) -> list[str]:
     pins = piplog.constraint_conflicts(run.lines)
     if pins and not opts.allow_torch_change:
         because = [ln.strip() for ln in run.lines if "depends on" in ln or "(constraint)" in ln]
@@ -47,6 +65,11 @@ def _refusal(opts, run) -> list[str]:
             "change the base image in the Dockerfile).",
         ]
     words = []
+    hosts = piplog.insecure_hosts(run.lines)
+    if hosts:
+        words += _insecure(hosts)
+    if benv is not None and benv.notes and piplog.cuda_build(run.lines):
+        words += benv.notes  # a CUDA build with no GPU to build for
     if run.timed_out:
         words.append(f"pip was stopped after {opts.timeout:.0f} s (--timeout).")
     if piplog.out_of_memory(run.lines):
@@ -60,8 +83,8 @@ class Installer:
         self.names = [s.name for s in opts.specs]
         self.dockerfile = project / "Dockerfile"
         self.user = f"{os.getuid()}:{os.getgid()}"
-        self.progress = Progress(" ".join(s.text for s in opts.specs))
         self.log_path = pipenv.log_file(project, self.names)
+        self.progress = Progress(" ".join(s.text for s in opts.specs), log=self.log_path)
         self.tmp = Path(tempfile.mkdtemp(prefix="gpulab-install-"))
         self.manifest = self.tmp / "uninstalled.jsonl"
         self.before: dict | None = None
@@ -112,8 +135,6 @@ class Installer:
         benv = buildenv.build_env(
             self.names, gpus, "torch" in before, self.opts.jobs, self.opts.isolation
         )
-        for note in benv.notes:
-            self.progress.line("gpulab: " + note)
         if self.opts.dry_run:
             return self.dry_run(benv, before)
         run = self.pip(benv, before)
@@ -129,10 +150,11 @@ class Installer:
         if run.interrupted:
             self.fail("installing (interrupted)", [], before)
         if run.returncode != 0:
-            self.fail(self.progress.current or "resolving", _refusal(self.opts, run), before)
-        self.verify_and_record(benv, before, gpus, piplog.built_from_source(run.lines))
+            self.fail(self.progress.current or "resolving", _refusal(self.opts, run, benv), before)
+        self.verify_and_record(benv, before, gpus, piplog.compiled(run.lines))
 
     def verify_and_record(self, benv, before, gpus, built: set[str]) -> None:
+        """Verify, then record; ``built``: the packages compiled here (platform wheels)."""
         self.progress.stage("verifying")
         after = pipenv.snapshot()
         gone = [n for n in self.names if n not in after]
@@ -145,6 +167,8 @@ class Installer:
         verdict = verify.import_check(wanted, self.opts.check)
         problems = list(verdict.problems)
         notes = list(verdict.notes)
+        if built and benv.notes:  # compiled with no GPU to build for: say so
+            notes += [f"{', '.join(sorted(built))}: {n}" for n in benv.notes]
         for name in self.names:
             gpu = verify.gpu_check(name, gpus.capabilities, gpus.problem)
             problems += gpu.problems
@@ -170,7 +194,7 @@ class Installer:
 
     def report(self, before, after, lines, notes) -> None:
         got = ", ".join(f"{n} {after[n].version}" for n in self.names)
-        say(f"✔ {got}: installed, verified and recorded in {self.dockerfile}:")
+        say(f"✔ {got}: installed, verified and written to the Dockerfile ({self.dockerfile}):")
         for _, line in lines:
             say(f"    {line}")
         deps = [f"{n} {after[n].version}" for n in pipenv.changed(before, after)]
@@ -264,6 +288,7 @@ def gpu_install(line: str) -> None:
         except KeyboardInterrupt:
             installer.fail("installing (interrupted)", [], installer.before)
         finally:
+            installer.progress.finish(False)  # no-op when it ended normally
             shutil.rmtree(installer.tmp, ignore_errors=True)
     finally:
         lock.release()

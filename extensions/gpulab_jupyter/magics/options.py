@@ -7,7 +7,16 @@ import math
 import shlex
 from dataclasses import dataclass, field
 
-from .spec import Spec, SpecError, check_apt, check_code, check_module, check_url, parse_spec
+from .spec import (
+    Spec,
+    SpecError,
+    check_apt,
+    check_code,
+    check_host,
+    check_module,
+    check_url,
+    parse_spec,
+)
 
 USAGE = "%gpu_install [options] PACKAGE[==VERSION] [PACKAGE ...]"
 DESCRIPTION = """\
@@ -119,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--index-url", metavar="URL", help="package index instead of PyPI")
     p.add_argument("--extra-index-url", action="append", default=[], metavar="URL")
     p.add_argument("--find-links", action="append", default=[], metavar="URL_OR_FOLDER")
+    p.add_argument(
+        "--trusted-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="let pip use this host's plain-http index (recorded with the index)",
+    )
     p.add_argument("--no-index", action="store_true", help="only use --find-links locations")
     p.add_argument("--pre", action="store_true", help="allow pre-releases")
     return p
@@ -139,6 +155,7 @@ class Options:
     index_url: str = ""
     extra_index_urls: list[str] = field(default_factory=list)
     find_links: list[str] = field(default_factory=list)
+    trusted_hosts: list[str] = field(default_factory=list)
     no_index: bool = False
     pre: bool = False
 
@@ -151,6 +168,8 @@ class Options:
             out += ["--extra-index-url", url]
         for loc in self.find_links:
             out += ["--find-links", loc]
+        for host in self.trusted_hosts:
+            out += ["--trusted-host", host]
         if self.no_index:
             out.append("--no-index")
         return out
@@ -174,6 +193,8 @@ class Options:
         for loc in self.find_links:
             if loc.startswith(("http://", "https://")):
                 out += ["--find-links", loc]
+        for host in self.trusted_hosts:
+            out += ["--trusted-host", host]
         if self.from_source:
             out += ["--no-binary", name]
         return out
@@ -214,6 +235,7 @@ def parse(line: str) -> Options | None:
         index_url=check_url(a.index_url, "--index-url") if a.index_url else "",
         extra_index_urls=[check_url(u, "--extra-index-url") for u in a.extra_index_url],
         find_links=[check_url(u, "--find-links", allow_path=True) for u in a.find_links],
+        trusted_hosts=[check_host(h) for h in a.trusted_host],
         no_index=a.no_index,
         pre=a.pre,
     )

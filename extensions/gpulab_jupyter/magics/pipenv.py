@@ -28,6 +28,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from .piplog import plain
 from .spec import is_torch_stack
 
 _DIST_DIR = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+?)(-py[^-]*)?\.(dist|egg)-info$")
@@ -99,7 +100,8 @@ def run_pip(
     timeout: float,
     on_line: Callable[[str], None] = lambda line: None,
 ) -> PipRun:
-    """Run pip (through _piprun) with output to ``log_path`` and ``on_line``.
+    """Run pip (through _piprun) with output to ``log_path`` and ``on_line``, each
+    line without terminal escape codes.
 
     The whole process group is killed on timeout or interrupt.
     """
@@ -130,7 +132,7 @@ def run_pip(
         timer.start()
         try:
             for line in proc.stdout:
-                line = line.rstrip("\n")
+                line = plain(line.rstrip("\n"))  # the log is read as text, not in a terminal
                 log.write(line + "\n")
                 lines.append(line)
                 on_line(line)

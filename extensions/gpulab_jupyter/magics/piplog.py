@@ -32,10 +32,31 @@ BUILD_STARTS = (
     "Getting requirements to build",
 )
 _CONSTRAINT = re.compile(r"The user requested \(constraint\) (\S+)")
+_NAME = r"([A-Za-z0-9][A-Za-z0-9._-]*)"
 _BUILDING = re.compile(
-    r"(Building wheel for|Created wheel for|Running setup\.py install for) (\S+)"
+    rf"(Building wheel for|Created wheel for|Running setup\.py install for) {_NAME}"
 )
 _KILLED = re.compile(r"^\s*Killed\s*$|Killed signal terminated program", re.MULTILINE)
+_CREATED = re.compile(rf"Created wheel for {_NAME}: filename=(\S+\.whl)")
+# Terminal escapes (colours, cursor moves, titles) and other control characters but tab.
+_ESCAPE = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window titles, links
+    r"|\x1b[@-_]?"  # other two-character escapes (or a lone ESC)
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_INSECURE = re.compile(r"The repository located at (\S+) is not a trusted or secure host")
+_CUDA_BUILD = re.compile(r"\bnvcc\b|\bcuda\b|TORCH_CUDA_ARCH_LIST|CUDAExtension", re.IGNORECASE)
+
+
+def plain(line: str) -> str:
+    """A line as a terminal would show it: no escape codes, no control characters;
+    after a carriage return, only what overwrote the line."""
+    line = _ESCAPE.sub("", line)
+    if "\r" in line:
+        line = next((part for part in reversed(line.split("\r")) if part.strip()), "")
+    return _CONTROL.sub("", line)
 
 
 def stage_of(line: str) -> str | None:
@@ -77,6 +98,33 @@ def constraint_conflicts(lines: list[str]) -> list[str]:
 def built_from_source(lines: list[str]) -> set[str]:
     """Canonical names of the distributions pip compiled (built a wheel for)."""
     return {canonicalize_name(m.group(2)) for ln in lines if (m := _BUILDING.search(ln))}
+
+
+def compiled(lines: list[str]) -> set[str]:
+    """Canonical names of the distributions pip built into a platform wheel here (compiled
+    code); a build without a "Created wheel" line counts as compiled."""
+    built = built_from_source(lines)
+    pure = set()
+    for line in lines:
+        m = _CREATED.search(line)
+        if m and m.group(2).endswith("-none-any.whl"):
+            pure.add(canonicalize_name(m.group(1)))
+    return built - pure
+
+
+def insecure_hosts(lines: list[str]) -> list[str]:
+    """Hosts of plain-http indexes pip ignored because they are not trusted."""
+    found = []
+    for line in lines:
+        m = _INSECURE.search(line)
+        if m and m.group(1) not in found:
+            found.append(m.group(1))
+    return found
+
+
+def cuda_build(lines: list[str]) -> bool:
+    """Whether a failed build was compiling CUDA code (its log speaks of nvcc or CUDA)."""
+    return any(_CUDA_BUILD.search(line) for line in lines)
 
 
 def needs_torch_at_build(lines: list[str]) -> bool:

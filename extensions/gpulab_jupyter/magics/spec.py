@@ -29,6 +29,9 @@ ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
 # Whole-value patterns: used with fullmatch only (``$`` would also accept a value
 # that ends in a newline, which would then start a new line of the Dockerfile).
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,20}")
+# A host name or IPv4 address, with an optional port (pip's --trusted-host).
+_LABEL = r"[A-Za-z0-9][A-Za-z0-9-]{0,62}"
+_HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL}){{0,20}}(?::[0-9]{{1,5}})?")
 _APT = re.compile(r"[a-z0-9][a-z0-9+.\-]{0,99}(=[A-Za-z0-9.+~:\-]{1,100})?")
 MAX_CHECK = 2000  # characters of --check code
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -163,6 +166,13 @@ def check_url(value: str, option: str, allow_path: bool = False) -> str:
         return path
     where = "an http(s) URL or a folder" if allow_path else "an http(s) URL"
     raise SpecError(f"{option}: {value!r} must be {where}.")
+
+
+def check_host(host: str) -> str:
+    """--trusted-host: a host name or address, optionally with a port."""
+    if len(host) > 260 or not _HOST.fullmatch(host):
+        raise SpecError(f"--trusted-host: {host[:80]!r} is not a host name (like example.org).")
+    return host
 
 
 def check_module(name: str) -> str:
