@@ -1,0 +1,123 @@
+"""``gpulab-job``: run, list, follow, stop and re-run jobs from a terminal in the
+project (``%gpu_job`` in a notebook takes the same words)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from gpulab_jupyter.jobs.model import FINISHED, JobError, JobRecord, JobRequest
+
+USAGE_EXAMPLES = """examples:
+  gpulab-job run train.py --epochs 3
+  gpulab-job run --gpus all --precision auto train.py   (torchrun, one process per GPU)
+  gpulab-job run analysis.ipynb                         (executed copy next to it)
+  gpulab-job list
+  gpulab-job logs -f 20261123-141502-a1b2
+  gpulab-job stop 20261123-141502-a1b2
+"""
+
+
+def project_dir() -> Path:
+    return Path(os.environ.get("GPULAB_PROJECT_DIR") or "/workspace")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpulab-job",
+        description="Run a script or notebook as a job that outlives the browser.",
+        epilog=USAGE_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start a job")
+    run.add_argument("--gpus", default="", help="'all': torchrun, one process per GPU")
+    run.add_argument("--precision", default="", help="auto, bf16, fp16 or fp32")
+    run.add_argument("--name", default="", help="a name to show in lists")
+    run.add_argument("--follow", "-f", action="store_true", help="then follow its output")
+    run.add_argument("target", help="a .py script or .ipynb notebook in the project")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+    sub.add_parser("list", help="the project's jobs, newest first")
+    for name, text in (("status", "one job"), ("stop", "stop a job"), ("rerun", "run again")):
+        sub.add_parser(name, help=text).add_argument("id")
+    logs = sub.add_parser("logs", help="a job's output")
+    logs.add_argument("id")
+    logs.add_argument("--follow", "-f", action="store_true", help="until the job ends")
+    return p
+
+
+def describe(r: JobRecord) -> str:
+    req = r.request
+    what = req.get("name") or " ".join([req.get("target", ""), *req.get("args", ())])
+    gpus = f" --gpus {req['gpus']}" if req.get("gpus") else ""
+    tail = f" ({r.message})" if r.message else ""
+    return f"{r.id}  {r.state:<9} {_duration(r.elapsed):>8}  {what}{gpus}{tail}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def follow(engine, job_id: str, out=None, poll_s: float = 0.5) -> JobRecord:
+    """Print the job's output as it comes, until it ends."""
+    out = out or sys.stdout
+    sent = 0
+    while True:
+        record = engine.status(job_id)
+        text = engine.logs(job_id, tail_bytes=1 << 30)
+        out.write(text[sent:])
+        out.flush()
+        sent = len(text)
+        if record.state in FINISHED:
+            return record
+        time.sleep(poll_s)
+
+
+def main(argv: list[str] | None = None, engine=None) -> int:
+    from gpulab_jupyter.jobs.local import LocalEngine
+
+    args = parser().parse_args(argv)
+    engine = engine or LocalEngine(project_dir())
+    try:
+        if args.command == "run":
+            req = JobRequest(
+                target=args.target,
+                args=tuple(args.args),
+                gpus=args.gpus,
+                precision=args.precision,
+                name=args.name,
+            )
+            record = engine.start(req)
+            print(f"Started job {record.id}: output in jobs/{record.id}/output.log")
+            if record.output:
+                print(f"The executed notebook will be {record.output}")
+            if args.follow:
+                record = follow(engine, record.id)
+                print(describe(record))
+            return 0 if record.state in ("running", "starting", "succeeded") else 1
+        if args.command == "list":
+            for record in engine.list():
+                print(describe(record))
+            return 0
+        if args.command == "logs":
+            if args.follow:
+                follow(engine, args.id)
+            else:
+                sys.stdout.write(engine.logs(args.id))
+            return 0
+        record = {"status": engine.status, "stop": engine.stop, "rerun": engine.rerun}[
+            args.command
+        ](args.id)
+        print(describe(record))
+        return 0
+    except JobError as e:
+        print(f"gpulab-job: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The job runner's interface, and what this container offers a job."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Protocol
+
+from gpulab_jupyter.jobs.launch import Machine
+from gpulab_jupyter.jobs.model import JobRecord, JobRequest
+
+
+class Engine(Protocol):
+    """Where jobs run. Today: this container (``LocalEngine``); a cluster engine
+    (Slurm) implements the same five calls."""
+
+    def start(self, req: JobRequest) -> JobRecord: ...
+
+    def status(self, job_id: str) -> JobRecord: ...
+
+    def logs(self, job_id: str, tail_bytes: int = 65536) -> str: ...
+
+    def stop(self, job_id: str) -> JobRecord: ...
+
+    def list(self) -> list[JobRecord]: ...
+
+
+def this_machine() -> Machine:
+    """This container's GPUs (NVML, through nvitop: only the GPUs given to the
+    container) and the CPUs it may use."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    # nvitop logs a "FATAL ERROR" where there is no driver: a CPU host is no error here.
+    quiet = logging.getLogger("nvitop")
+    level, quiet.level = quiet.level, logging.CRITICAL + 1
+    try:
+        from nvitop import Device, libnvml
+
+        try:
+            found = [d.cuda_compute_capability() for d in Device.all()]
+        except libnvml.NVMLError:
+            found = []
+    except ImportError:
+        found = []
+    finally:
+        quiet.setLevel(level)
+    caps = tuple(
+        (int(c[0]), int(c[1]))
+        for c in found
+        if isinstance(c, tuple) and len(c) == 2 and all(isinstance(x, int) for x in c)
+    )
+    return Machine(capabilities=caps, cpus=cpus or 1)

@@ -1,0 +1,92 @@
+"""The command and environment of a job: pure functions of the request and of what
+this container has (GPUs, their compute capabilities, CPUs), tested without a GPU.
+
+Multi-GPU (``--gpus all``) is ``torchrun --standalone --nproc-per-node=<GPUs>``, as
+a DDP/FSDP script written for ``torchrun`` expects: one process per GPU of this
+project, rendezvous on this host, NCCL over this host's shared memory and PCIe/NVLink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpulab_jupyter.jobs.model import JobError, JobRequest
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the job can use: this container's GPUs (compute capabilities, in CUDA's
+    order) and CPUs."""
+
+    capabilities: tuple[tuple[int, int], ...] = ()
+    cpus: int = 1
+
+    @property
+    def gpus(self) -> int:
+        return len(self.capabilities)
+
+
+def precision_for(capabilities: tuple[tuple[int, int], ...]) -> str:
+    """bf16 where every GPU has it (compute capability 8.0, Ampere, and later), fp16 on
+    older GPUs, fp32 without a GPU."""
+    if not capabilities:
+        return "fp32"
+    return "bf16" if all(cc >= (8, 0) for cc in capabilities) else "fp16"
+
+
+def processes(req: JobRequest, machine: Machine) -> int:
+    """How many processes the job starts (one per GPU for ``--gpus all``)."""
+    if req.gpus == "":
+        return 1
+    wanted = machine.gpus if req.gpus == "all" else int(req.gpus)
+    if machine.gpus == 0:
+        raise JobError(
+            "This project holds no GPU, so there is none to run on: stop the project "
+            "and start it again asking for GPUs."
+        )
+    if wanted > machine.gpus:
+        raise JobError(
+            f"--gpus {req.gpus}: this project holds {machine.gpus} GPU(s). Stop the project "
+            "and start it again asking for more, or ask for fewer."
+        )
+    return wanted
+
+
+def command(req: JobRequest, machine: Machine, python: str, output: str = "") -> list[str]:
+    """The argument list the supervisor runs (never a shell line)."""
+    if req.kind == "notebook":
+        # nbclient through nbconvert: the executed copy, outputs and all, next to it.
+        folder, _, name = output.rpartition("/")
+        return [
+            python, "-m", "jupyter", "nbconvert", "--to", "notebook", "--execute",
+            "--ExecutePreprocessor.timeout=-1", f"--output-dir={folder or '.'}",
+            f"--output={name}", req.target,
+        ]  # fmt: skip
+    n = processes(req, machine)
+    if req.gpus == "":
+        return [python, "-u", req.target, *req.args]
+    return [
+        python, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc-per-node={n}", req.target, *req.args,
+    ]  # fmt: skip
+
+
+def environment(req: JobRequest, machine: Machine, base: dict[str, str]) -> dict[str, str]:
+    """``base`` (the server's environment) plus what the job's processes need."""
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"  # the log shows lines as they are printed
+    precision = req.precision
+    if precision == "auto":
+        precision = precision_for(machine.capabilities)
+    if precision:
+        env["GPULAB_PRECISION"] = precision
+        env["ACCELERATE_MIXED_PRECISION"] = "no" if precision == "fp32" else precision
+    if req.gpus:
+        n = processes(req, machine)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(n))
+        env["OMP_NUM_THREADS"] = str(max(1, machine.cpus // n))
+        # One host: NCCL talks over shared memory and PCIe/NVLink; its socket
+        # bootstrap stays on the loopback device of the container.
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    return env

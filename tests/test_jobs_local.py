@@ -1,0 +1,199 @@
+"""Jobs in a project folder, run by real processes (no container needed): a job
+outlives whatever started it, streams its output, can be stopped and re-run, and a
+job whose container went away reads as lost. Hostile names and links are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from gpulab_jupyter.jobs import cli, launch
+from gpulab_jupyter.jobs.local import LocalEngine
+from gpulab_jupyter.jobs.model import JobError, JobRequest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "extensions"))
+
+
+def wait_for(what, timeout: float = 30.0, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(every)
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "count.py").write_text(
+        textwrap.dedent(
+            """
+            import sys, time
+            n = int(sys.argv[1])
+            for i in range(n):
+                print(f"step {i}", flush=True)
+                time.sleep(0.2)
+            print("done")
+            """
+        )
+    )
+    (tmp_path / "forever.py").write_text(
+        "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.2)\n"
+    )
+    return tmp_path
+
+
+def test_a_job_outlives_the_kernel_that_started_it(project):
+    # The "kernel": a process that starts the job and exits at once.
+    starter = textwrap.dedent(
+        f"""
+        from gpulab_jupyter.jobs.local import LocalEngine
+        from gpulab_jupyter.jobs.model import JobRequest
+        r = LocalEngine({str(project)!r}).start(JobRequest("count.py", ("15",)))
+        print(r.id, r.state)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", starter], env=ENV, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    job_id, state = done.stdout.split()
+    assert state == "running"
+    engine = LocalEngine(project)
+    # The starter is gone; the job goes on and its output streams to the log.
+    assert wait_for(lambda: "step 3" in engine.logs(job_id))
+    assert engine.status(job_id).state == "running"
+    record = wait_for(lambda: (r := engine.status(job_id)).state == "succeeded" and r)
+    assert record, engine.logs(job_id)
+    assert record.exit_code == 0 and record.elapsed >= 2.5
+    log = (project / "jobs" / job_id / "output.log").read_text()
+    assert "step 14" in log and "done" in log and "succeeded: finished" in log
+    assert [r.id for r in engine.list()] == [job_id]
+
+
+def test_stop_ends_the_job_and_its_processes(project):
+    engine = LocalEngine(project)
+    record = engine.start(JobRequest("forever.py", name="endless"))
+    state = json.loads((project / "jobs" / record.id / "state.json").read_text())
+    assert wait_for(lambda: "tick" in engine.logs(record.id))
+    stopped = engine.stop(record.id)
+    assert stopped.state == "stopped" and "stopped by its user" in stopped.message
+    assert wait_for(lambda: not alive(state["child"]), timeout=10)
+    # Re-run: the same request, a new job.
+    again = engine.rerun(record.id)
+    assert again.id != record.id and again.request["name"] == "endless"
+    assert engine.stop(again.id).state == "stopped"
+
+
+def test_a_job_whose_container_went_away_reads_as_lost(project):
+    engine = LocalEngine(project)
+    record = engine.start(JobRequest("forever.py"))
+    state = json.loads((project / "jobs" / record.id / "state.json").read_text())
+    # What a container stop does to it: everything killed, no result written.
+    os.killpg(state["child"], signal.SIGKILL)
+    os.kill(state["pid"], signal.SIGKILL)
+    lost = wait_for(lambda: (r := engine.status(record.id)).state == "lost" and r, timeout=10)
+    assert lost and "stopped or restarted" in lost.message
+
+
+def test_a_notebook_job_writes_its_executed_copy_next_to_it(project):
+    nb = {
+        "cells": [
+            {"cell_type": "code", "id": "a1", "metadata": {}, "outputs": [],
+             "execution_count": None, "source": "print(6 * 7)"},
+        ],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                    "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }  # fmt: skip
+    (project / "nb").mkdir()
+    (project / "nb" / "report.ipynb").write_text(json.dumps(nb))
+    engine = LocalEngine(project)
+    record = engine.start(JobRequest("nb/report.ipynb"))
+    assert record.output == f"nb/report.job-{record.id}.ipynb"
+    done = wait_for(lambda: (r := engine.status(record.id)).state in ("succeeded", "failed") and r,
+                    timeout=120)  # fmt: skip
+    assert done and done.state == "succeeded", engine.logs(record.id)
+    executed = json.loads((project / record.output).read_text())
+    assert "".join(executed["cells"][0]["outputs"][0]["text"]) == "42\n"
+    assert json.loads((project / "nb" / "report.ipynb").read_text()) == nb  # untouched
+
+
+def test_hostile_names_and_links_are_refused(project, tmp_path_factory):
+    engine = LocalEngine(project)
+    outside = tmp_path_factory.mktemp("outside") / "evil.py"
+    outside.write_text("print('escaped')")
+    (project / "link.py").symlink_to(outside)
+    for target, words in [
+        ("../evil.py", "not inside the project"),
+        ("link.py", "not inside the project"),
+        ("missing.py", "no such file"),
+        ("run.sh", r"a Python script \(\.py\) or a notebook"),
+    ]:
+        with pytest.raises(JobError, match=words):
+            engine.start(JobRequest(target))
+    for bad in ("../../etc", "20261123-141502-a1b2/../x", "x"):
+        with pytest.raises(JobError, match="not a job id"):
+            engine.status(bad)
+    with pytest.raises(JobError, match="--gpus must be"):
+        engine.start(JobRequest("count.py", gpus="all; rm -rf /"))
+    with pytest.raises(JobError, match="holds no GPU"):
+        LocalEngine(project, machine=launch.Machine((), 4)).start(
+            JobRequest("count.py", gpus="all")
+        )
+    assert not (project / "jobs").exists() or not list((project / "jobs").iterdir())
+
+
+def test_multi_gpu_launch_is_torchrun_with_the_projects_gpus():
+    two_h100 = launch.Machine(capabilities=((9, 0), (9, 0)), cpus=16)
+    req = JobRequest("train.py", ("--epochs", "3"), gpus="all", precision="auto")
+    argv = launch.command(req, two_h100, "/py")
+    assert argv == [
+        "/py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "train.py", "--epochs", "3",
+    ]  # fmt: skip
+    env = launch.environment(req, two_h100, {"PATH": "/bin"})
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["OMP_NUM_THREADS"] == "8"
+    assert env["GPULAB_PRECISION"] == "bf16" and env["PATH"] == "/bin"
+    turing_and_ampere = launch.Machine(capabilities=((7, 5), (8, 6)), cpus=4)
+    assert launch.environment(req, turing_and_ampere, {})["GPULAB_PRECISION"] == "fp16"
+    assert launch.precision_for(()) == "fp32"
+    one = JobRequest("train.py", gpus="1")
+    assert launch.command(one, two_h100, "/py")[4] == "--nproc-per-node=1"
+    with pytest.raises(JobError, match="holds 2 GPU"):
+        launch.command(JobRequest("train.py", gpus="4"), two_h100, "/py")
+
+
+def test_a_cpu_project_asking_for_auto_precision_gets_fp32_quietly(project, capfd):
+    engine = LocalEngine(project)
+    record = engine.start(JobRequest("count.py", ("1",), precision="auto"))
+    assert wait_for(lambda: engine.status(record.id).state == "succeeded")
+    assert "FATAL" not in capfd.readouterr().err
+
+
+def test_the_terminal_command(project, capsys):
+    engine = LocalEngine(project)
+    assert cli.main(["run", "--follow", "count.py", "3"], engine=engine) == 0
+    out = capsys.readouterr().out
+    assert "Started job" in out and "step 2" in out and "succeeded" in out
+    assert cli.main(["list"], engine=engine) == 0
+    assert "succeeded" in capsys.readouterr().out
+    assert cli.main(["logs", "nope"], engine=engine) == 2
+    assert "not a job id" in capsys.readouterr().err
