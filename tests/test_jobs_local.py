@@ -197,3 +197,35 @@ def test_the_terminal_command(project, capsys):
     assert "succeeded" in capsys.readouterr().out
     assert cli.main(["logs", "nope"], engine=engine) == 2
     assert "not a job id" in capsys.readouterr().err
+
+
+def test_gpu_job_magic_in_a_kernel_that_then_dies(project):
+    """%gpu_job in a real IPython kernel; the kernel is shut down, the job goes on."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(
+        kernel_name="python3", env=dict(ENV, GPULAB_PROJECT_DIR=str(project)), cwd=str(project)
+    )
+    try:
+        outputs = []
+        kc.execute_interactive(
+            "%load_ext gpulab_jupyter.magics\n%gpu_job run count.py 20",
+            output_hook=outputs.append,
+            timeout=60,
+        )
+        shown = [o["content"]["data"] for o in outputs if o["msg_type"] == "display_data"]
+        assert shown and "keeps running when you close" in shown[0]["text/plain"]
+        assert "<p>Started job" in shown[0]["text/html"]
+        errors = []
+        kc.execute_interactive(
+            "%gpu_job run ../outside.py", output_hook=errors.append, timeout=30
+        )
+        assert any("not inside the project" in str(e["content"]) for e in errors)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    engine = LocalEngine(project)
+    (record,) = engine.list()
+    assert engine.status(record.id).state == "running"  # the kernel is gone, not the job
+    done = wait_for(lambda: engine.status(record.id).state == "succeeded", timeout=30)
+    assert done and "step 19" in engine.logs(record.id)

@@ -25,14 +25,22 @@ def project_dir() -> Path:
     return Path(os.environ.get("GPULAB_PROJECT_DIR") or "/workspace")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gpulab-job",
+class _RaisingParser(argparse.ArgumentParser):
+    """For ``%gpu_job``: a mistake is an error message, not an exit of the kernel."""
+
+    def error(self, message):
+        raise JobError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def parser(prog: str = "gpulab-job", raise_errors: bool = False) -> argparse.ArgumentParser:
+    cls = _RaisingParser if raise_errors else argparse.ArgumentParser
+    p = cls(
+        prog=prog,
         description="Run a script or notebook as a job that outlives the browser.",
         epilog=USAGE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=cls)
     run = sub.add_parser("run", help="start a job")
     run.add_argument("--gpus", default="", help="'all': torchrun, one process per GPU")
     run.add_argument("--precision", default="", help="auto, bf16, fp16 or fp32")

@@ -1,4 +1,4 @@
-"""gpulab's IPython magics: ``%gpu_install``, ``%gpu_info``, ``%gpu_diff``.
+"""gpulab's IPython magics: ``%gpu_install``, ``%gpu_info``, ``%gpu_diff``, ``%gpu_job``.
 
 Load them in any IPython or Jupyter kernel with ``%load_ext gpulab_jupyter.magics``
 (project images load them by themselves). Importing this package does nothing
@@ -56,14 +56,28 @@ def gpu_diff(line: str = "") -> None:
         raise _usage_error(e) from None
 
 
+def gpu_job(line: str) -> None:
+    """Run a script or notebook as a job that outlives the browser: ``%gpu_job run
+    train.py --epochs 3``, ``--gpus all`` for torchrun; ``list``, ``logs [-f] ID``,
+    ``stop ID``, ``rerun ID``."""
+    from gpulab_jupyter.jobs.model import JobError
+
+    from .job import gpu_job as run
+
+    try:
+        run(line)
+    except JobError as e:
+        raise _usage_error(e) from None
+
+
 def load_ipython_extension(ipython) -> None:
     from .options import parser
 
     gpu_install.__doc__ = parser().format_help()
-    for func in (gpu_install, gpu_info, gpu_diff):
+    for func in (gpu_install, gpu_info, gpu_diff, gpu_job):
         ipython.register_magic_function(func, magic_kind="line", magic_name=func.__name__)
 
 
 def unload_ipython_extension(ipython) -> None:
-    for name in ("gpu_install", "gpu_info", "gpu_diff"):
+    for name in ("gpu_install", "gpu_info", "gpu_diff", "gpu_job"):
         ipython.magics_manager.magics["line"].pop(name, None)
