@@ -22,12 +22,12 @@ import tornado.httpclient
 # (with an autouse event-loop fixture) to every later test of the suite.
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
-from gpulab_jupyter import handlers
+from gpulab_jupyter import diagnosis, handlers
 from gpulab_jupyter.handlers import API_PREFIX
 from gpulab_jupyter.sampler import GPUSampler, NvmlReader
 
 REASONS = {"no_driver", "none_allocated", "nvml_error", "sampler_error", "starting", None}
-COMMON = {"available", "reason", "message", "interval", "min_interval", "process_interval",
+COMMON = {"available", "reason", "message", "hint", "interval", "min_interval", "process_interval",
           "stale", "error", "error_since", "last_ok"}  # fmt: skip
 PROCESSES = {"available", "stale", "error", "timestamp", "processes", "other"}
 GPU_FIELDS = {
@@ -159,6 +159,58 @@ def test_none_allocated_to_this_container(no_gpu_allocated, fetch):
     assert body["available"] is False
     assert body["reason"] == "none_allocated"
     assert "NVIDIA_VISIBLE_DEVICES='void'" in body["message"]
+    assert body["hint"] == "Start it again with a GPU (Docker: --gpus all)."
+    assert diagnosis.why_no_gpu().as_dict() == {k: body[k] for k in ("reason", "message", "hint")}
+
+
+@pytest.fixture
+def gpulab_host_without_gpus(monkeypatch):
+    """A project container as gpulab starts it on a host where it found no GPU: the base
+    image says so, and the spawner gives the container none."""
+    monkeypatch.setenv("GPULAB_HOST_GPUS", "")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "void")
+
+
+def test_a_host_without_gpus_is_not_told_to_ask_for_one(gpulab_host_without_gpus, fetch):
+    body = settled_status(fetch)
+    assert body["reason"] == "no_driver"
+    assert body["message"].startswith("This host has no NVIDIA driver")
+    assert "ask for a GPU" not in body["hint"] and "GPUs for this project" not in body["hint"]
+    assert body["hint"].startswith("Your code runs on the CPU.")
+    # %gpu_info's diagnosis is the same one.
+    assert diagnosis.why_no_gpu().as_dict() == {k: body[k] for k in ("reason", "message", "hint")}
+
+
+@pytest.fixture
+def started_without_a_gpu_on_a_gpu_host(monkeypatch):
+    monkeypatch.setenv("GPULAB_HOST_GPUS", "NVIDIA A10")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "void")
+
+
+def test_a_project_started_without_a_gpu_on_a_gpu_host_is_told_to_ask(
+    started_without_a_gpu_on_a_gpu_host, fetch
+):
+    body = settled_status(fetch)
+    assert body["reason"] == "none_allocated"
+    assert body["message"] == (
+        "This project was started without a GPU. This host has GPUs (NVIDIA A10)."
+    )
+    assert "GPUs for this project" in body["hint"]
+
+
+@pytest.fixture
+def given_a_gpu_on_a_gpu_host(monkeypatch):
+    monkeypatch.setenv("GPULAB_HOST_GPUS", "NVIDIA A10")
+    monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-5c3e9a04-8f2b-4c1d-9e6a-1b2c3d4e5f60")
+
+
+def test_a_project_given_a_gpu_whose_driver_is_missing(given_a_gpu_on_a_gpu_host, fetch):
+    if has_driver():
+        pytest.skip("this machine has an NVIDIA driver: NVML loads here")
+    body = settled_status(fetch)
+    assert body["reason"] == "nvml_error"
+    assert "given a GPU, but the NVIDIA driver's library" in body["message"]
+    assert "gpulab doctor" in body["hint"]
 
 
 def test_history_shape_and_since(fetch):
@@ -209,7 +261,33 @@ def test_bad_numbers_are_a_400(fetch):
 
 def test_info_route_still_answers(fetch):
     body = get_json(fetch, "info")
-    assert set(body) == {"version", "project", "owner", "workspace", "image"}
+    assert set(body) == {"version", "project", "owner", "workspace", "image", "image_state",
+                         "refusal"}  # fmt: skip
+    # Outside gpulab: the image is what it is, and no one is refused in a role's words.
+    assert body["image_state"] == {"state": "latest", "note": "", "build_log_url": ""}
+    assert body["refusal"] == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "passed"),
+    [
+        ("/hub/gpulab/build-log/dana/vision?build=7", True),
+        ("/user/dana/vision/lab", True),
+        ("//evil.example/x", False),
+        ("https://evil.example/x", False),
+        ("javascript:alert(1)", False),
+        ("/hub/a b", False),
+        ('/hub/x"onmouseover="alert(1)', False),
+    ],
+)
+def test_image_state_passes_only_hub_paths(url, passed):
+    env = {"GPULAB_IMAGE_STATE": "last-good", "GPULAB_BUILD_LOG_URL": url,
+           "GPULAB_IMAGE_NOTE": "Running the last image\nthat built. " + "x" * 400}  # fmt: skip
+    state = handlers.image_state(env)
+    assert state["build_log_url"] == (url if passed else "")
+    assert state["state"] == "last-good"
+    assert "\n" not in state["note"] and len(state["note"]) == handlers.NOTE_MAX
+    assert handlers.image_state({"GPULAB_IMAGE_STATE": "broken"})["state"] == "latest"
 
 
 def test_docs_describe_every_route_and_setting():

@@ -8,6 +8,7 @@ says "No GPU" and the panel explains why; on a GPU host the item shows numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,12 +37,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A real JupyterLab with the extension; yields (url, token, log path)."""
+@contextlib.contextmanager
+def running_lab(home: Path, extra_env: dict[str, str] | None = None):
+    """A real JupyterLab with the extension in ``home``; yields (url, token, log path)."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian's chromium is not installed (scripts/setup.sh test installs it)")
-    home = tmp_path_factory.mktemp("lab")
     port, token = free_port(), secrets.token_hex(16)
     log = home / "lab.log"
     # No "Jupyter news?" prompt (and no news fetch) over the page.
@@ -50,7 +50,7 @@ def lab(tmp_path_factory):
     (notif / "notification.jupyterlab-settings").write_text(
         '{"fetchNews": "false", "checkForUpdates": false}'
     )
-    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(home / "runtime"))
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(home / "runtime"), **(extra_env or {}))
     cmd = [
         str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
         "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
@@ -79,6 +79,13 @@ def lab(tmp_path_factory):
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A real JupyterLab with the extension; yields (url, token, log path)."""
+    with running_lab(tmp_path_factory.mktemp("lab")) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +136,8 @@ def test_status_item_appears(lab, page):
     status = server_status(lab)
     text = item.inner_text().strip()
     page.screenshot(path=str(OUT / "lab-status-bar.png"))
+    # The image is the Dockerfile's latest build: nothing says otherwise.
+    assert page.locator("[data-gpulab=image-state]").count() == 0
     if status["available"]:
         assert GPU_TEXT.match(text), text
     else:
@@ -153,7 +162,14 @@ def test_panel_opens_and_explains(lab, page):
         assert "No GPU" in text
         assert status["message"] in text
         if status["reason"] == "no_driver":
-            assert "No NVIDIA driver" in text
+            # This machine has no NVIDIA driver: the panel says that, and what to do,
+            # never that a driver is here or that a GPU could be asked for.
+            assert box.locator("h3").inner_text() == "No NVIDIA driver"
+            assert status["message"].startswith("No NVIDIA driver here: ")
+            hint = box.locator(".jp-gpulab-Hint").inner_text()
+            assert hint == status["hint"]
+            assert hint.startswith("Your code runs on the CPU. On your own machine, install")
+            assert "driver is present" not in text and "ask for a GPU" not in text
     page.wait_for_timeout(500)
     page.screenshot(path=str(OUT / "lab-gpu-panel.png"))
     assert not [e for e in page.errors if "gpulab" in e.lower()], page.errors
@@ -423,4 +439,69 @@ def test_a_hidden_tab_stops_polling_and_resumes_when_shown(lab, browser):
     shown_at = time.monotonic()
     pg.wait_for_timeout(1_000)
     assert [t for t, p in pg.api_requests if p == "gpu" and t > shown_at], "no poll when shown"
+    pg.close()
+
+
+# -- A project that runs its last good image, on a host without GPUs -------------------------
+# The environment gpulab's hub gives a project container on this machine after the
+# Dockerfile's latest build failed: its base image says the host has no GPU
+# (GPULAB_HOST_GPUS=""), the container got none, and the image is the last one that built.
+NOTE = "Running the last image that built (at 09:12): the Dockerfile's latest build failed."
+LOG_PATH = "/hub/gpulab/build-log/dana/vision?build=7"
+LAST_GOOD_ENV = {
+    "GPULAB_HOST_GPUS": "",
+    "NVIDIA_VISIBLE_DEVICES": "void",
+    "GPULAB_IMAGE_STATE": "last-good",
+    "GPULAB_IMAGE_NOTE": NOTE,
+    "GPULAB_BUILD_LOG_URL": LOG_PATH,
+}
+
+
+@pytest.fixture(scope="module")
+def last_good_lab(tmp_path_factory):
+    with running_lab(tmp_path_factory.mktemp("lab-last-good"), LAST_GOOD_ENV) as running:
+        yield running
+
+
+def test_last_good_image_is_told_where_the_user_looks(last_good_lab, browser):
+    url, token, _ = last_good_lab
+    info = requests.get(f"{url}/api/gpulab/v1/info", params={"token": token}, timeout=5).json()
+    assert info["image_state"] == {"state": "last-good", "note": NOTE, "build_log_url": LOG_PATH}
+    pg = browser.new_page(viewport={"width": 1400, "height": 860})
+    pg.goto(f"{url}/lab?token={token}", wait_until="domcontentloaded")
+
+    # A notification when JupyterLab opens, with the way to the build log.
+    toast = pg.locator(".Toastify__toast").filter(has_text=NOTE)
+    toast.wait_for(timeout=90_000)
+    pg.wait_for_timeout(500)
+    pg.screenshot(path=str(OUT / "lab-last-good-notification.png"))
+    with pg.context.expect_page() as opened:
+        toast.get_by_role("button", name="Open build log").click()
+    log_page = opened.value
+    assert log_page.url == url + LOG_PATH  # hub and server share the origin here
+    log_page.close()
+
+    # A status bar item that stays, and a line in the GPU panel.
+    item = pg.locator("#jp-main-statusbar [data-gpulab=image-state]")
+    assert item.inner_text().strip() == "Last good image"
+    assert item.get_attribute("title").startswith(NOTE)
+    pg.locator("[data-gpulab=status]").click()
+    line = pg.locator("[data-gpulab=panel] [data-gpulab=last-good]")
+    line.wait_for(timeout=30_000)
+    assert line.inner_text().startswith(NOTE)
+    assert line.get_by_role("link", name="Open build log").get_attribute("href") == LOG_PATH
+
+    # No GPU on this host: the panel says so (not "ask for a GPU": there is none to ask for).
+    box = pg.locator("[data-gpulab=panel] .jp-gpulab-NoGpu")
+    box.wait_for(timeout=15_000)
+    assert box.get_attribute("data-reason") == "no_driver"
+    assert box.locator("h3").inner_text() == "No NVIDIA driver"
+    assert box.locator(".jp-gpulab-Reason").inner_text().startswith(
+        "This host has no NVIDIA driver: gpulab found no GPU on it"
+    )
+    hint = box.locator(".jp-gpulab-Hint").inner_text()
+    assert hint.startswith("Your code runs on the CPU. For a GPU, whoever runs gpulab needs")
+    assert "GPUs for this project" not in hint
+    pg.wait_for_timeout(300)
+    pg.screenshot(path=str(OUT / "lab-last-good-panel.png"))
     pg.close()

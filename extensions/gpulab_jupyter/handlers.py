@@ -10,12 +10,34 @@ is documented in docs/gpu-status-api.md.
 
 import json
 import os
+import re
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
 API_PREFIX = "api/gpulab/v1"
+
+
+# Which image the project runs: its Dockerfile's latest build, or (when that failed)
+# the last one that built. The hub sets these in the container's environment.
+IMAGE_STATES = ("latest", "last-good")
+# A path on the hub (no scheme, no host, no "//"): the only links the page builds from it.
+HUB_PATH = re.compile(r"/(?!/)[A-Za-z0-9._~%/-]*(\?[A-Za-z0-9._~%=&-]*)?")
+NOTE_MAX = 300
+
+
+def image_state(environ) -> dict:
+    """The image this project runs, for the user: ``state`` (``latest`` or
+    ``last-good``), ``note`` (one line) and ``build_log_url`` (a hub path, or "").
+    Anything else in those variables (a project's Dockerfile can set them) is dropped."""
+    state = environ.get("GPULAB_IMAGE_STATE", "")
+    url = environ.get("GPULAB_BUILD_LOG_URL", "")
+    return {
+        "state": state if state in IMAGE_STATES else "latest",
+        "note": " ".join(environ.get("GPULAB_IMAGE_NOTE", "").split())[:NOTE_MAX],
+        "build_log_url": url if HUB_PATH.fullmatch(url) else "",
+    }
 
 
 def project_info(environ):
@@ -25,6 +47,7 @@ def project_info(environ):
         "owner": environ.get("GPULAB_OWNER", ""),
         "workspace": environ.get("GPULAB_WORKSPACE", os.getcwd()),
         "image": environ.get("JUPYTER_IMAGE_SPEC", ""),
+        "image_state": image_state(environ),
     }
 
 
@@ -35,10 +58,15 @@ class _GPULabHandler(APIHandler):
 class InfoHandler(_GPULabHandler):
     @tornado.web.authenticated
     @authorized
-    def get(self):
+    async def get(self):
         from . import __version__
 
-        body = {"version": __version__, **project_info(os.environ)}
+        body = {"version": __version__, **project_info(os.environ), "refusal": ""}
+        # Under gpulab's hub: what this person is told when a change is refused (a viewer).
+        refusal = getattr(self.authorizer, "refusal", None)
+        hub_user = getattr(self.current_user, "hub_user", None)
+        if refusal is not None and hub_user is not None:
+            body["refusal"] = await refusal(hub_user)
         self.finish(json.dumps(body))
 
 

@@ -27,14 +27,8 @@ from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
 from . import devices as gpus
-from . import processes, snapshot
+from . import diagnosis, processes, snapshot
 
-NO_DRIVER = (
-    "No NVIDIA driver here: the NVML library (libnvidia-ml.so.1) was not found. Either the "
-    "host has no NVIDIA driver, or this container was started without GPU support."
-)
-DRIVER_NOT_LOADED = "The NVIDIA driver's library is here, but the kernel driver is not loaded."
-NO_DEVICE = "The NVIDIA driver is here but lists no GPU that this container can open."
 STARTING = "The GPU sampler is starting."
 REQUEST_TTL = 30.0  # seconds a client's requested interval counts after its last poll
 FAILURES_BEFORE_BACKOFF = 3  # failed rounds in a row before the sampler waits longer
@@ -128,7 +122,7 @@ class GPUSampler(LoggingConfigurable):
             ("ticks", "tick_seconds", "tick_cpu_seconds", "proc_reads", "proc_seconds",
              "proc_cpu_seconds", "errors"), 0
         )  # fmt: skip
-        self._state = {"available": False, "reason": "starting", "message": STARTING}
+        self._state = {"available": False, "reason": "starting", "message": STARTING, "hint": ""}
         # Health: the current error (None when the last round worked), since when, the last
         # good round, failures in a row, the wait they cause; and why the thread ended.
         self._health = {"stale": False, "error": None, "error_since": None, "last_ok": None}
@@ -302,10 +296,12 @@ class GPUSampler(LoggingConfigurable):
         since = self._health["error_since"] if self._health["stale"] else now
         self._health = {**self._health, "stale": True, "error": error, "error_since": since}
         if not self._devices:  # no GPU found yet: this is why
-            nvml = isinstance(e, NVMLError)
-            reason = "nvml_error" if nvml else "sampler_error"
-            message = f"NVML failed: {e}" if nvml else f"The GPU sampler failed: {error}"
-            self._state = {"available": False, "reason": reason, "message": message}
+            why = (
+                diagnosis.nvml_failed(str(e))
+                if isinstance(e, NVMLError)
+                else diagnosis.sampler_failed(error)
+            )
+            self._state = {"available": False, **why.as_dict()}
         wait = self.effective_interval()
         if self._failures >= FAILURES_BEFORE_BACKOFF:
             grow = 2 ** (self._failures - FAILURES_BEFORE_BACKOFF + 1)
@@ -315,36 +311,35 @@ class GPUSampler(LoggingConfigurable):
         self._publish(*self._last)
         return wait
 
-    def _fail(self, reason: str, message: str) -> None:
-        if self._state.get("message") != message:
-            self.log.info("gpulab GPU status: %s", message)
-        self._state = {"available": False, "reason": reason, "message": message}
+    def _fail(self, why: diagnosis.NoGpu) -> None:
+        if self._state.get("message") != why.message:
+            self.log.info("gpulab GPU status: %s", why.message)
+        self._state = {"available": False, **why.as_dict()}
 
     def _setup(self) -> None:
-        visible = self.environ.get("NVIDIA_VISIBLE_DEVICES")
-        if visible is not None and visible.strip().lower() in gpus.NO_GPU_VALUES:
-            sel = gpus.select([], visible)
-            return self._fail(sel.reason, sel.message)
+        if diagnosis.given_none(self.environ):
+            return self._fail(diagnosis.no_gpu_given(self.environ))
         from .nvml import NVMLError_DriverNotLoaded, NVMLError_LibraryNotFound
 
         try:
             found, driver = self.reader.open()
         except NVMLError_LibraryNotFound:
-            return self._fail("no_driver", NO_DRIVER)
+            return self._fail(diagnosis.without_nvml(self.environ, diagnosis.NO_LIBRARY))
         except NVMLError_DriverNotLoaded:
-            return self._fail("no_driver", DRIVER_NOT_LOADED)
+            return self._fail(diagnosis.without_nvml(self.environ, diagnosis.NOT_LOADED))
         # Any other error goes up to the loop: reported as stale, tried again with backoff.
         self._extra = {"driver_version": driver}
         if not found:
-            return self._fail("none_allocated", NO_DEVICE)
+            return self._fail(diagnosis.no_device(self.environ))
+        visible = self.environ.get("NVIDIA_VISIBLE_DEVICES")
         cuda = self.environ.get("CUDA_VISIBLE_DEVICES")
         sel = gpus.select(found, visible, self._cuda_uuids(found, cuda))
         if not sel.devices:
-            return self._fail(sel.reason, sel.message)
+            return self._fail(diagnosis.no_device(self.environ, sel.message))
         for d in sel.devices:
             self.reader.describe(d)
         self._devices = sel.devices
-        self._state = {"available": True, "reason": None, "message": ""}
+        self._state = {"available": True, "reason": None, "message": "", "hint": ""}
         names = ", ".join(f"{d.name} ({d.uuid})" for d in sel.devices)
         self.log.info("gpulab GPU status: sampling %s", names)
 

@@ -46,6 +46,8 @@ interface ICommon {
   available: boolean;
   reason: Reason;
   message: string;
+  /** What the user can do about having no GPU ('' when there is one). */
+  hint?: string;
   interval: number;
   min_interval: number;
   process_interval: number;
@@ -119,6 +121,40 @@ export interface IProcesses {
   timestamp: number | null;
   processes: IProcess[];
   other: IOther[];
+}
+
+/** Which image the project runs: its Dockerfile's latest build, or the last one that built. */
+export interface IImageState {
+  state: 'latest' | 'last-good';
+  /** One line for the user (from the hub). */
+  note: string;
+  /** The hub's page with the failed build's log (a path on the hub), or ''. */
+  build_log_url: string;
+}
+
+/** GET info: the project this server serves, and what a refusal tells this person. */
+export interface IInfo {
+  version: string;
+  project: string;
+  owner: string;
+  workspace: string;
+  image: string;
+  image_state: IImageState;
+  /** What the server tells this person when it refuses a change ('' for those who may). */
+  refusal: string;
+}
+
+let info: Promise<IInfo> | null = null;
+
+/** The server's `info`, asked once per page (the image and the person do not change). */
+export function fetchInfo(): Promise<IInfo> {
+  if (!info) {
+    info = requestAPI<IInfo>('info');
+    info.catch(() => {
+      info = null; // asked again next time
+    });
+  }
+  return info;
 }
 
 /** GET a route under /api/gpulab/v1/ of this server, with the page's credentials. */

@@ -141,28 +141,25 @@ export function statusTitle(s: IStatus | null, error: string): string {
     return 'GPU status: waiting for the server';
   }
   if (!s.available) {
-    return `No GPU: ${s.message}\nClick for details.`;
+    const hint = s.hint ? `\n${s.hint}` : '';
+    return `No GPU: ${s.message}${hint}\nClick for details.`;
   }
   return s.gpus.map(gpuLine).join('\n') + '\nClick for the GPU panel.';
 }
 
-/** A heading and an explanation for each reason there is no GPU. */
+/**
+ * A heading for each reason there is no GPU, and what to do when the server
+ * (an older one) says nothing: the server's `hint` comes from the one diagnosis
+ * that %gpu_info shares (gpulab_jupyter/diagnosis.py).
+ */
 export function noGpuExplanation(reason: Reason): { title: string; hint: string } {
   switch (reason) {
     case 'no_driver':
-      return {
-        title: 'No NVIDIA driver',
-        hint:
-          'This container (or machine) has no NVIDIA driver, so there is no GPU to show. ' +
-          'On gpulab, start the project with one or more GPUs; on your own machine, ' +
-          'install the NVIDIA driver.'
-      };
+      return { title: 'No NVIDIA driver', hint: 'Your code runs on the CPU.' };
     case 'none_allocated':
       return {
-        title: 'None allocated to this container',
-        hint:
-          'The NVIDIA driver is present, but no GPU was given to this container. ' +
-          'On gpulab, restart the project and ask for a GPU.'
+        title: 'No GPU for this project',
+        hint: 'Start the project again with a GPU.'
       };
     case 'nvml_error':
       return {
@@ -179,4 +176,13 @@ export function noGpuExplanation(reason: Reason): { title: string; hint: string 
     default:
       return { title: 'GPU status is starting', hint: 'The first sample comes in a moment.' };
   }
+}
+
+/** The line shown while the project runs its last good image, and where its build log is. */
+export function lastGoodText(note: string): string {
+  return (
+    note ||
+    "Running the last image that built: the Dockerfile's latest build failed. " +
+      'Fix the Dockerfile and restart the project.'
+  );
 }

@@ -1,7 +1,8 @@
 /**
  * gpulab's JupyterLab extension: a GPU status bar item and a GPU panel, fed by
  * the server extension under /api/gpulab/v1/ (works in any JupyterLab 4), and
- * sharing of gpulab projects under JupyterHub (share.ts).
+ * sharing of gpulab projects under JupyterHub (share.ts), and the notice that a
+ * project runs its last good image (image.ts).
  */
 import {
   ILayoutRestorer,
@@ -13,6 +14,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { DEFAULT_THRESHOLDS, IThresholds } from './format';
+import imageState from './image';
 import { GpuModel } from './model';
 import { GpuPanel } from './panel';
 import sharing from './share';
@@ -106,4 +108,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [plugin, sharing];
+export default [plugin, sharing, imageState];

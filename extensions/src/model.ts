@@ -9,7 +9,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { IPoll, Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { IHistory, IProcesses, IStatus, requestAPI } from './api';
+import { IHistory, IImageState, IProcesses, IStatus, fetchInfo, requestAPI } from './api';
 import { IStale } from './format';
 
 /** The longest wait between polls while the server does not answer (ms). */
@@ -19,6 +19,8 @@ export class GpuModel {
   status: IStatus | null = null;
   history: IHistory | null = null;
   processes: IProcesses | null = null;
+  /** Which image the project runs (asked once); null until the server said. */
+  image: IImageState | null = null;
   /** The last request's error ('' when it worked). */
   error = '';
   /** The last request's error in a word or two: `HTTP 500`, `no answer`. */
@@ -78,6 +80,12 @@ export class GpuModel {
 
   start(): void {
     void this._poll.start();
+    fetchInfo()
+      .then(info => {
+        this.image = info.image_state;
+        this._changed.emit();
+      })
+      .catch(reason => console.warn('gpulab-jupyter: no project info', reason));
   }
 
   dispose(): void {

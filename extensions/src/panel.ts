@@ -12,11 +12,13 @@ import {
   clock,
   gib,
   gpuLevel,
+  lastGoodText,
   memory,
   noGpuExplanation,
   percent,
   watts
 } from './format';
+import { buildLogUrl } from './image';
 import { GpuModel } from './model';
 
 const SVG = 'http://www.w3.org/2000/svg';
@@ -93,6 +95,10 @@ export class GpuPanel extends Widget {
     const { status, history, processes, stale } = this.model;
     const body = el('div', 'jp-gpulab-PanelBody');
     body.appendChild(el('h2', '', 'GPU status of this server'));
+    const image = this.model.image;
+    if (image && image.state === 'last-good') {
+      body.appendChild(this.renderLastGood(image.note, image.build_log_url));
+    }
     if (stale) {
       // The last numbers stay, greyed and dated: never shown as if they were current.
       body.classList.add('jp-gpulab-is-stale');
@@ -117,6 +123,20 @@ export class GpuPanel extends Widget {
     this.node.replaceChildren(body);
   }
 
+  private renderLastGood(note: string, logPath: string): HTMLElement {
+    const box = el('p', 'jp-gpulab-LastGood', lastGoodText(note) + ' ');
+    box.setAttribute('data-gpulab', 'last-good');
+    const url = buildLogUrl(logPath);
+    if (url) {
+      const link = el('a', '', 'Open build log');
+      link.href = url;
+      link.target = '_blank';
+      link.rel = 'noopener';
+      box.appendChild(link);
+    }
+    return box;
+  }
+
   private renderNoGpu(status: IStatus): HTMLElement {
     const box = el('div', 'jp-gpulab-NoGpu');
     box.dataset.reason = status.reason || '';
@@ -124,7 +144,7 @@ export class GpuPanel extends Widget {
     box.appendChild(el('div', 'jp-gpulab-NoGpuBadge', 'No GPU'));
     box.appendChild(el('h3', '', title));
     box.appendChild(el('p', 'jp-gpulab-Reason', status.message));
-    box.appendChild(el('p', 'jp-gpulab-Hint', hint));
+    box.appendChild(el('p', 'jp-gpulab-Hint', status.hint || hint));
     return box;
   }
 

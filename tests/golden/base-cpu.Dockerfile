@@ -23,7 +23,23 @@ ENV PYTHONUNBUFFERED=1 \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     VIRTUAL_ENV=/opt/gpulab/venv \
     PATH=/opt/gpulab/venv/bin:$PATH \
+    SHELL=/bin/bash \
     HF_HOME=/cache/huggingface
+# The GPUs gpulab found on its host ("" for none): the GPU panel and %gpu_info tell
+# "this host has no GPU" from "this project was started without one"
+# (gpulab_jupyter/diagnosis.py).
+ENV GPULAB_HOST_GPUS=""
+
+# Login shells (JupyterLab's terminals, docker exec bash -l, SSH) read /etc/profile,
+# which sets PATH afresh: this puts the notebook's Python environment first again,
+# so python, pip and what %gpu_install added are the notebook's in a terminal too.
+# (Single quotes: the file expands $PATH when a shell reads it.)
+# hadolint ignore=SC2016
+RUN printf '%s\n' \
+      '# gpulab: the project environment first on PATH, as in notebooks.' \
+      'export VIRTUAL_ENV=/opt/gpulab/venv' \
+      'export PATH="$VIRTUAL_ENV/bin:$PATH"' \
+      > /etc/profile.d/gpulab-env.sh
 
 # A non-root notebook user who owns the Python environment, so installs from a
 # notebook need no root (a root-owned venv fails with "Permission denied").
@@ -48,9 +64,12 @@ RUN python3 -m venv /opt/gpulab/venv \
  && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, gpulab_jupyter"
 
 # IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
-RUN mkdir -p /opt/gpulab/venv/etc/ipython \
+# JupyterLab's terminals run a login bash (the environment above, a prompt, history).
+RUN mkdir -p /opt/gpulab/venv/etc/ipython /opt/gpulab/venv/etc/jupyter/jupyter_server_config.d \
  && echo "c.InteractiveShellApp.extensions.append('gpulab_jupyter.magics')" \
-    > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py
+    > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py \
+ && echo '{"ServerApp": {"terminado_settings": {"shell_command": ["/bin/bash", "-l"]}}}' \
+    > /opt/gpulab/venv/etc/jupyter/jupyter_server_config.d/gpulab-terminal.json
 
 WORKDIR /workspace
 EXPOSE 8888

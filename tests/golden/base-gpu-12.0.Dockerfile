@@ -23,7 +23,12 @@ ENV PYTHONUNBUFFERED=1 \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     VIRTUAL_ENV=/opt/gpulab/venv \
     PATH=/opt/gpulab/venv/bin:$PATH \
+    SHELL=/bin/bash \
     HF_HOME=/cache/huggingface
+# The GPUs gpulab found on its host ("" for none): the GPU panel and %gpu_info tell
+# "this host has no GPU" from "this project was started without one"
+# (gpulab_jupyter/diagnosis.py).
+ENV GPULAB_HOST_GPUS="NVIDIA GeForce RTX 5090"
 
 # Compiled CUDA extensions build for this hub's GPUs: NVIDIA GeForce RTX 5090.
 ENV NVIDIA_VISIBLE_DEVICES=all \
@@ -34,6 +39,17 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     FLASH_ATTN_CUDA_ARCHS="120" \
     NVCC_GENCODE="-gencode=arch=compute_120,code=sm_120 -gencode=arch=compute_120,code=compute_120" \
     FORCE_CUDA=1
+
+# Login shells (JupyterLab's terminals, docker exec bash -l, SSH) read /etc/profile,
+# which sets PATH afresh: this puts the notebook's Python environment first again,
+# so python, pip and what %gpu_install added are the notebook's in a terminal too.
+# (Single quotes: the file expands $PATH when a shell reads it.)
+# hadolint ignore=SC2016
+RUN printf '%s\n' \
+      '# gpulab: the project environment first on PATH, as in notebooks.' \
+      'export VIRTUAL_ENV=/opt/gpulab/venv' \
+      'export PATH="$VIRTUAL_ENV/bin:$PATH"' \
+      > /etc/profile.d/gpulab-env.sh
 
 # A non-root notebook user who owns the Python environment, so installs from a
 # notebook need no root (a root-owned venv fails with "Permission denied").
@@ -58,9 +74,12 @@ RUN python3 -m venv /opt/gpulab/venv \
  && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, gpulab_jupyter"
 
 # IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
-RUN mkdir -p /opt/gpulab/venv/etc/ipython \
+# JupyterLab's terminals run a login bash (the environment above, a prompt, history).
+RUN mkdir -p /opt/gpulab/venv/etc/ipython /opt/gpulab/venv/etc/jupyter/jupyter_server_config.d \
  && echo "c.InteractiveShellApp.extensions.append('gpulab_jupyter.magics')" \
-    > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py
+    > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py \
+ && echo '{"ServerApp": {"terminado_settings": {"shell_command": ["/bin/bash", "-l"]}}}' \
+    > /opt/gpulab/venv/etc/jupyter/jupyter_server_config.d/gpulab-terminal.json
 RUN pip install --no-cache-dir torch==2.7.1 \
  && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 

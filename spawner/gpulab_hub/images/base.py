@@ -74,6 +74,7 @@ def render(images_dir, spec: BaseSpec, wheel_names: list[str]) -> str:
         system_site_packages=spec.system_site_packages,
         arch_env=arch_env(spec),
         gpu_names=", ".join(spec.gpu_names) or "none found, list set by the admin",
+        host_gpus=", ".join(spec.gpu_names),  # "" on a host without GPUs
     )
 
 
