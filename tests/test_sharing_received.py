@@ -108,10 +108,11 @@ def test_shared_with_me_lists_role_state_and_open_link(people):
     assert r.status_code == 400 and "cannot leave a group" in r.text
     assert f"through group {GROUP}" in row(r.text, OWNER, PROJECT)  # still shared
 
-    # The home page has the section and the link.
+    # The home page lists it under "Shared with me", with the link to this page.
     home = bob.http.get(bob.base + "/hub/home", timeout=30)
     assert 'href="/hub/gpulab/shared"' in home.text
-    assert f"{OWNER}'s project <strong>{PROJECT}</strong>" in home.text
+    shared = home.text.split('id="gpulab-shared-with-me"', 1)[1]
+    assert f'data-owner="{OWNER}" data-project="{PROJECT}"' in shared
 
     # Someone with nothing shared sees nothing of it, and cannot leave or start it.
     page = dave.http.get(dave.base + PAGE, timeout=30)

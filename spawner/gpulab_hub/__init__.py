@@ -7,6 +7,8 @@
 - ``gpus/``: the GPU inventory, the allocator and its durable record, GPUs at spawn
 - ``accounts/``: sign-up, approval, passwords and lockout (NativeAuthenticator), deleting users
 - ``sharing/``: roles, the share page, shared-with-me, save a copy, public links
+- ``home/``: gpulab's home page (projects, their state, GPUs and builds; shared with me),
+  and no default project
 - ``doctor/``: ``gpulab doctor``'s checks and its hub page
 - ``cli/``: the ``gpulab`` command (up, down, status, build, images, gpus)
 - ``settings.py`` (site settings -> JupyterHub configuration) and ``hubsettings.py``

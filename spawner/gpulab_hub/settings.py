@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpulab_hub import accounts, doctor, sharing
+from gpulab_hub import accounts, doctor, home, sharing
 from gpulab_hub.projects import objects, rename
 from gpulab_hub.sharing import groupshares, origins
 
@@ -120,7 +120,9 @@ def apply(c, environ, images_dir: str | Path) -> None:
         )
         + rename.hub_handlers()
     )
+    # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
     c.JupyterHub.template_paths = [
+        str(home.TEMPLATES),
         str(doctor.TEMPLATES),
         str(sharing.TEMPLATES),
         str(rename.TEMPLATES),

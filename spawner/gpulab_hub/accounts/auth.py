@@ -21,7 +21,7 @@ from nativeauthenticator import handlers as native
 from nativeauthenticator.orm import UserInfo
 from traitlets import Unicode, default
 
-from gpulab_hub import accounts
+from gpulab_hub import accounts, home
 
 # Sane defaults of NativeAuthenticator's own settings (its traits default to "off").
 MIN_PASSWORD_LENGTH = 10
@@ -63,6 +63,15 @@ class LoginHandler(native.LoginHandler):
                 error = f"User {data['username']} has not been approved by an administrator yet."
         self.set_status(403)
         self.finish(await self._render(login_error=error, username=data["username"]))
+
+
+class SignUpHandler(native.SignUpHandler):
+    """NativeAuthenticator's sign-up page; its template (accounts/templates/signup.html)
+    also says, before anyone submits, whether an administrator must approve the account."""
+
+    def render_template(self, name, sync=False, **ns):
+        ns.setdefault("open_signup", self.authenticator.open_signup)
+        return super().render_template(name, sync=sync, **ns)
 
 
 def _duration(seconds: float) -> str:
@@ -128,13 +137,19 @@ class GpulabAuthenticator(NativeAuthenticator):
         self.ensure_first_admin()
 
     def get_handlers(self, app):
+        """NativeAuthenticator's pages (some mended), then gpulab's home page and the
+        default server's routes (home/): JupyterHub puts only these before its own."""
         mine = {
             r"/login": LoginHandler,
+            r"/signup": SignUpHandler,
             r"/authorize": accounts.AuthorizationAreaHandler,
             r"/authorize/([^/]*)": accounts.ToggleAuthorizationHandler,
             r"/discard/([^/]*)": accounts.DiscardHandler,
         }
-        return [(route, mine.get(route, handler)) for route, handler in super().get_handlers(app)]
+        native_routes = [
+            (route, mine.get(route, handler)) for route, handler in super().get_handlers(app)
+        ]
+        return native_routes + home.front_handlers()
 
     def seconds_locked(self, username: str) -> float:
         """How long ``username`` must wait before the next login try (0: not locked)."""

@@ -36,9 +36,9 @@ class Received:
     project: str
     role: str
     via: str  # "" for a share to the user, else the group's name
-    since: str
-    expires: str
-    state: str  # "running", "starting", "stopping", "stopped"
+    since: str  # ISO 8601, UTC
+    expires: str  # ISO 8601, UTC; "" for never
+    state: str  # server_state()
     url: str
     may_start: bool
 
@@ -47,52 +47,58 @@ def policy_store(hub_dir: str | Path) -> SharingPolicyStore:
     return SharingPolicyStore(Path(hub_dir) / POLICY_FILE)
 
 
+def server_state(spawner) -> str:
+    """A JupyterHub server's state, in gpulab's words: "running", "starting",
+    "stopping", "failed" (its last start failed) or "stopped"."""
+    if spawner.ready:
+        return "running"
+    if spawner.pending == "stop":
+        return "stopping"
+    if spawner.pending:
+        return "starting"
+    if spawner._failed:
+        return "failed"
+    return "stopped"
+
+
+def iso_utc(when) -> str:
+    """A naive UTC datetime of JupyterHub's database as ISO 8601 ("...Z"); "" for None."""
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ") if when else ""
+
+
+def received_rows(handler, policies: SharingPolicyStore) -> list[Received]:
+    """What is shared with the handler's user (its own shares and its groups')."""
+    rows = []
+    for share in handler.current_user.orm_user.all_shared_with_me:
+        if share.owner is None or share.spawner is None:
+            continue
+        owner, project = share.owner.name, share.spawner.name
+        role = roles.role_of(share.scopes)
+        hub_owner = handler.users[share.owner]
+        rows.append(
+            Received(
+                owner=owner,
+                project=project,
+                role=role,
+                via=share.group.name if share.group is not None else "",
+                since=iso_utc(share.created_at),
+                expires=iso_utc(getattr(share, "expires_at", None)),
+                state=server_state(hub_owner.spawners[project]),
+                url=hub_owner.server_url(project),
+                may_start=role == "collaborator"
+                and policies.get(owner, project).collaborators_may_start,
+            )
+        )
+    rows.sort(key=lambda r: (r.owner, r.project, r.via))
+    return rows
+
+
 class SharedWithMeHandler(BaseHandler):
     def initialize(self, **_):
         self.policies = policy_store(hubsettings.of_handler(self).records_dir)
 
-    def _state(self, share: orm.Share) -> tuple[str, str]:
-        """The owner's server: its state and URL."""
-        owner = self.users[share.owner]
-        spawner = owner.spawners[share.spawner.name]
-        if spawner.ready:
-            state = "running"
-        elif spawner.pending == "stop":
-            state = "stopping"
-        elif spawner.pending:
-            state = "starting"
-        else:
-            state = "stopped"
-        return state, owner.server_url(share.spawner.name)
-
-    def _received(self) -> list[Received]:
-        rows = []
-        for share in self.current_user.orm_user.all_shared_with_me:
-            if share.owner is None or share.spawner is None:
-                continue
-            owner, project = share.owner.name, share.spawner.name
-            role = roles.role_of(share.scopes)
-            state, url = self._state(share)
-            expires = getattr(share, "expires_at", None)
-            rows.append(
-                Received(
-                    owner=owner,
-                    project=project,
-                    role=role,
-                    via=share.group.name if share.group is not None else "",
-                    since=share.created_at.strftime("%Y-%m-%d %H:%M UTC"),
-                    expires=expires.strftime("%Y-%m-%d %H:%M UTC") if expires else "",
-                    state=state,
-                    url=url,
-                    may_start=role == "collaborator"
-                    and self.policies.get(owner, project).collaborators_may_start,
-                )
-            )
-        rows.sort(key=lambda r: (r.owner, r.project, r.via))
-        return rows
-
     async def _page(self, status=200, message="", error=""):
-        rows = self._received()
+        rows = received_rows(self, self.policies)
         html = await self.render_template(
             "gpulab-shared.html",
             rows=rows,

@@ -1,0 +1,110 @@
+"""What the home page tells about each project that JupyterHub does not know: the
+GPUs it holds (the allocator's record) and its last build (the project's image
+record), and where a deleted project's files went. Blocking file reads: the page
+calls :func:`projects` and :func:`archived_as` on a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+
+from gpulab_hub import gpus, hubsettings
+from gpulab_hub.gpus import allocator
+from gpulab_hub.images import project as projectimage
+from gpulab_hub.projects import Project
+
+LOG = logging.getLogger("gpulab.home")
+INVENTORY_MAX_AGE_S = 60.0  # the host's GPUs change rarely; NVML is asked at most this often
+_inventory: tuple[float, dict[str, str]] | None = None
+
+
+@dataclass(frozen=True)
+class Build:
+    """The project's last build, as its image record tells it."""
+
+    state: str  # "ok", "failed", "none"
+    good_at: float | None = None  # epoch seconds the last good image was built
+
+    @property
+    def good_iso(self) -> str:
+        if self.good_at is None:
+            return ""
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.good_at))
+
+
+@dataclass(frozen=True)
+class Facts:
+    gpus: tuple[str, ...]  # "GPU 0 (NVIDIA H100 80GB HBM3)", one per device held
+    gpus_unknown: str  # why the GPUs cannot be told now ("" when they can)
+    build: Build
+
+
+def _device_names() -> dict[str, str]:
+    """UUID -> "GPU <index> (<name>)" of this host's devices, cached a minute."""
+    global _inventory
+    now = time.monotonic()
+    if _inventory is None or now - _inventory[0] > INVENTORY_MAX_AGE_S:
+        inv = gpus.inventory()
+        _inventory = (now, {d.uuid: f"GPU {d.index} ({d.name})" for d in inv.devices})
+    return _inventory[1]
+
+
+def _held(where: hubsettings.HubSettings, owner: str) -> tuple[dict[str, list[str]], str]:
+    """project -> UUIDs it holds, of ``owner``'s projects; and why not, if unreadable."""
+    try:
+        holdings = allocator.AllocationStore(where.allocations_file).holdings()
+    except allocator.AllocationError as e:
+        LOG.warning("gpulab: the home page cannot read the GPU record: %s", e)
+        return {}, "unknown: the GPU record is damaged; the next GPU start repairs it"
+    held: dict[str, list[str]] = {}
+    for uuid, holders in sorted(holdings.items()):
+        for h in holders:
+            if h.owner == owner:
+                held.setdefault(h.project, []).append(uuid)
+    return held, ""
+
+
+def _build(where: hubsettings.HubSettings, owner: str, name: str) -> Build:
+    project = Project(where.projects_root, owner, name, where.state_root)
+    good = projectimage.last_good(project, repo=where.image_repo)
+    if projectimage.last_build_failed(project):
+        return Build("failed", good.built_at if good else None)
+    if good is not None:
+        return Build("ok", good.built_at)
+    return Build("none")
+
+
+def projects(where: hubsettings.HubSettings, owner: str, names: list[str]) -> dict[str, Facts]:
+    """Blocking: the facts of ``owner``'s projects ``names``."""
+    held, unknown = _held(where, owner)
+    devices = _device_names() if held else {}
+    return {
+        name: Facts(
+            gpus=tuple(
+                devices.get(u, f"a GPU not seen on this host now ({u})") for u in held.get(name, ())
+            ),
+            gpus_unknown=unknown,
+            build=_build(where, owner, name),
+        )
+        for name in names
+    }
+
+
+def archived_as(where: hubsettings.HubSettings, owner: str, project: str) -> str:
+    """Blocking: the archive folder (``deleted/<owner>-<time>``) that holds the deleted
+    project's files, the newest; "" when none does (not archived, or removed)."""
+    root = where.deleted_dir
+    pattern = re.compile(re.escape(owner) + r"-(\d{8}T\d{6}Z)(?:-(\d+))?")
+    try:
+        names = [p.name for p in root.iterdir()]
+    except FileNotFoundError:
+        return ""
+    found = []
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m and (root / name / "projects" / project).is_dir():
+            found.append(((m.group(1), int(m.group(2) or 1)), name))
+    return f"{hubsettings.DELETED}/{max(found)[1]}" if found else ""
