@@ -114,6 +114,29 @@ def test_failed_build_keeps_the_last_good_image(docker_engine, local_debian, tmp
     assert projectimage.last_build_failed(p)
     assert projectimage.last_good(p, docker_engine.call, REPO).tag == good
     assert images.image_id(docker_engine.call, good)
+    # The failed build's log is the latest, as its owner reads it; the note says when.
+    text, cut = projectimage.read_log(projectimage.latest_log(p))
+    assert "returned a non-zero code: 7" in text and not cut
+    assert projectimage.failed_at(p) is not None
+    note = projectimage.last_good_note(p, projectimage.last_good(p, repo=REPO))
+    assert note.startswith(f"Running the last image that built ({good}, built ")
+    assert "the Dockerfile's build of " in note and note.endswith(" failed.")
+
+
+def test_build_log_is_read_bounded_and_as_plain_text(tmp_path):
+    p = Project(tmp_path, "alice", "logs", tmp_path / "state")
+    assert projectimage.latest_log(p) is None
+    logs = projectimage.logs_dir(p)
+    (logs / "build-20260101-000000.log").write_text("older\n")
+    (logs / "notes.txt").write_text("not a build log\n")
+    newest = logs / "build-20260102-000000.log"
+    newest.write_text("x" * 100 + "\n\x1b[31mred\x1b[0m step\r\n\x1b]0;title\x07bell\x00 done\n")
+    assert projectimage.latest_log(p) == newest
+    text, cut = projectimage.read_log(newest, limit=40)
+    assert cut and text == "red step\nbell done\n"  # from the first whole line
+    (logs / "build-20260103-000000.log").symlink_to(newest)
+    with pytest.raises(OSError):  # never through a link
+        projectimage.read_log(projectimage.latest_log(p))
 
 
 def test_a_silent_step_is_stopped_by_the_timeout(docker_engine, local_debian, tmp_path):

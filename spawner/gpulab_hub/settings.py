@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gpulab_hub import accounts, doctor, home, sharing
-from gpulab_hub.projects import objects, rename
+from gpulab_hub.projects import buildlog, objects, rename
 from gpulab_hub.sharing import groupshares, origins
 
 DEFAULTS = {
@@ -111,14 +111,16 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # `gpulab doctor`'s last report, for admins at /hub/gpulab/doctor (linked in the nav bar).
     # Owners share projects at /hub/gpulab/share/<project> (links last at most the max).
     # Save a copy at /hub/gpulab/copy; public notebook links only where the admin allows them.
-    # Owners rename stopped projects at /hub/gpulab/rename/<project>. Where each page finds
-    # projects and records: the hub's own configuration (hubsettings.py).
+    # Owners rename stopped projects at /hub/gpulab/rename/<project>; owners and collaborators
+    # read a project's latest build log at /hub/gpulab/build-log/<owner>/<project>.
+    # Where each page finds projects and records: the hub's own configuration (hubsettings.py).
     c.JupyterHub.extra_handlers = (
         doctor.hub_handlers()
         + sharing.hub_handlers(
             int(s["GPULAB_SHARE_MAX_HOURS"]), public_links=s["GPULAB_PUBLIC_LINKS"] == "1"
         )
         + rename.hub_handlers()
+        + buildlog.hub_handlers()
     )
     # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
     c.JupyterHub.template_paths = [

@@ -13,7 +13,6 @@ import asyncio
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from html import escape
 from pathlib import Path
 
 import docker.errors
@@ -27,22 +26,19 @@ from gpulab_hub.gpus import allocator
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuSettings
 from gpulab_hub.images import project as projectimage
-from gpulab_hub.projects import Project, ProjectError, objects, options, project_name, safe_owner
+from gpulab_hub.projects import (
+    Project,
+    ProjectError,
+    buildlog,
+    objects,
+    options,
+    project_name,
+    safe_owner,
+)
 from gpulab_hub.projects.safefs import ensure_project
+from gpulab_hub.projects.startfail import MIN_FAILURE_S, SpawnError, build_failed
 
 _STEP = re.compile(r"^Step (\d+)/(\d+)")
-
-
-class SpawnError(Exception):
-    """A spawn failure with a message meant for the spawn page."""
-
-    def __init__(self, message: str, log_tail: list[str] | None = None):
-        super().__init__(message)
-        self.jupyterhub_message = message
-        if log_tail:
-            tail = "\n".join(log_tail)
-            self.jupyterhub_message = f"{message}\nLast lines of the build log:\n{tail}"
-            self.jupyterhub_html_message = f"<p>{escape(message)}</p><pre>{escape(tail)}</pre>"
 
 
 # DockerSpawner's settings that ProjectSpawner's container spec does not apply
@@ -325,8 +321,12 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
     def _run(self, fn, *args):
         return asyncio.wrap_future(self.executor.submit(fn, *args))
 
-    def _emit(self, progress: int, message: str):
-        self._progress_events.append({"progress": progress, "message": message})
+    def _emit(self, progress: int, message: str, note: bool = False):
+        """A progress event; ``note``: the spawn page keeps it in view (spawn_pending.html)."""
+        event = {"progress": progress, "message": message}
+        if note:
+            event["gpulab_note"] = True
+        self._progress_events.append(event)
 
     async def progress(self):
         sent = 0
@@ -370,11 +370,16 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         if use_last_good:
             good = projectimage.last_good(project, self._docker, self.image_repo)
             if good is None:
-                raise ProjectError("This project has no earlier image that built.")
-            self._emit(70, f"Starting the last image that built: {good.describe()}")
+                raise ProjectError(
+                    "This project has no earlier image that built. Start it again to build "
+                    "its Dockerfile."
+                )
+            self._image_note = ("last-good", projectimage.last_good_note(project, good))
+            self._emit(70, projectimage.last_good_note(project, good, "Starting"), note=True)
             return good.tag
         self._emit(8, "Checking the project's image")
         self._build_step, self._last_line_at = (0, 1), 0.0
+        self._image_note = ("latest", "Running the image built from the project's Dockerfile.")
         return projectimage.ensure_image(
             self._docker,
             project,
@@ -385,6 +390,13 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
             network=self.network_name,
             memory=self.mem_limit,
         )
+
+    def build_log_url(self) -> str:
+        """The hub page of this project's latest build log ('' when it has none)."""
+        project = self.project
+        if projectimage.latest_log(project) is None:
+            return ""
+        return buildlog.page_url(self.hub.base_url, self.user.name, project.name)
 
     @default("options_form")
     def _default_options_form(self):
@@ -463,6 +475,11 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
         env = super().get_env()
         env["GPULAB_PROJECT"] = project_name(self.name)
         env["GPULAB_OWNER"] = self.user.name
+        # Which image this start runs, for the project's user (docs/projects.md)
+        state, note = getattr(self, "_image_note", ("latest", ""))
+        env["GPULAB_IMAGE_STATE"] = state
+        env["GPULAB_IMAGE_NOTE"] = note
+        env["GPULAB_BUILD_LOG_URL"] = getattr(self, "_build_log_url", "")
         return env
 
     async def create_object(self):
@@ -486,12 +503,27 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
 
     async def start(self):
         self._progress_events = []
+        started = time.monotonic()
+        try:
+            return await self._start()
+        except Exception:
+            # A start that fails within JupyterHub's first second shows as a bare error
+            # page; one that fails later, on the spawn page with its reason (startfail.py).
+            await asyncio.sleep(max(0.0, MIN_FAILURE_S - (time.monotonic() - started)))
+            raise
+
+    async def _start(self):
         try:
             self._refuse_unapplied_settings()
             opts = options.validate(self.user_options)
             self._check_display_name()
             self._emit(2, f"Preparing project {project_name(self.name)}")
-            self.image = await self._run(self._prepare_image, opts.get("use_last_good", False))
+            try:
+                self.image = await self._run(
+                    self._prepare_image, opts.get("use_last_good", False)
+                )
+            finally:
+                self._build_log_url = await self._run(self.build_log_url)
             await self._reserve_gpus(opts)
             self._emit(80, "Starting the project's container")
             try:
@@ -500,38 +532,32 @@ class ProjectSpawner(DockerSpawner, GpuSettings):
                 await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
                 raise
         except allocator.AllocationError as e:
-            raise SpawnError(str(e)) from e
+            raise SpawnError(str(e), reason="gpus", status_code=409) from e
         except images.BuildError as e:
-            message = (
-                f"The Dockerfile of project {self.project.name} failed to build. "
-                f"Fix {self.project.dockerfile.name} in the project folder and start again."
-            )
             good = await self._run(
                 projectimage.last_good, self.project, self._docker, self.image_repo
             )
-            if e.log_path:
-                message += (
-                    f" An administrator finds the full build log on the hub as {e.log_path.name}"
-                    " in this project's logs folder under ProjectSpawner.state_root."
-                )
-            if good:
-                message += (
-                    f" The last image that built ({good.describe()}) is kept: start the "
-                    "project again and choose it to fix the Dockerfile from inside."
-                )
-            raise SpawnError(message, e.tail) from e
-        except (ProjectError, options.OptionsError, host.HostError) as e:
-            raise SpawnError(str(e)) from e
+            raise build_failed(
+                self.project.name, good.describe() if good else "", e.tail, self._build_log_url
+            ) from e
+        except options.OptionsError as e:
+            raise SpawnError(str(e), reason="options") from e
+        except (ProjectError, host.HostError) as e:
+            raise SpawnError(str(e), reason="project") from e
         except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
             if (
                 isinstance(e, docker.errors.APIError)
                 and e.response is not None
                 and (e.response.status_code < 500)
             ):
-                raise SpawnError(f"Docker refused to start the project: {e.explanation}") from e
+                raise SpawnError(
+                    f"Docker refused to start the project: {e.explanation}", reason="docker"
+                ) from e
             raise SpawnError(
                 "The Docker engine is not reachable, so the project cannot start. "
-                "Ask the administrator to start it (`gpulab up` does)."
+                "Ask the administrator to start it (`gpulab up` does).",
+                reason="docker",
+                status_code=503,
             ) from e
 
     async def _reserve_gpus(self, opts: dict) -> None:

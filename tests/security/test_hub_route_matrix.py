@@ -288,6 +288,11 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         f"/hub/gpulab/rename/{P}",
         {"get": "302 404 404 404 200 404", "post": "403 404 404 404 . ."},
     ),
+    # A project's latest build log: its owner and collaborators only (viewers never)
+    "/hub/gpulab/build-log/([^/]+)(?:/([^/]+))?": (
+        f"/hub/gpulab/build-log/{U}/{P}",
+        {"get": "302 404 404 200 200 404"},
+    ),
     "/hub/api/gpulab/projects/([^/]+)/([^/]+)/rename": (
         f"/hub/api/gpulab/projects/{U}/{P}/rename",
         {"post": "403 404 404 404 . ."},

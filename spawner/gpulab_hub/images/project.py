@@ -352,12 +352,83 @@ def last_build_failed(project: Project) -> bool:
     return read_state(project).get("failed") is True
 
 
+def failed_at(project: Project) -> float | None:
+    """When the project's last build failed (seconds since the epoch), if it did."""
+    state = read_state(project)
+    when = state.get("failed_at")
+    if state.get("failed") is not True or not isinstance(when, (int, float)):
+        return None
+    return float(when) if 0 <= when < 1e11 else None
+
+
+def last_good_note(project: Project, good: LastGood, verb: str = "Running") -> str:
+    """One line for the user: this start runs the last image that built, and why."""
+    note = f"{verb} the last image that built ({good.describe()}), not the current Dockerfile"
+    failed = failed_at(project)
+    if failed is None:
+        return note + "."
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(failed))
+    return f"{note}: the Dockerfile's build of {when} failed."
+
+
 def record(project: Project, tag: str | None, failed: bool) -> None:
     state = read_state(project)
     state["failed"] = failed
+    if failed:
+        state["failed_at"] = time.time()
+    else:
+        state.pop("failed_at", None)
     if tag:
         state["last_good"] = {"tag": tag, "built_at": time.time()}
     jsonfile.write_atomic(state_dir(project) / "image.json", state)
+
+
+# --- build logs, as their owner reads them -------------------------------------------
+LOG_NAME = re.compile(r"build-\d{8}-\d{6}\.log")
+MAX_LOG_SHOWN = 256 << 10  # the end of a longer log is shown
+# ANSI escape sequences (colours, cursor moves, window titles) that build output carries
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def plain_text(text: str) -> str:
+    """Build output as plain text: no ANSI escape codes or other control characters
+    (a carriage return, as in progress bars, ends a line)."""
+    text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub("", text)
+
+
+def latest_log(project: Project) -> Path | None:
+    """The project's newest build log in its state folder (None when it has none)."""
+    try:
+        names = [e.name for e in os.scandir(project.logs_dir) if LOG_NAME.fullmatch(e.name)]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return project.logs_dir / max(names) if names else None
+
+
+def read_log(path: Path, limit: int = MAX_LOG_SHOWN) -> tuple[str, bool]:
+    """The last ``limit`` bytes of a build log as plain text, and whether it was cut.
+
+    Never through a link, only a regular file (the hub wrote it; a bounded read anyway).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ProjectError("The build log is not a regular file.")
+        cut = st.st_size > limit
+        want = limit + 1 if cut else limit  # with the byte before: is the cut on a line end?
+        if cut:
+            os.lseek(fd, st.st_size - want, os.SEEK_SET)
+        data = b""
+        while len(data) < want and (chunk := os.read(fd, want - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if cut:
+        data = data.partition(b"\n")[2]  # from the first whole line
+    return plain_text(data.decode(errors="replace")), cut
 
 
 def ensure_image(
