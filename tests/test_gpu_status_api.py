@@ -24,6 +24,7 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 from gpulab_jupyter import diagnosis, handlers
 from gpulab_jupyter.handlers import API_PREFIX
+from gpulab_jupyter.jobs.model import JOB_ID
 from gpulab_jupyter.sampler import GPUSampler, NvmlReader
 
 REASONS = {"no_driver", "none_allocated", "nvml_error", "sampler_error", "starting", None}
@@ -99,14 +100,27 @@ def test_every_route_refuses_an_anonymous_request(jp_serverapp, fetch, jp_base_u
     registered = {cls for _, cls in routes}
     assert registered == {cls for _, cls in handlers.routes()}, routes
     assert len(routes) >= 4
-    for pattern, _cls in routes:
+    for pattern, cls in routes:
         path = pattern[len(jp_base_url) :] if pattern.startswith(jp_base_url) else pattern
-        with pytest.raises(tornado.httpclient.HTTPClientError) as err:
-            fetch(path, headers={"Authorization": ""}, follow_redirects=False)
-        assert err.value.code in (403, 302), (path, err.value.code)
-        # and answers the same URL when the token is given
-        r = fetch(path)
-        assert r.code == 200, path
+        # a job's routes: a job id that does not exist, and the stop action
+        path = path.replace(f"({JOB_ID.pattern})", "20261123-141502-a1b2")
+        path = path.replace("(stop|rerun)", "stop")
+        for method in ("GET", "POST"):
+            if method.lower() not in cls.__dict__:
+                continue
+            body = b"{}" if method == "POST" else None
+            with pytest.raises(tornado.httpclient.HTTPClientError) as err:
+                fetch(path, method=method, body=body, headers={"Authorization": ""},
+                      follow_redirects=False)  # fmt: skip
+            assert err.value.code in (403, 302), (method, path, err.value.code)
+        if "get" not in cls.__dict__:
+            continue
+        # and answers the same URL when the token is given (a job that is not there: 400)
+        try:
+            code = fetch(path).code
+        except tornado.httpclient.HTTPClientError as e:
+            code = e.code
+        assert code == (400 if "jobs/" in path else 200), path
 
 
 def test_every_handler_method_is_authenticated():
@@ -295,9 +309,20 @@ def test_docs_describe_every_route_and_setting():
 
     from gpulab_jupyter.sampler import GPUSampler
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "gpu-status-api.md").read_text()
-    for pattern, _ in handlers.routes():
-        assert f"`GET {pattern.removeprefix(API_PREFIX + '/')}`" in doc, pattern
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    doc = (docs / "gpu-status-api.md").read_text()
+    jobs_doc = (docs / "jobs.md").read_text()
+    for pattern, cls in handlers.routes():
+        route = pattern.removeprefix(API_PREFIX + "/")
+        if route.startswith("jobs"):  # docs/jobs.md, with <id> and each action
+            route = route.replace(f"({JOB_ID.pattern})", "<id>")
+            for method in ("get", "post"):
+                if method in cls.__dict__:
+                    for one in route.removesuffix(")").split("/(")[-1].split("|"):
+                        shown = route.split("/(")[0] + ("/" + one if "/(" in route else "")
+                        assert f"`{method.upper()} {shown}" in jobs_doc, (method, route)
+            continue
+        assert f"`GET {route}`" in doc, pattern
     for name in GPUSampler.class_own_traits(config=True):
         assert f"c.GPUSampler.{name}" in doc, name
 

@@ -1,4 +1,5 @@
-"""The Jupyter Server extension: GPU status routes and the one sampler they share;
+"""The Jupyter Server extension: GPU status routes and the one sampler they share,
+the jobs routes and their engine, activity from jobs and GPUs for the idle culler;
 under gpulab's hub (``ProjectAuthorizer``), the guards of the viewer role."""
 
 from jupyter_server.extension.application import ExtensionApp
@@ -15,9 +16,19 @@ class GPULabExtension(ExtensionApp):
     load_other_extensions = True
 
     def initialize_settings(self):
+        from .activity import ActivityReporter
+        from .jobs.cli import project_dir
+        from .jobs.local import LocalEngine
+
         self.sampler = GPUSampler(parent=self)
         self.settings["gpulab_sampler"] = self.sampler
         self.sampler.start()  # NVML starts on the sampler's thread, not here
+        self.jobs = LocalEngine(project_dir())
+        self.settings["gpulab_jobs"] = self.jobs
+        self.activity = ActivityReporter(
+            self.serverapp.web_app.settings, self.jobs, self.sampler, parent=self
+        )
+        self.activity.start()
 
     def initialize_handlers(self):
         self.handlers.extend(routes())
@@ -63,6 +74,7 @@ class GPULabExtension(ExtensionApp):
 
     async def stop_extension(self):
         self.sampler.stop()
+        self.activity.stop()
 
 
 def uses_project_authorizer(serverapp) -> bool:

@@ -148,9 +148,12 @@ class GPUProcessesHandler(_SamplerHandler):
 
 def routes() -> list[tuple[str, type]]:
     """Every route of the extension (relative to the server's base URL)."""
+    from .jobs.handlers import routes as job_routes
+
     return [
         (f"{API_PREFIX}/info", InfoHandler),
         (f"{API_PREFIX}/gpu", GPUStatusHandler),
         (f"{API_PREFIX}/gpu/history", GPUHistoryHandler),
         (f"{API_PREFIX}/gpu/processes", GPUProcessesHandler),
+        *job_routes(API_PREFIX),
     ]

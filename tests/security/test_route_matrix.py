@@ -143,26 +143,46 @@ EXPECTED = {
     "gpulab_jupyter.handlers.GPUStatusHandler": "read",
     "gpulab_jupyter.handlers.GPUHistoryHandler": "read",
     "gpulab_jupyter.handlers.GPUProcessesHandler": "read",
+    # gpulab's jobs: reading is "read"; starting, stopping and re-running (POST) are
+    # refused to all but collaborators and the owner (the POST test below)
+    "gpulab_jupyter.jobs.handlers.JobsHandler": "read",
+    "gpulab_jupyter.jobs.handlers.JobHandler": "read",
+    "gpulab_jupyter.jobs.handlers.JobActionHandler": "read",
 }
-SAMPLES = ["x", f"/{NB}", "00000000-0000-0000-0000-000000000000", NB, "json:notebook:x", "1", "x/y"]
+SAMPLES = [
+    "x", f"/{NB}", "00000000-0000-0000-0000-000000000000", NB, "json:notebook:x", "1", "x/y",
+    "20261123-141502-a1b2", "stop",
+]  # fmt: skip
 REFUSED = (401, 403)
 
 
+def _fits(inner: str, sample: str) -> bool:
+    try:
+        return re.fullmatch(re.sub(r"^\?P<\w+>", "", inner), sample) is not None
+    except re.error:
+        return False
+
+
 def sample_path(pattern: str) -> str | None:
-    """A path the route's regex matches: each group replaced by one sample value."""
+    """A path the route's regex matches: each group replaced by one sample value (the
+    same for every group, else for each group the first sample that fits it)."""
     body = pattern.removesuffix("$")
-    for sample in SAMPLES:
+    for sample in [*SAMPLES, None]:
         out, depth, start = "", 0, 0
         for i, ch in enumerate(body):
             if ch == "(" and (i == 0 or body[i - 1] != "\\"):
                 if depth == 0:
                     out += body[start:i]
+                    group = i + 1
                 depth += 1
             elif ch == ")" and (i == 0 or body[i - 1] != "\\") and depth:
                 depth -= 1
                 if depth == 0:
                     optional = body[i + 1 : i + 2] in ("?", "*")
-                    out += "" if optional else sample
+                    if sample is None:  # each group its own fitting sample
+                        inner = body[group : i]
+                        fit = next((x for x in SAMPLES if _fits(inner, x)), SAMPLES[0])
+                    out += "" if optional else (fit if sample is None else sample)
                     start = i + 2 if optional else i + 1
         out += body[start:]
         path = out.replace("\\", "").replace("?", "")
