@@ -1,11 +1,12 @@
 """Site settings (GPULAB_* variables) -> a plain traitlets Config."""
 
 import json
+import sys
 
 import pytest
 from traitlets.config import Config
 
-from gpulab_hub import accounts, doctor, settings, sharing
+from gpulab_hub import accounts, culling, doctor, home, settings, sharing
 from gpulab_hub.projects import rename
 
 
@@ -58,8 +59,13 @@ def test_defaults_give_a_working_single_machine_hub():
                     "/api/gpulab/projects/([^/]+)/([^/]+)/rename",
                     "gpulab_hub.projects.rename.RenameAPIHandler",
                 ),
+                (
+                    "/gpulab/build-log/([^/]+)(?:/([^/]+))?",
+                    "gpulab_hub.projects.buildlog.BuildLogHandler",
+                ),
             ],
             "template_paths": [
+                str(home.TEMPLATES),
                 str(doctor.TEMPLATES),
                 str(sharing.TEMPLATES),
                 str(rename.TEMPLATES),
@@ -70,8 +76,19 @@ def test_defaults_give_a_working_single_machine_hub():
                     "name": "user",
                     "description": "Standard user privileges, plus sharing one's own projects",
                     "scopes": ["self", "shares!user", "custom:gpulab:execute!user"],
-                }
+                },
+                # JupyterHub's idle culler stops projects idle for two hours, never deletes
+                {"name": culling.SERVICE, "scopes": culling.SCOPES, "services": [culling.SERVICE]},
             ],
+            "services": [
+                {
+                    "name": culling.SERVICE,
+                    "command": [
+                        sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=7200",
+                        "--cull-every=300", "--cull-users=false", "--remove-named-servers=false",
+                    ],
+                }
+            ],  # fmt: skip
             "custom_scopes": sharing.roles.CUSTOM_SCOPES,
             "authenticator_class": "gpulab_hub.accounts.auth.GpulabAuthenticator",
             "allow_named_servers": True,
@@ -113,7 +130,22 @@ def test_defaults_give_a_working_single_machine_hub():
         "--HubOAuth.cache_max_age=30",
         "--ServerApp.authorizer_class=gpulab_jupyter.authorizer.ProjectAuthorizer",
         "--ProjectAuthorizer.shares_max_age=30",
+        "--ActivityReporter.every_s=150",
     ]
+    # The project knows its idle timeout; servers report activity well within it.
+    assert c.Spawner.environment == {
+        "GPULAB_IDLE_TIMEOUT": "7200",
+        "JUPYTERHUB_ACTIVITY_INTERVAL": "300",
+    }
+
+
+def test_no_idle_culling_when_the_admin_says_0():
+    c = applied({"GPULAB_IDLE_TIMEOUT": "0"})
+    assert "services" not in c.JupyterHub
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user"]
+    assert c.Spawner.environment == {"GPULAB_IDLE_TIMEOUT": "0"}
+    with pytest.raises(ValueError, match="GPULAB_IDLE_TIMEOUT"):
+        applied({"GPULAB_IDLE_TIMEOUT": "2h"})
 
 
 def test_project_servers_enforce_the_share_roles():
@@ -220,7 +252,7 @@ def test_group_share_roles_survive_a_hub_restart(tmp_path):
         )
     )
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
+    settings.apply(c, {"GPULAB_HOME": str(tmp_path), "GPULAB_IDLE_TIMEOUT": "0"}, images_dir="images")
     assert c.JupyterHub.load_roles[1:] == [
         {
             "name": "gpulab-group-share-0123",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpulab_hub import accounts, doctor, home, sharing
+from gpulab_hub import accounts, culling, doctor, home, sharing
 from gpulab_hub.projects import buildlog, objects, rename
 from gpulab_hub.sharing import groupshares, origins
 
@@ -45,6 +45,7 @@ DEFAULTS = {
     "GPULAB_LOGIN_ATTEMPTS": "5",
     "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
     "GPULAB_DELETED_FILES": "archive",
+    "GPULAB_IDLE_TIMEOUT": "7200",
 }
 
 
@@ -191,3 +192,9 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # Builds report progress on the spawn page; give them time.
     c.Spawner.start_timeout = 3600
     c.Spawner.http_timeout = 120
+    # Idle projects stop (and free their GPUs), never one with a running job or a busy
+    # GPU: JupyterHub's idle culler as a service (culling.py, docs/jobs.md).
+    idle = s["GPULAB_IDLE_TIMEOUT"]
+    if not idle.isdigit() or len(idle) > 9:
+        raise ValueError("GPULAB_IDLE_TIMEOUT must be a whole number of seconds (0: never).")
+    culling.configure(c, int(idle))

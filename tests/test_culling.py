@@ -1,0 +1,67 @@
+"""Idle projects are stopped by JupyterHub's idle culler (a service `gpulab up`
+starts), and their GPUs freed; a project with a running job is spared."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import hub_env, start_hub
+from security.people import log_in_admin, make_user
+
+from gpulab_hub import culling
+
+pytestmark = [pytest.mark.docker]
+
+TIMEOUT = 24  # seconds without activity before a project is stopped
+
+JOB = "import time\nfor i in range(600):\n    print(i, flush=True)\n    time.sleep(1)\n"
+
+
+@pytest.fixture
+def culling_hub(docker_engine, tmp_path_factory):
+    home = tmp_path_factory.mktemp("gpulab-cull")
+    hub = start_hub(home, hub_env(home, GPULAB_IDLE_TIMEOUT=str(TIMEOUT)))
+    yield hub
+    hub.gpulab("down")
+
+
+def servers(user) -> dict:
+    return user.api("GET", f"/hub/api/users/{user.name}").json()["servers"]
+
+
+def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_hub):
+    admin = log_in_admin(culling_hub)
+    cleo = make_user(culling_hub, admin, "cleo")
+    cleo.start_project("idle")
+    cleo.start_project("training")
+    server = "/user/cleo/training"
+    r = cleo.api(
+        "PUT", f"{server}/api/contents/train.py", json={"type": "file", "format": "text",
+                                                         "content": JOB},
+    )  # fmt: skip
+    assert r.status_code in (200, 201), r.text
+    r = cleo.api("POST", f"{server}/api/gpulab/v1/jobs", json={"target": "train.py"})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["state"] == "running"
+    # The project's own notice: the timeout it runs under.
+    cull = culling.intervals(TIMEOUT)
+    started = time.monotonic()
+    deadline = started + TIMEOUT + 3 * cull["cull_every"] + 30
+    while "idle" in servers(cleo):
+        assert time.monotonic() < deadline, f"the idle project was not stopped: {servers(cleo)}"
+        time.sleep(2)
+    culled_after = time.monotonic() - started
+    # The project with the job is still there after twice the timeout, its job running.
+    while time.monotonic() - started < 2 * TIMEOUT + cull["cull_every"]:
+        time.sleep(2)
+    assert "training" in servers(cleo), "the project with a running job was stopped"
+    r = cleo.api("GET", f"{server}/api/gpulab/v1/jobs/{job['id']}")
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    assert "3\n" in r.json()["log_tail"]
+    print(f"\nidle project stopped {culled_after:.0f} s after start (timeout {TIMEOUT} s)")
+    r = cleo.api("POST", f"{server}/api/gpulab/v1/jobs/{job['id']}/stop")
+    assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
+    log = culling_hub.log
+    assert culling.SERVICE in log
