@@ -252,7 +252,8 @@ def test_group_share_roles_survive_a_hub_restart(tmp_path):
         )
     )
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": str(tmp_path), "GPULAB_IDLE_TIMEOUT": "0"}, images_dir="images")
+    no_culler = {"GPULAB_HOME": str(tmp_path), "GPULAB_IDLE_TIMEOUT": "0"}
+    settings.apply(c, no_culler, images_dir="images")
     assert c.JupyterHub.load_roles[1:] == [
         {
             "name": "gpulab-group-share-0123",
