@@ -240,10 +240,21 @@ def test_owner_shares_viewer_reads_and_saves_a_copy(hub, people, projects, conte
     # The owner sees no read-only notice.
     expect(owner.get_by_text(READ_ONLY_NOTICE)).to_be_hidden()
 
-    # 2. Share: the dialog shows the hub's share page; a viewer link.
+    # 2. Share: the dialog shows the hub's share page; a viewer link, with when it
+    # expires in the reader's own time (never an ISO string) and a Copy button.
     dialog, frame = share_dialog(owner)
     link = make_link(frame, "viewer")
     expect(frame.locator("#access")).to_contain_text("viewer")
+    expires = frame.locator("#new-link time")
+    expect(expires).to_have_text(re.compile(r"^expires in 24 h, [A-Z][a-z]{2} \d{1,2} \d\d:\d\d$"))
+    code_row = frame.locator("tr.share-code").last
+    expect(code_row.locator("time")).to_have_text(re.compile(r"^expires in 24 h, "))
+    for text in (frame.locator("#new-link").inner_text(), frame.locator("#access").inner_text()):
+        assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:", text), text
+    owner.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    frame.get_by_role("button", name="Copy").click()
+    expect(frame.locator("#new-link-copy")).to_have_text("Copied")
+    assert owner.evaluate("navigator.clipboard.readText()") == link
     owner.wait_for_timeout(300)
     shot(owner, "dialog")
     dialog.get_by_role("button", name="Done").click()

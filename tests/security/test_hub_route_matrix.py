@@ -81,10 +81,11 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         f"/hub/spawn-pending/{U}/{P}",
         {"get": "302 404 404 404 200 200"},
     ),
-    "/hub/spawn": ("/hub/spawn", {"get": "302 302 302 302 302 302", "post": "403 400 400 400 . ."}),
+    # The default server's: gpulab has none; everyone logged in is sent home (home/web.py)
+    "/hub/spawn": ("/hub/spawn", {"get": "302 302 302 302 302 302", "post": "403 303 303 303 . ."}),
     "/hub/spawn/([^/]+)": (
         f"/hub/spawn/{U}",
-        {"get": "302 404 404 404 302 302", "post": "403 404 404 404 . ."},
+        {"get": "302 302 302 302 302 302", "post": "403 303 303 303 . ."},
     ),
     "/hub/spawn/([^/]+)/([^/]+)": (
         f"/hub/spawn/{U}/{P}",
@@ -153,9 +154,10 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
             "delete": "403 404 404 404 . .",
         },
     ),
+    # No default server is ever started (home/): nothing in progress
     "/hub/api/users/([^/]+)/server/progress": (
         f"/hub/api/users/{U}/server/progress",
-        {"get": "403 404 404 404 200 200"},
+        {"get": "403 404 404 404 400 400"},
     ),
     "/hub/api/users/([^/]+)/tokens": (
         f"/hub/api/users/{U}/tokens",
@@ -299,7 +301,8 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     ),
     "/hub/logo": ("/hub/logo", {"get": "200 200 200 200 200 200"}),
     "/hub/api/(.*)": ("/hub/api/nothing", {}),
-    "/(user|services)/([^/]+)": (f"/user/{U}", {"get": "301 301 301 301 302 302"}),
+    # /user/<owner> (no default server behind it): the hub adds the slash
+    "/(user|services)/([^/]+)": (f"/user/{U}", {"get": "301 301 301 301 301 301"}),
     "(?!/hub/).*": ("/nothing", {"get": "302 302 302 302 302 302"}),
     "(.*)": ("/hub/nothing", {}),
 }

@@ -64,6 +64,9 @@ class PublicLink:
     def expires_text(self) -> str:
         return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.expires_at))
 
+    def expires_iso(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.expires_at))
+
 
 def _digest(code: str) -> str:
     return hashlib.sha256(code.encode()).hexdigest()
