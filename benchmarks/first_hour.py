@@ -1,0 +1,176 @@
+"""The first hour, as a user waits for it: click "start" to a usable JupyterLab.
+
+In Chromium (Debian's, driven by Playwright), on a hub of its own (`gpulab up`,
+everything named gpulabbench-fh*, removed at the start and the end), one user and
+one project; each figure is from opening the project's start address (what the home
+page's start button links to) until JupyterLab's file browser shows the Dockerfile:
+
+1. ``first``: a new project's first start (its image is built from the template);
+2. ``pip_line``: a start after the Dockerfile gained one pip RUN line in its managed
+   block, the way %gpu_install writes it (a small pure-Python package);
+3. ``unchanged``: a start with the Dockerfile unchanged (the image is reused);
+4. ``failure``: a start whose Dockerfile ends in a step that fails at once, until the
+   page shows why (the build log's last lines).
+
+Not part of `make test`. Needs root, a Docker engine, Debian's chromium and the
+package index reachable from builds.
+
+    .venv/bin/python benchmarks/first_hour.py [--package six==1.17.0 --module six]
+
+Last line: ``first_hour first=<s> pip_line=<s> unchanged=<s> failure=<s>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from playwright.sync_api import Error as PlaywrightError
+from playwright.sync_api import Page, sync_playwright
+from spawn import BenchError, Hub, say
+
+from gpulab_hub import host
+
+PREFIX = "gpulabbench-fh"
+PROJECT = "first-hour"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+MANAGED_END = "# <<< gpulab managed block <<<"
+READY_TIMEOUT_MS = 600_000
+
+
+def cleanup(dk: host.Docker) -> None:
+    """Remove this benchmark's containers, images and volumes (its prefix only)."""
+    for c in dk.call("containers", all=True, filters={"name": PREFIX}):
+        if any(name.startswith(f"/{PREFIX}-") for name in c["Names"]):
+            dk.call("remove_container", c["Id"], force=True, v=True)
+    host.remove_image_trees(dk, PREFIX)
+    for vol in dk.call("volumes").get("Volumes") or []:
+        if vol["Name"].startswith(f"{PREFIX}-"):
+            dk.call("remove_volume", vol["Name"], force=True)
+    for net in dk.call("networks", names=[PREFIX]):
+        if net["Name"] == f"{PREFIX}-net" and not net.get("Containers"):
+            dk.call("remove_network", net["Id"])
+
+
+def pip_line(package: str, module: str) -> str:
+    """A managed-block line as %gpu_install writes it (magics/runline.py)."""
+    cmd = ["python", "-m", "pip", "install", "--no-cache-dir", package]
+    return "RUN " + " ".join(map(shlex.quote, cmd)) + " && python -c " + shlex.quote(
+        f"import {module}"
+    )
+
+
+def add_managed_line(dockerfile: Path, line: str) -> None:
+    text = dockerfile.read_text()
+    if MANAGED_END not in text:
+        raise BenchError(f"{dockerfile} has no managed block")
+    dockerfile.write_text(text.replace(MANAGED_END, f"{line}\n{MANAGED_END}", 1))
+
+
+def log_in(page: Page, base: str, name: str, password: str) -> None:
+    page.goto(f"{base}/hub/login")
+    page.get_by_label("Username").fill(name)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign In").click()
+    page.wait_for_url("**/hub/**")
+
+
+def until_lab(page: Page, base: str, user: str) -> float:
+    """Seconds from opening the project's start address to the Dockerfile in
+    JupyterLab's file browser."""
+    t0 = time.perf_counter()
+    page.goto(f"{base}/hub/spawn/{user}/{PROJECT}")
+    page.locator("#filebrowser").get_by_text("Dockerfile", exact=True).wait_for(
+        timeout=READY_TIMEOUT_MS
+    )
+    return time.perf_counter() - t0
+
+
+def until_reason(page: Page, base: str, user: str) -> float:
+    """Seconds from opening the start address to the failure's reason on the page."""
+    t0 = time.perf_counter()
+    page.goto(f"{base}/hub/spawn/{user}/{PROJECT}")
+    page.locator("pre.gpulab-log-tail").first.wait_for(timeout=READY_TIMEOUT_MS)
+    return time.perf_counter() - t0
+
+
+def measure(hub: Hub, args) -> dict[str, float]:
+    user = hub.make_user()
+    dockerfile = hub.home / "projects" / user.name / PROJECT / "Dockerfile"
+    out: dict[str, float] = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
+            log_in(page, hub.url, user.name, user.password)
+            hub.running.add(PROJECT)
+            out["first"] = until_lab(page, hub.url, user.name)
+            say(f"first start of a new project: {out['first']:.1f} s")
+            hub.stop(PROJECT)
+
+            add_managed_line(dockerfile, pip_line(args.package, args.module))
+            hub.running.add(PROJECT)
+            out["pip_line"] = until_lab(page, hub.url, user.name)
+            say(f"start after one pip line ({args.package}): {out['pip_line']:.1f} s")
+            hub.stop(PROJECT)
+
+            hub.running.add(PROJECT)
+            out["unchanged"] = until_lab(page, hub.url, user.name)
+            say(f"start with the Dockerfile unchanged: {out['unchanged']:.1f} s")
+            hub.stop(PROJECT)
+
+            dockerfile.write_text(dockerfile.read_text() + "RUN false\n")
+            out["failure"] = until_reason(page, hub.url, user.name)
+            say(f"start to the reason of a failed build: {out['failure']:.1f} s")
+        except PlaywrightError as e:
+            raise BenchError(f"the browser did not get there: {e}") from e
+        finally:
+            browser.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--package", default="six==1.17.0", help="pip requirement of the line")
+    ap.add_argument("--module", default="six", help="module the line imports to verify it")
+    args = ap.parse_args(argv)
+    dk = host.Docker()
+    cleanup(dk)
+    with tempfile.TemporaryDirectory(prefix="gpulab-first-hour-") as tmp:
+        hub = Hub("gpulab", Path(tmp), PREFIX, 1)
+        hub.env.update(
+            {
+                "GPULAB_IMAGE_REPO": f"{PREFIX}/project",
+                "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",
+                "GPULAB_BASE_FROM": f"{PREFIX}/debian:bookworm",
+            }
+        )
+        try:
+            say("starting a hub (gpulab up; the first run builds its base image)")
+            t0 = time.perf_counter()
+            hub.start_gpulab()
+            say(f"hub up in {time.perf_counter() - t0:.0f} s")
+            res = measure(hub, args)
+        except BenchError as e:
+            say(f"first_hour: {e}\n--- hub log ---\n{hub.log_tail()}")
+            return 1
+        finally:
+            try:
+                hub.shutdown()
+            except BenchError as e:
+                say(f"first_hour: {e}")
+            cleanup(dk)
+    say(
+        "first_hour "
+        + " ".join(f"{k}={res[k]:.1f}" for k in ("first", "pip_line", "unchanged", "failure"))
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
