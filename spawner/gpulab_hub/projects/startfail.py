@@ -71,6 +71,12 @@ class SpawnError(SpawnException):
         self.gpulab_last_good = last_good if build_failed else ""
         self.gpulab_log_url = log_url
 
+    def __str__(self) -> str:
+        """The reason in words (JupyterHub's "422 SpawnError(reason=build): ..." is for
+        logs; pages that show ``str()`` of a failed start, as gpulab's home page does,
+        show this)."""
+        return self.message
+
 
 def build_failed(project: str, last_good: str, log_tail, log_url: str) -> SpawnError:
     """The Dockerfile of ``project`` did not build; ``last_good`` describes the last
