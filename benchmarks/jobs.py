@@ -29,7 +29,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "extensions"))
 
-from gpulab_jupyter.activity import ActivityReporter  # noqa: E402
 from gpulab_jupyter.jobs.local import LocalEngine  # noqa: E402
 from gpulab_jupyter.jobs.model import FINISHED, JobRequest  # noqa: E402
 
@@ -71,9 +70,11 @@ def cpu(n: int) -> None:
             e = LocalEngine(many)
             for _ in range(count):
                 wait_done(e, e.start(JobRequest("hello.py")).id)
-            reporter = ActivityReporter({}, e, None)
             import asyncio
 
+            from gpulab_jupyter.activity import ActivityReporter
+
+            reporter = ActivityReporter({}, e, None)
             t0 = time.perf_counter()
             rounds = 20
             for _ in range(rounds):

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from traitlets import Float
 from traitlets.config import Configurable
 
-from gpulab_jupyter.jobs.handlers import activity as jobs_running
+from gpulab_jupyter.jobs.local import any_running as jobs_running
 
 
 class ActivityReporter(Configurable):

@@ -118,12 +118,3 @@ def routes(prefix: str = "api/gpulab/v1") -> list[tuple[str, type]]:
         (rf"{prefix}/jobs/({job})", JobHandler),
         (rf"{prefix}/jobs/({job})/({'|'.join(ACTIONS)})", JobActionHandler),
     ]
-
-
-def activity(engine) -> bool:
-    """Whether a job runs now (the server then reports activity, so the idle culler
-    leaves the project alone)."""
-    try:
-        return any(r.state in ("running", "starting") for r in engine.list())
-    except (JobError, OSError):
-        return False

@@ -180,6 +180,15 @@ class LocalEngine:
         return records
 
 
+def any_running(engine) -> bool:
+    """Whether a job runs now (the server then reports activity, so the idle culler
+    leaves the project alone)."""
+    try:
+        return any(r.state in ("running", "starting") for r in engine.list())
+    except (JobError, OSError):
+        return False
+
+
 def _supervising(pid, folder: Path) -> bool:
     """Whether ``pid`` is this job's supervisor (not a process that reused the pid)."""
     if not isinstance(pid, int) or pid <= 1:
