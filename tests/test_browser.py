@@ -254,6 +254,9 @@ def test_sign_up_approval_login_project_and_jupyterlab(hub, stop_servers_afterwa
     expect(row.locator(".gpus")).to_have_text("none")
     expect(row.locator(".build")).to_contain_text("OK")
     expect(row.locator(".build")).to_contain_text(re.compile(r"built \w{3} \d{1,2} \d\d:\d\d"))
+    expect(row.get_by_role("link", name="build log")).to_have_attribute(
+        "href", f"/hub/gpulab/build-log/{USER}/{PROJECT}"
+    )
     expect(row.get_by_role("link", name="Open")).to_have_attribute(
         "href", f"/user/{USER}/{PROJECT}/"
     )
@@ -296,6 +299,13 @@ def test_sign_up_approval_login_project_and_jupyterlab(hub, stop_servers_afterwa
     archived = list((hub.home / "hub" / "deleted").glob(f"{USER}-*/projects/{PROJECT}"))
     assert len(archived) == 1 and (archived[0] / OLD_NOTEBOOK).is_file(), archived
     assert archived[0].parent.parent.name in notice.inner_text()
+
+    # Its address leads home too, saying so.
+    user.goto(f"{base}/user/{USER}/{PROJECT}/lab")
+    expect(user).to_have_url(f"{base}/hub/home?missing={PROJECT}")
+    expect(user.locator(".home-notice")).to_have_text(
+        f"You have no project named \u201c{PROJECT}\u201d (was it renamed or deleted?)."
+    )
 
     # 6. The same name again starts empty: the old notebook is not back.
     create(user, DISPLAY_NAME)
