@@ -21,6 +21,16 @@ from gpulab_hub import pidfile
 pytestmark = [pytest.mark.docker]
 
 
+# In a kernel: write a script, start it as a job with %gpu_job, print the job's id.
+JOB_FROM_KERNEL = """
+open('ticks.py', 'w').write(
+    "import time\\nfor i in range(900):\\n    print('tick', i, flush=True)\\n    time.sleep(1)\\n")
+get_ipython().run_line_magic('gpu_job', 'run ticks.py')
+from gpulab_jupyter.jobs.local import LocalEngine
+print(LocalEngine('/workspace').list()[0].id)
+"""
+
+
 @pytest.fixture
 def crash_hub(docker_engine, tmp_path_factory):
     home = tmp_path_factory.mktemp("gpulab-crash")
@@ -49,6 +59,8 @@ def test_a_killed_hub_readopts_running_projects_and_forgets_dead_ones(crash_hub,
     rita.start_project("dies")
     share_by_link(rita, "keep", rob, "collaborator")
     rita.execute("keep", "open('before.txt', 'w').write('written before the crash')")
+    # A job started from a kernel (the kernel is deleted right after): it runs on.
+    job_id = rita.execute("keep", JOB_FROM_KERNEL).strip()
     keep = docker_engine.call("inspect_container", f"{PREFIX}-rita--keep")
 
     hub_process = pidfile.read(crash_hub.home / "hub" / "gpulab-hub.pid")
@@ -65,6 +77,12 @@ def test_a_killed_hub_readopts_running_projects_and_forgets_dead_ones(crash_hub,
     assert after["Id"] == keep["Id"] and after["State"]["StartedAt"] == keep["State"]["StartedAt"]
     out = rita.execute("keep", "print(open('before.txt').read())")
     assert out.strip() == "written before the crash"
+    # The job outlived its kernel and the hub: still running, its log growing.
+    job = rita.api("GET", f"/user/rita/keep/api/gpulab/v1/jobs/{job_id}")
+    assert job.status_code == 200 and job.json()["state"] == "running", job.text
+    assert "tick 2" in job.json()["log_tail"], job.json()
+    stopped = rita.api("POST", f"/user/rita/keep/api/gpulab/v1/jobs/{job_id}/stop")
+    assert stopped.status_code == 200 and stopped.json()["state"] == "stopped", stopped.text
     out = execute(crash_hub.url, "/user/rita/keep", rob.token, "print('collaborator in')")
     assert out.strip() == "collaborator in"
     # The project whose container died meanwhile is stopped, and starts again.
