@@ -196,3 +196,36 @@ async def test_someone_who_just_accepted_a_share_gets_in_at_once():
     assert not await auth.allows(mallory, "read", "contents")
     assert not await auth.allows(mallory, "write", "contents")
     assert len(asked) == 2  # refused again within 2 s: the hub is not asked again
+
+
+async def test_a_refusal_is_in_the_viewers_words_for_a_viewer_only():
+    auth = authorizer.ProjectAuthorizer()
+    auth.owner, auth.server_name = "alice", "one"
+
+    async def no_shares():
+        return []
+
+    auth._fetch_shares = no_shares
+    words = (
+        "You are a viewer of alice's project one: you can read it, but not change or run "
+        "anything here. Save a copy to work on it."
+    )
+    viewer = {"name": "bob", "kind": "user", "scopes": VIEWER}
+    collaborator = {"name": "carol", "kind": "user", "scopes": COLLABORATOR}
+    stranger = {"name": "mallory", "kind": "user", "scopes": []}
+    assert await auth.refusal(viewer) == words
+    assert await auth.refusal(collaborator) == ""
+    assert await auth.refusal(stranger) == ""  # no role here: the plain refusal
+
+
+def test_handlers_that_only_ask_are_never_refused_by_the_authorizer():
+    from jupyter_server.services.api.handlers import IdentityHandler
+
+    assert authorizer._asks_only(IdentityHandler.__new__(IdentityHandler))  # /api/me
+
+
+    class Room(APIHandler):  # what collab.py's room handler says of itself
+        gpulab_asks_only = True
+
+    assert authorizer._asks_only(Room.__new__(Room))  # a viewer's room is read-only
+    assert not authorizer._asks_only(APIHandler.__new__(APIHandler))

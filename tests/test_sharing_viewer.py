@@ -1,6 +1,8 @@
 """The viewer role, enforced by the project server (real hub, real project container):
 a viewer reads and opens JupyterLab, and every write, kernel, terminal and RTC change
-is refused route by route; a collaborator may do each of them."""
+is refused route by route, in the viewer's words; a collaborator may do each of them.
+In Chromium: the viewer is offered only what the role can do, and the owner's terminal
+runs the project's Python."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import re
 import time
 import uuid
+from pathlib import Path
 
 import pycrdt
 import pytest
@@ -23,6 +26,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure"
 OWNER, PROJECT = "vwalice", "viewed"
 VIEWER, COLLAB = "vwbob", "vwcarol"
 SERVER = f"/user/{OWNER}/{PROJECT}"
+# What the server tells a viewer it refuses (and JupyterLab, when it stops them first).
+VIEWER_WORDS = (
+    f"You are a viewer of {OWNER}'s project {PROJECT}: you can read it, but not change or "
+    "run anything here. Save a copy to work on it."
+)
 NB = "notes.ipynb"
 ORIGINAL = "print('the owner wrote this')"
 
@@ -155,14 +163,14 @@ def test_viewer_opens_jupyterlab_in_a_browser_session(people, project):
     assert got.status_code == 200, got.text
     assert ORIGINAL in got.text
     made = browser.post(bob.base + f"{SERVER}/api/kernels", headers=headers, json={}, timeout=30)
-    assert made.status_code == 403 and "not authorized" in made.text, made.text
+    assert made.status_code == 403 and made.json()["message"] == VIEWER_WORDS, made.text
     saved = browser.put(
         bob.base + f"{SERVER}/api/contents/{NB}",
         headers=headers,
         json={"type": "notebook", "format": "json", "content": notebook("x")},
         timeout=30,
     )
-    assert saved.status_code == 403 and "not authorized" in saved.text, saved.text
+    assert saved.status_code == 403 and saved.json()["message"] == VIEWER_WORDS, saved.text
     assert source_on_disk(people[OWNER]) == ORIGINAL
 
 
@@ -224,7 +232,8 @@ def test_viewer_refused_collaborator_allowed(people, project, name, method, path
     before = _state(alice)
     r = _request(bob, method, path, body)
     assert r.status_code == 403, f"viewer {name}: {r.status_code} {r.text}"
-    assert "not authorized" in r.text, r.text  # the authorizer said no (not, say, XSRF)
+    # The authorizer said no (not, say, XSRF), in the viewer's words.
+    assert r.json()["message"] == VIEWER_WORDS, r.text
     # Nothing changed: files, the notebook, kernels, sessions, terminals.
     assert source_on_disk(alice) == ORIGINAL
     assert _state(alice) == before
@@ -371,3 +380,200 @@ def test_rtc_viewer_sees_live_content_and_cannot_change_it(people, project):
         watcher.close()
         time.sleep(1)
         _restore(alice)
+
+
+# --- in Chromium: what the viewer is offered, and the owner's terminal -----------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SHOTS = Path(__file__).resolve().parents[1] / "test-output"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def lab_page(browser, hub, name: str):
+    """A logged-in browser of ``name`` on the owner's JupyterLab (authorized, news declined)."""
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import expect
+
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    context.set_default_timeout(20_000)
+    page = context.new_page()
+    page.goto(f"{hub.url}/hub/login")
+    page.get_by_label("Username").fill(name)
+    page.get_by_label("Password").fill(f"{name}-Passw0rd-long")
+    page.get_by_role("button", name="Sign In").click()
+    page.wait_for_url("**/hub/home")
+    page.goto(f"{hub.url}{SERVER}/lab")
+    page.wait_for_url(re.compile(r"/hub/api/oauth2/authorize|/lab"), timeout=60_000)
+    if "/oauth2/authorize" in page.url:  # JupyterHub asks once for another person's server
+        page.get_by_role("button", name="Authorize").click()
+    expect(page.locator("#jp-main-dock-panel")).to_be_visible(timeout=90_000)
+    expect(page.locator("#filebrowser")).to_be_visible(timeout=60_000)
+    try:  # JupyterLab's "get notified about Jupyter news?" toast
+        page.get_by_role("button", name="No", exact=True).click(timeout=3_000)
+    except PlaywrightError:
+        pass
+    return page
+
+
+def open_launcher(page) -> None:
+    page.locator("#jp-main-dock-panel").click(position={"x": 5, "y": 5})
+    page.keyboard.press("Control+Shift+L")  # File > New Launcher
+
+
+@pytest.mark.browser
+def test_viewer_is_offered_only_what_a_viewer_can_do(hub, people, project, browser):
+    from playwright.sync_api import expect
+
+    _restore(people[OWNER])
+    page = lab_page(browser, hub, VIEWER)
+    try:
+        expect(page.locator("body")).to_have_attribute("data-gpulab-access", "read")
+        # The launcher: no tiles (new notebook, console, terminal, files), and why.
+        open_launcher(page)
+        note = page.locator(".jp-Launcher-content [data-gpulab=launcher-note]").last
+        expect(note).to_have_text(VIEWER_WORDS)
+        expect(page.locator(".jp-LauncherCard:visible")).to_have_count(0)
+        # The file browser: no "+", new folder or upload (refresh stays).
+        toolbar = page.locator("#filebrowser .jp-FileBrowser-toolbar")
+        expect(toolbar.locator("[data-jp-item-name=refresh]")).to_be_visible()
+        for name in ("new-launcher", "new-directory", "uploader"):
+            expect(toolbar.locator(f"[data-jp-item-name={name}]")).to_be_hidden()
+        # The File menu's New items are disabled.
+        page.locator(".lm-MenuBar-itemLabel", has_text="File").click()
+        page.locator(".lm-Menu-item", has_text="New").first.hover()
+        for label in ("Notebook", "Terminal"):
+            item = page.locator(".lm-Menu-item:visible").filter(
+                has=page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{label}$"))
+            )
+            expect(item).to_have_attribute("aria-disabled", "true")
+        page.keyboard.press("Escape")
+        page.keyboard.press("Escape")
+        page.screenshot(path=SHOTS / "viewer-launcher.png")
+
+        # A notebook: its cells do not take typing, and saving says why, in role words.
+        page.locator("#filebrowser").get_by_text(NB, exact=True).dblclick()
+        panel = page.locator(".jp-NotebookPanel:visible")
+        editor = panel.locator(".jp-Cell").first.locator(".cm-content")
+        expect(editor).to_contain_text(ORIGINAL, timeout=30_000)
+        expect(editor).to_have_attribute("aria-readonly", "true")
+        editor.click()
+        page.keyboard.type("# typed by the viewer")
+        expect(editor).to_have_text(ORIGINAL)
+        page.keyboard.press("Control+s")
+        toast = page.locator(".Toastify__toast").filter(has_text=VIEWER_WORDS)
+        expect(toast).to_be_visible()
+        expect(toast.get_by_role("button", name="Save a copy")).to_be_visible()
+        expect(page.get_by_text("Saving failed")).to_have_count(0)
+        page.wait_for_timeout(500)
+        page.screenshot(path=SHOTS / "viewer-notebook-read-only.png")
+
+        # Where the server still refuses (a request JupyterLab would make), the same words.
+        answer = page.evaluate(
+            """async url => {
+                const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1] || '';
+                const r = await fetch(url, {method: 'PUT', body: JSON.stringify(
+                    {type: 'file', format: 'text', content: 'x'}),
+                    headers: {'X-XSRFToken': decodeURIComponent(xsrf)}});
+                return [r.status, (await r.json()).message];
+            }""",
+            f"{SERVER}/api/contents/uploaded.txt",
+        )
+        assert answer == [403, VIEWER_WORDS]
+        assert source_on_disk(people[OWNER]) == ORIGINAL
+    finally:
+        page.context.close()
+
+
+def project_container(docker_engine) -> str:
+    from conftest import PREFIX
+
+    labels = [f"gpulab.instance={PREFIX}", f"gpulab.owner={OWNER}", f"gpulab.project={PROJECT}"]
+    found = docker_engine.call("containers", filters={"label": labels})
+    assert len(found) == 1, found
+    return found[0]["Id"]
+
+
+def login_shell(docker_engine, shell: str, command: str) -> str:
+    """``command`` in a login shell of the project's container, as `docker exec` or SSH
+    would start one (the notebook user, the image's environment)."""
+    cid = project_container(docker_engine)
+    run = docker_engine.call("exec_create", cid, [shell, "-lc", command], user="1000:100")
+    return docker_engine.call("exec_start", run["Id"]).decode(errors="replace")
+
+
+def test_login_shells_get_the_projects_python(docker_engine, project):
+    out = login_shell(docker_engine, "sh", "command -v python; command -v pip; echo $VIRTUAL_ENV")
+    assert out.split() == ["/opt/gpulab/venv/bin/python", "/opt/gpulab/venv/bin/pip",
+                           "/opt/gpulab/venv"]  # fmt: skip
+    out = login_shell(docker_engine, "bash", 'python -c "import gpulab_jupyter, sys; '
+                      'print(sys.prefix)"; echo $SHELL')  # fmt: skip
+    assert out.split() == ["/opt/gpulab/venv", "/bin/bash"]
+
+
+@pytest.mark.browser
+def test_owner_terminal_runs_the_projects_python(hub, people, project, browser):
+    from playwright.sync_api import expect
+
+    # Screen reader mode (a JupyterLab setting): the terminal's text is also in the page.
+    r = people[OWNER].api(
+        "PUT",
+        f"{SERVER}/lab/api/settings/@jupyterlab/terminal-extension:plugin",
+        json={"raw": '{"screenReaderMode": true}'},
+    )
+    assert r.status_code == 204, r.text
+    page = lab_page(browser, hub, OWNER)
+    try:
+        open_launcher(page)
+        page.locator(".jp-LauncherCard:visible").filter(has_text="Terminal").first.click()
+        terminal = page.locator(".jp-Terminal:visible")
+        text = terminal.locator(".xterm-accessibility-tree")
+        expect(text).to_contain_text("$", timeout=30_000)  # the prompt
+        terminal.click()
+        # Each command, then its answer (typing ahead would mix them on the screen).
+        answers = {
+            'python -c "import sys; print(sys.prefix)"': "/opt/gpulab/venv",  # the notebook's
+            "pip --version": re.compile(r"^pip \S+ from /opt/gpulab/venv/lib/python3"),
+            "echo $0": "/bin/bash",  # bash, not sh
+        }
+        for command, answer in answers.items():
+            prompts = len(re.findall(r"/workspace\$", text.inner_text()))
+            page.keyboard.type(command)
+            page.keyboard.press("Enter")
+            page.wait_for_function(
+                "([n, sel]) => (document.querySelector(sel).innerText.match(/workspace\\$/g)"
+                " || []).length > n",
+                arg=[prompts, ".jp-Terminal .xterm-accessibility-tree"],
+                timeout=20_000,
+            )
+            rows = [r.strip() for r in text.inner_text().splitlines() if r.strip()]
+            after = rows[[i for i, r in enumerate(rows) if r.endswith(command)][-1] + 1]
+            if isinstance(answer, str):
+                assert after == answer, rows
+            else:
+                assert answer.match(after), rows
+        assert not [r for r in rows if "not found" in r], rows
+        page.wait_for_timeout(300)
+        page.screenshot(path=SHOTS / "owner-terminal.png")
+
+        # On this host without a GPU, the GPU panel says so, and not "ask for a GPU".
+        page.locator("[data-gpulab=status]").click()
+        box = page.locator("[data-gpulab=panel] .jp-gpulab-NoGpu")
+        expect(box).to_have_attribute("data-reason", "no_driver")
+        expect(box.locator(".jp-gpulab-Reason")).to_have_text(
+            re.compile(r"^This host has no NVIDIA driver: gpulab found no GPU on it")
+        )
+        expect(box).not_to_contain_text("GPUs for this project")
+        page.screenshot(path=SHOTS / "owner-gpu-panel-no-driver.png")
+    finally:
+        page.context.close()

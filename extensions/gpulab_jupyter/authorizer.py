@@ -60,6 +60,7 @@ from urllib.parse import quote, urlencode
 from jupyterhub.services.auth import check_scopes
 from jupyterhub.singleuser.extension import JupyterHubAuthorizer
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+from tornado.web import HTTPError
 from tornado.websocket import WebSocketHandler
 from traitlets import Float
 
@@ -105,6 +106,15 @@ def shared_scopes(shares, name: str, groups) -> frozenset[str]:
     return frozenset(found)
 
 
+def _asks_only(handler) -> bool:
+    """Whether ``handler`` asks what a person may do without refusing them for it (their
+    answer is a False, not a 403): /api/me, and a collaboration room asking if its
+    visitor may write (a viewer's room is read-only, not refused)."""
+    cls = type(handler)
+    named = f"{cls.__module__}.{cls.__qualname__}" in ASKS_ONLY
+    return named or getattr(cls, "gpulab_asks_only", False)
+
+
 def is_document_session(handler, action: str) -> bool:
     """jupyter-collaboration's PUT /api/collaboration/session/<path>: it only looks up or
     makes the file's id, which every reader needs to open a document."""
@@ -114,6 +124,21 @@ def is_document_session(handler, action: str) -> bool:
         and cls.__name__ == "DocSessionHandler"
         and cls.__module__.startswith("jupyter_server_ydoc")
     )
+
+
+def viewer_refusal(owner: str, project: str) -> str:
+    """What a viewer is told when the server refuses them a change (one line; no "%",
+    which tornado's error pages would read as a format)."""
+    where = f"{owner}'s project {project}".replace("%", "")
+    return (
+        f"You are a viewer of {where}: you can read it, but not change or run anything "
+        "here. Save a copy to work on it."
+    )
+
+
+# Handlers that ask the authorizer what a person may do, to tell them (never to refuse);
+# a handler class may also say so itself (``gpulab_asks_only = True``).
+ASKS_ONLY = frozenset({"jupyter_server.services.api.handlers.IdentityHandler"})
 
 
 class ProjectAuthorizer(JupyterHubAuthorizer):
@@ -154,7 +179,20 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
         if allowed and isinstance(handler, WebSocketHandler):
             token = self.hub_auth.get_token(handler) or ""
             self.connections.watch(handler, token, action, resource)
+        if not allowed and not _asks_only(handler):
+            refusal = await self.refusal(hub_user)
+            if refusal:  # in the role's words rather than "not authorized to write on …"
+                raise HTTPError(403, refusal)
         return allowed
+
+    async def refusal(self, hub_user: dict) -> str:
+        """What this person is told when a change is refused: the viewer's words for
+        someone who may read here but not write; "" for anyone else."""
+        if await self.allows(hub_user, "write", "contents"):
+            return ""
+        if not await self.allows(hub_user, "read", "contents"):
+            return ""
+        return viewer_refusal(*self._where)
 
     async def allows(self, hub_user: dict, action: str, resource: str, handler=None) -> bool:
         """Whether JupyterHub's model of a token (``hub_user``) holds the scope that

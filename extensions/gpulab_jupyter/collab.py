@@ -79,6 +79,7 @@ def room_handler_class():
     from tornado import web
 
     class ReadOnlyRoomHandler(YDocWebSocketHandler):
+        gpulab_asks_only = True  # "may write?" decides read-only; the authorizer refuses nothing
         gpulab_may_write = False
         gpulab_dropped = 0
 

@@ -30,7 +30,7 @@ START_WITH_A_GPU = (
 )
 NO_GPU_HOST_HINT = (
     "Your code runs on the CPU. For a GPU, whoever runs gpulab needs a host with an NVIDIA "
-    "GPU and driver (`gpulab doctor` on the host says what is missing)."
+    "GPU and driver (\u201cgpulab doctor\u201d on the host says what is missing)."
 )
 PLAIN_HINT = (
     "Your code runs on the CPU. On your own machine, install the NVIDIA driver; for a "
@@ -38,7 +38,7 @@ PLAIN_HINT = (
 )
 ASK_ADMIN_HINT = (
     "Restart the project; if this stays, tell whoever runs gpulab "
-    "(`gpulab doctor` checks that containers can use the GPUs)."
+    "(\u201cgpulab doctor\u201d checks that containers can use the GPUs)."
 )
 
 

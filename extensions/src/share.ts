@@ -5,9 +5,10 @@
  *   share page for this project (who has access, links, revoke);
  * - "Save a copy" (File menu, notebook toolbar): the hub's page that copies
  *   the current notebook into one of the user's own projects;
- * - for people the project is shared with read-only: a top bar notice, and
+ * - for people the project is shared with read-only: a top bar notice,
  *   notebooks open without a kernel (the server refuses kernels to them; this
- *   spares them JupyterLab's kernel error dialogs).
+ *   spares them JupyterLab's kernel error dialogs), and only what they can do
+ *   is offered (viewer.ts).
  *
  * Menus and toolbar items are declared in schema/share.json; outside JupyterHub
  * the commands are hidden and nothing else happens.
@@ -19,6 +20,7 @@ import { copyIcon, shareIcon } from '@jupyterlab/ui-components';
 import { ReadonlyPartialJSONObject } from '@lumino/coreutils';
 import { Widget } from '@lumino/widgets';
 
+import { fetchInfo } from './api';
 import {
   ALL_ALLOWED,
   copyUrl,
@@ -29,6 +31,7 @@ import {
   IPermissions,
   shareUrl
 } from './hub';
+import { installViewerGuards, lockDocument } from './viewer';
 
 export const SHARE = 'gpulab:share';
 export const SAVE_COPY = 'gpulab:save-copy';
@@ -116,6 +119,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const hub = hubContext();
     const shared = inProject(hub);
     let permissions: IPermissions = ALL_ALLOWED;
+    // Asked at once: documents restored before the answer wait for it.
+    const permissionsReady = shared
+      ? withTimeout(fetchPermissions(), PERMISSIONS_TIMEOUT_MS, ALL_ALLOWED)
+      : Promise.resolve(ALL_ALLOWED);
     // The last document the user looked at, for "Save a copy" from the top bar.
     let lastPath = '';
     let lastNotice = 0;
@@ -201,10 +208,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // a notice instead of JupyterLab's kernel dialogs when they try.
     const noKernels: DocumentRegistry.IWidgetExtension<Widget, DocumentRegistry.IModel> = {
       createNew: (widget, context) => {
-        if (!permissions.write) {
-          // JupyterLab's own read-only state: its save button says so instead of trying.
-          context.model.readOnly = true;
-        }
+        void permissionsReady.then(p => {
+          if (!p.write) {
+            // JupyterLab's own read-only state: its save button says so instead of trying.
+            context.model.readOnly = true;
+            lockDocument(widget);
+          }
+        });
         if (permissions.run) {
           return;
         }
@@ -225,6 +235,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     };
     app.docRegistry.addWidgetExtension('Notebook', noKernels);
+    app.docRegistry.addWidgetExtension('Editor', {
+      createNew: widget => {
+        void permissionsReady.then(p => {
+          if (!p.write) {
+            lockDocument(widget);
+          }
+        });
+      }
+    });
 
     app.shell.currentChanged?.connect(() => {
       const path = documentPath(app.shell.currentWidget);
@@ -238,9 +257,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
     if (!shared) {
       return;
     }
-    permissions = await withTimeout(fetchPermissions(), PERMISSIONS_TIMEOUT_MS, ALL_ALLOWED);
+    permissions = await permissionsReady;
     if (!permissions.run) {
       guardRunCommands(app, () => noticeNoKernel(documentPath(app.shell.currentWidget)));
+    }
+    if (!permissions.write) {
+      const refusal = await fetchInfo().then(
+        info => info.refusal,
+        () => ''
+      );
+      installViewerGuards(app, {
+        refusal,
+        saveCopy: () => void app.commands.execute(SAVE_COPY, {})
+      });
     }
     document.body.dataset.gpulabAccess = permissions.write
       ? 'write'
