@@ -45,7 +45,6 @@ def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_h
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["state"] == "running"
-    # The project's own notice: the timeout it runs under.
     cull = culling.intervals(TIMEOUT)
     started = time.monotonic()
     deadline = started + TIMEOUT + 3 * cull["cull_every"] + 30
@@ -57,6 +56,10 @@ def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_h
     while time.monotonic() - started < 2 * TIMEOUT + cull["cull_every"]:
         time.sleep(2)
     assert "training" in servers(cleo), "the project with a running job was stopped"
+    # What JupyterLab's notice reads: the timeout, and that the job keeps it.
+    r = cleo.api("GET", f"{server}/api/gpulab/v1/activity")
+    assert r.status_code == 200 and r.json()["idle_timeout"] == TIMEOUT, r.text
+    assert "job" in r.json()["kept_by"], r.json()
     r = cleo.api("GET", f"{server}/api/gpulab/v1/jobs/{job['id']}")
     assert r.status_code == 200 and r.json()["state"] == "running", r.text
     assert "3\n" in r.json()["log_tail"]

@@ -314,7 +314,7 @@ def test_docs_describe_every_route_and_setting():
     jobs_doc = (docs / "jobs.md").read_text()
     for pattern, cls in handlers.routes():
         route = pattern.removeprefix(API_PREFIX + "/")
-        if route.startswith("jobs"):  # docs/jobs.md, with <id> and each action
+        if route.startswith(("jobs", "activity")):  # docs/jobs.md, with <id> and each action
             route = route.replace(f"({JOB_ID.pattern})", "<id>")
             for method in ("get", "post"):
                 if method in cls.__dict__:

@@ -229,3 +229,22 @@ def test_gpu_job_magic_in_a_kernel_that_then_dies(project):
     assert engine.status(record.id).state == "running"  # the kernel is gone, not the job
     done = wait_for(lambda: engine.status(record.id).state == "succeeded", timeout=30)
     assert done and "step 19" in engine.logs(record.id)
+
+
+def test_when_the_project_would_be_stopped_and_what_keeps_it():
+    from datetime import UTC, datetime, timedelta
+
+    from gpulab_jupyter.idle import activity_body, idle_timeout
+
+    now = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+    last = now - timedelta(minutes=30)
+    body = activity_body({}, last, 7200, now)
+    assert body["stop_at"] == (last + timedelta(hours=2)).timestamp()
+    assert body["kept_by"] == []
+    busy = {"gpulab_jobs_last_activity": now, "gpulab_gpu_last_activity": now - timedelta(hours=1)}
+    assert activity_body(busy, now, 7200, now)["kept_by"] == ["job"]
+    assert activity_body({}, now, 0, now) == {
+        "idle_timeout": 0, "last_activity": now.timestamp(), "stop_at": None, "kept_by": ["use"],
+    }  # fmt: skip
+    assert idle_timeout({"GPULAB_IDLE_TIMEOUT": "3600"}) == 3600
+    assert idle_timeout({"GPULAB_IDLE_TIMEOUT": "1e9"}) == 0  # only whole seconds

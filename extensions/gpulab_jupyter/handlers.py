@@ -148,6 +148,7 @@ class GPUProcessesHandler(_SamplerHandler):
 
 def routes() -> list[tuple[str, type]]:
     """Every route of the extension (relative to the server's base URL)."""
+    from .idle import routes as idle_routes
     from .jobs.handlers import routes as job_routes
 
     return [
@@ -156,4 +157,5 @@ def routes() -> list[tuple[str, type]]:
         (f"{API_PREFIX}/gpu/history", GPUHistoryHandler),
         (f"{API_PREFIX}/gpu/processes", GPUProcessesHandler),
         *job_routes(API_PREFIX),
+        *idle_routes(API_PREFIX),
     ]

@@ -148,6 +148,9 @@ EXPECTED = {
     "gpulab_jupyter.jobs.handlers.JobsHandler": "read",
     "gpulab_jupyter.jobs.handlers.JobHandler": "read",
     "gpulab_jupyter.jobs.handlers.JobActionHandler": "read",
+    # when the idle culler would stop the project; "keep it" (POST) is a change
+    "gpulab_jupyter.idle.ActivityHandler": "read",
+    "gpulab_jupyter.idle.KeepHandler": "read",
 }
 SAMPLES = [
     "x", f"/{NB}", "00000000-0000-0000-0000-000000000000", NB, "json:notebook:x", "1", "x/y",
