@@ -314,6 +314,17 @@ def test_sign_up_approval_login_project_and_jupyterlab(hub, stop_servers_afterwa
     assert server_file_status(user, OLD_NOTEBOOK) == 404
     shot(user, "10-lab-recreated.png")
 
+    # Home again: a name the user has, or the one gpulab keeps, is refused in words.
+    user.goto(f"{base}/hub/home")
+    create(user, DISPLAY_NAME, "Create")
+    expect(user.locator("#home-error")).to_have_text(
+        f"You already have a project named \u201c{PROJECT}\u201d: choose another name, "
+        "or open that one below."
+    )
+    create(user, "Default", "Create")
+    expect(user.locator("#home-error")).to_contain_text("is a name gpulab keeps for itself")
+    expect(user.locator("tr.project")).to_have_count(1)
+
     # For the README, only from a passing run.
     DOCS_IMG.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(SHOTS / "07-home-running.png", DOCS_IMG / "home.png")
