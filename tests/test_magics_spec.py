@@ -147,3 +147,26 @@ def test_the_recorded_line_of_a_package_compiled_for_this_gpu():
     none = buildenv.build_env(["six"], buildenv.GpuReport(problem="no driver"), False)
     assert "TORCH_CUDA_ARCH_LIST" not in none.env and not none.no_build_isolation
     assert none.notes == ["No GPU to build for (no driver): CUDA architectures are not set."]
+
+
+def test_reading_pip_lines_as_a_terminal_shows_them():
+    assert piplog.plain("\x1b[1;31mERROR:\x1b[0m no \x1b]0;title\x07x\x07") == "ERROR: no x"
+    assert piplog.plain("50%\r\x1b[2K100% built") == "100% built"
+    assert piplog.plain("\x9b31mred\x9b0m\x00") == "red"
+    log = [
+        "  Building wheel for tiny-pure (pyproject.toml): started",
+        "  Created wheel for tiny-pure: filename=tiny_pure-1.0-py3-none-any.whl size=9 sha256=0",
+        "  Building wheel for tiny-ext (setup.py): started",
+        "  Created wheel for tiny-ext: filename=tiny_ext-1.0-cp311-cp311-linux_x86_64.whl size=9",
+        "  Running setup.py install for old-style: started",
+    ]
+    assert piplog.built_from_source(log) == {"tiny-pure", "tiny-ext", "old-style"}
+    assert piplog.compiled(log) == {"tiny-ext", "old-style"}  # a pure wheel was not compiled
+    warning = (
+        "WARNING: The repository located at pkgs.example.org is not a trusted or secure host "
+        "and is being ignored. If this repository is available via HTTPS we recommend you use "
+        "HTTPS instead, otherwise you may silence this warning and allow it anyway with "
+        "'--trusted-host pkgs.example.org'."
+    )
+    assert piplog.insecure_hosts([warning, warning]) == ["pkgs.example.org"]
+    assert not piplog.cuda_build(log) and piplog.cuda_build(["/usr/local/cuda/bin/nvcc -c x"])
