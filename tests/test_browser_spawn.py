@@ -7,6 +7,7 @@ One project, whose Dockerfile gains ``RUN false`` after a first good build:
    (which the owner can read, ANSI-free) and offers building again or the last image;
 2. "Build the Dockerfile again" from the spawn form (a POST) ends on the same page with
    the same choices (JupyterHub used to show another project's form and "HTTP 500");
+   a build that fails while the progress shows says so on the progress page first;
 3. "Start the last image that built": the progress says so, JupyterLab opens, and the
    container's environment tells the project's user (GPULAB_IMAGE_STATE and friends).
 
@@ -38,6 +39,7 @@ SHOTS = REPO / "test-output"
 USER, PROJECT = "spawnsam", "mendme"
 # A step that fails at once, and prints colour codes first (the log page drops them)
 BROKEN = "RUN printf '\\033[31mred-step-output\\033[0m\\n' && false\n"
+SLOW_BROKEN = "RUN echo slow-step-output && sleep 3 && false\n"
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +152,19 @@ def test_a_dockerfile_that_fails_fast(hub, docker_engine, owner: HubUser, page: 
     expect_build_failure_page(page)
     shot(page, "spawn-04-build-failed-again.png")
 
+    # A build that fails later, while the spawn page shows the progress: that page says
+    # so itself, then the failure page with the choices follows.
+    dockerfile.write_text(dockerfile.read_text().replace(BROKEN, SLOW_BROKEN))
+    page.get_by_role("button", name="Build the Dockerfile again").click()
+    page.wait_for_url(re.compile(rf"/hub/spawn-pending/{USER}/{PROJECT}"))
+    expect(page.get_by_role("heading", name=f"Starting project {PROJECT}")).to_be_visible()
+    told = page.locator("#gpulab-start-failure")
+    expect(told).to_contain_text("slow-step-output", timeout=30_000)
+    expect(page.locator("#gpulab-start-heading")).to_have_text(f"Project {PROJECT} did not start")
+    shot(page, "spawn-05-failed-while-watching.png")
+    expect(page.locator("#gpulab-failure")).to_contain_text("slow-step-output")
+    expect(page.get_by_role("button", name="Start the last image that built")).to_be_visible()
+
     # 3. Start the last image that built: the progress says so, JupyterLab opens.
     page.get_by_role("button", name="Start the last image that built").click()
     page.wait_for_url(re.compile(rf"/(hub/spawn-pending|user)/{USER}/{PROJECT}"))
@@ -160,7 +175,7 @@ def test_a_dockerfile_that_fails_fast(hub, docker_engine, owner: HubUser, page: 
     )
     expect(page.locator("#gpulab-start-note")).to_contain_text("the Dockerfile's build of")
     page.get_by_text("Event log").click()
-    shot(page, "spawn-05-last-good-progress.png")
+    shot(page, "spawn-06-last-good-progress.png")
     page.wait_for_url(f"**/user/{USER}/{PROJECT}/lab**", timeout=90_000)
     expect(page.locator("#filebrowser").get_by_text("Dockerfile", exact=True)).to_be_visible(
         timeout=60_000
