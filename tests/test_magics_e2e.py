@@ -163,9 +163,10 @@ def install_in_jupyterlab(base: str, mona: HubUser) -> None:
             expect(outputs).not_to_contain_text("Error displaying widget")
             outputs.get_by_text("Log, last").click()  # the log tail opens
             expect(outputs).to_contain_text(f"Successfully installed {PACKAGE}-{VERSION}")
-            news = page.locator(".jp-toast-container").get_by_role("button", name="No")
+            news = page.get_by_role("button", name="No", exact=True)
             if news.count():  # JupyterLab's "Jupyter news?" toast, over the page
                 news.first.click()
+                page.wait_for_timeout(800)  # it slides away
             page.screenshot(path=SHOTS / "magics-saved-summary.png")
         except BaseException:
             page.screenshot(path=SHOTS / "magics-failure.png")
