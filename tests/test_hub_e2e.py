@@ -157,6 +157,19 @@ def test_invalid_project_name_is_refused(alice):
     assert "Invalid server_name" in r.json()["message"]
 
 
+def test_no_default_project_through_the_api(hub, alice):
+    """The default server, and a project named like it, are refused with a reason:
+    no hidden project that sharing does not list."""
+    for path in ("server", "servers/default"):
+        r = alice.api("POST", f"/hub/api/users/alice/{path}", json={})
+        if r.status_code < 400:  # a failure after the first second: on the progress stream
+            events = alice.api("GET", f"/hub/api/users/alice/{path}/progress").text
+            assert "no default project" in events, events
+        else:
+            assert "no default project" in r.json()["message"], r.text
+    assert not (hub.home / "projects" / "alice" / "default").exists()
+
+
 def spawn_failure(user: HubUser, project: str, options: dict | None = None) -> dict:
     """Start a project that must fail; return what the user is told.
 

@@ -33,8 +33,8 @@ from dockerfile_parse import DockerfileParser
 
 from gpulab_hub import images, jsonfile
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
+from gpulab_hub.projects.settings import PROJECT_REPO
 
-PROJECT_REPO = "gpulab/project"
 # Never part of a build context, at any depth: gpulab's and Jupyter's bookkeeping.
 EXCLUDED = (".gpulab", ".ipynb_checkpoints")
 MAX_DOCKERFILE_BYTES = 1 << 20

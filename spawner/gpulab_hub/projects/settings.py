@@ -1,0 +1,175 @@
+"""Traits of the project side (mixed into ProjectSpawner): where projects, records
+and data live, the image templates, the notebook user, the container's limits and
+shared data. Every setting is a trait with help (docs/reference.md is made from it).
+"""
+
+from __future__ import annotations
+
+from traitlets import Bool, Float, HasTraits, Int, List, Unicode
+
+# The default repository of project images (images/project.py uses the same).
+PROJECT_REPO = "gpulab/project"
+
+
+class ProjectSettings(HasTraits):
+    """Traits of the project side (mixed into ProjectSpawner)."""
+
+    projects_root = Unicode(
+        "/srv/gpulab/projects",
+        config=True,
+        help="""Host folder holding every project, as <projects_root>/<user>/<project>/.
+
+        Each project folder holds its Dockerfile and files and is mounted at
+        ``workspace_dir`` in its container. Default: /srv/gpulab/projects.
+        Example: ``c.ProjectSpawner.projects_root = "/srv/gpulab/projects"``
+        """,
+    )
+    state_root = Unicode(
+        "/srv/gpulab/hub/projects",
+        config=True,
+        help="""Hub-owned folder of what the hub keeps about each project, as
+        <state_root>/<user>/<project>/: its last image that built (``image.json``)
+        and its build logs (``logs/``). Never inside a project folder, where the
+        project's user could change it; made root-only (0700).
+        Default: /srv/gpulab/hub/projects (``gpulab up``: $GPULAB_HOME/hub/projects).
+        Example: ``c.ProjectSpawner.state_root = "/srv/gpulab/hub/projects"``
+        """,
+    )
+    data_root = Unicode(
+        "/srv/gpulab/data",
+        config=True,
+        help="""Host folder of shared data, mounted at ``data_mount``.
+
+        Its ``datasets`` folder is mounted read-only in every project; each
+        user's ``models/<user>`` and ``outputs/<user>`` folders are mounted
+        writable at ``models`` and ``outputs`` in that user's projects only.
+        Default: /srv/gpulab/data.
+        Example: ``c.ProjectSpawner.data_root = "/mnt/shared"``
+        """,
+    )
+    data_mount = Unicode(
+        "/data",
+        config=True,
+        help="""Where the shared data root appears in containers. Default: /data.
+        Example: ``c.ProjectSpawner.data_mount = "/data"``""",
+    )
+    workspace_dir = Unicode(
+        "/workspace",
+        config=True,
+        help="""Where the project folder is mounted in its container; also the
+        notebook root. Default: /workspace.
+        Example: ``c.ProjectSpawner.workspace_dir = "/workspace"``""",
+    )
+    images_dir = Unicode(
+        config=True,
+        help="""Folder of gpulab's image templates (``*.j2``).
+
+        Default: the ``images/`` folder next to the hub's jupyterhub_config.py,
+        set there. Example: ``c.ProjectSpawner.images_dir = "/srv/gpulab/images"``
+        """,
+    )
+    project_template = Unicode(
+        "project.Dockerfile.j2",
+        config=True,
+        help="""Template (in ``images_dir``) of a new project's Dockerfile.
+        Default: project.Dockerfile.j2.
+        Example: ``c.ProjectSpawner.project_template = "my-lab.Dockerfile.j2"``""",
+    )
+    base_image = Unicode(
+        "gpulab/base:latest",
+        config=True,
+        help="""Image a new project's Dockerfile starts FROM. Existing projects
+        keep the FROM line their Dockerfile has. Default: gpulab/base:latest
+        (built by ``gpulab up``).
+        Example: ``c.ProjectSpawner.base_image = "gpulab/base:cuda12"``""",
+    )
+    image_repo = Unicode(
+        PROJECT_REPO,
+        config=True,
+        help="""Repository name of project images; each is tagged with a hash of
+        its Dockerfile and base image. Default: gpulab/project.
+        Example: ``c.ProjectSpawner.image_repo = "registry.local/gpulab-project"``""",
+    )
+    hf_cache_volume = Unicode(
+        "{prefix}-hf-{username}",
+        config=True,
+        help="""Docker volume holding a user's Hugging Face cache, shared by that
+        user's projects; ``{prefix}`` is the container prefix, ``{username}`` the
+        escaped user name. Default: {prefix}-hf-{username}.
+        Example: ``c.ProjectSpawner.hf_cache_volume = "hf-{username}"``""",
+    )
+    hf_cache_mount = Unicode(
+        "/cache/huggingface",
+        config=True,
+        help="""Where the Hugging Face cache volume is mounted (HF_HOME).
+        Default: /cache/huggingface.
+        Example: ``c.ProjectSpawner.hf_cache_mount = "/cache/huggingface"``""",
+    )
+    shm_size = Unicode(
+        "8g",
+        config=True,
+        help="""Size of /dev/shm in project containers (Docker size string;
+        PyTorch data loaders need more than Docker's 64m). Default: 8g.
+        Example: ``c.ProjectSpawner.shm_size = "16g"``""",
+    )
+    notebook_uid = Int(
+        1000,
+        config=True,
+        help="""Numeric user id of the notebook user in project images; project
+        folders are given to it. Default: 1000.
+        Example: ``c.ProjectSpawner.notebook_uid = 1000``""",
+    )
+    notebook_gid = Int(
+        100,
+        config=True,
+        help="""Numeric group id of the notebook user in project images. Default: 100.
+        Example: ``c.ProjectSpawner.notebook_gid = 100``""",
+    )
+    build_timeout = Float(
+        3600,
+        config=True,
+        help="""Longest a project image build may take, in seconds. Default: 3600.
+        Example: ``c.ProjectSpawner.build_timeout = 1800``""",
+    )
+    docker_threads = Int(
+        8,
+        config=True,
+        help="""Worker threads for Docker calls and builds, shared by all spawners
+        (DockerSpawner uses one, so a long build would block every other spawn).
+        Default: 8. Example: ``c.ProjectSpawner.docker_threads = 16``""",
+    )
+    records_dir = Unicode(
+        "/srv/gpulab/hub",
+        config=True,
+        help="""Hub-owned folder of gpulab's hub-wide records: sharing settings,
+        group-share roles, public links, the doctor's last report, archives of
+        deleted accounts. Hub pages, the ``gpulab`` command and the doctor all read
+        it from here (gpulab_hub.hubsettings). Never inside a project folder.
+        Default: /srv/gpulab/hub (``gpulab up``: $GPULAB_HOME/hub).
+        Example: ``c.ProjectSpawner.records_dir = "/var/lib/gpulab"``""",
+    )
+    pids_limit = Int(
+        4096,
+        allow_none=True,
+        config=True,
+        help="""Most processes and threads one project container may run (a fork
+        bomb stops there instead of taking the host); None for Docker's default
+        (no limit). Default: 4096. Example: ``c.ProjectSpawner.pids_limit = 8192``""",
+    )
+    data_read_all = Bool(
+        False,
+        config=True,
+        help="""Let every project read (never write) every user's ``models`` and
+        ``outputs`` folders, at ``<data_mount>/all/``. Each user's own folders are
+        always writable at ``<data_mount>/models`` and ``<data_mount>/outputs``.
+        Default: False (each user sees only their own).
+        Example: ``c.ProjectSpawner.data_read_all = True``""",
+    )
+    data_groups = List(
+        Unicode(),
+        config=True,
+        help="""JupyterHub groups that get a shared data folder: members' projects
+        mount ``<data_root>/groups/<group>`` writable at ``<data_mount>/groups/<group>``
+        (members can change each other's files there). Default: [] (none).
+        Example: ``c.ProjectSpawner.data_groups = ["vision-lab"]``""",
+    )
