@@ -98,18 +98,31 @@ function noteInLaunchers(text: string): void {
 export function installViewerGuards(app: JupyterFrontEnd, options: IViewerOptions): void {
   const text = options.refusal || FALLBACK;
   const commands = app.commands;
-  let lastNotice = 0;
+  // One notice at a time: each refused action shows it afresh.
+  let shown = '';
   const refuse = () => {
-    const now = Date.now();
-    if (now - lastNotice < 3000) {
-      return;
+    if (shown) {
+      Notification.dismiss(shown);
     }
-    lastNotice = now;
-    Notification.warning(text, {
+    shown = Notification.warning(text, {
       autoClose: 10000,
       actions: [{ label: 'Save a copy', callback: options.saveCopy }]
     });
   };
+  // Typing into a read-only cell or editor: told once, not at every key.
+  let typedAt = 0;
+  document.addEventListener(
+    'beforeinput',
+    event => {
+      const target = event.target as Element | null;
+      const now = Date.now();
+      if (target?.closest?.('.jp-gpulab-mod-readOnly') && now - typedAt > 5000) {
+        typedAt = now;
+        refuse();
+      }
+    },
+    true
+  );
   const isEnabled = commands.isEnabled.bind(commands);
   commands.isEnabled = (id: string, args?: ReadonlyPartialJSONObject) =>
     !CHANGES.test(id) && isEnabled(id, args);
