@@ -56,6 +56,9 @@ def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_h
     while time.monotonic() - started < 2 * TIMEOUT + cull["cull_every"]:
         time.sleep(2)
     assert "training" in servers(cleo), "the project with a running job was stopped"
+    # The home page says the project runs a job.
+    home = cleo.http.get(culling_hub.url + "/hub/home", timeout=30)
+    assert home.status_code == 200 and "1 job running" in home.text
     # What JupyterLab's notice reads: the timeout, and that the job keeps it.
     r = cleo.api("GET", f"{server}/api/gpulab/v1/activity")
     assert r.status_code == 200 and r.json()["idle_timeout"] == TIMEOUT, r.text

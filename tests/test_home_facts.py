@@ -88,3 +88,32 @@ def test_archive_of_a_deleted_project_is_the_owners_newest(tmp_path):
     assert facts.archived_as(w, OWNER, "other") == f"deleted/{OWNER}-20261125T000000Z"
     assert facts.archived_as(w, "dana-x", "scratch") == "deleted/dana-x-20261124T000000Z"
     assert facts.archived_as(w, OWNER, "gone") == ""
+
+
+def test_running_jobs_are_counted_from_the_project_folder_as_hostile_files(tmp_path):
+    w = where(tmp_path)
+    project = Project(w.projects_root, OWNER, "train", w.state_root)
+    jobs = project.path / "jobs"
+    jobs.mkdir(parents=True)
+
+    def job(job_id: str, *files: str) -> Path:
+        (jobs / job_id).mkdir()
+        for name in files:
+            (jobs / job_id / name).write_text("{}")
+        return jobs / job_id
+
+    job("20261123-010101-aaaa", "job.json", "state.json")  # running
+    job("20261123-010102-bbbb", "job.json", "state.json", "result.json")  # ended
+    job("20261123-010103-cccc", "job.json")  # never started
+    linked = job("20261123-010104-dddd", "job.json")
+    (linked / "state.json").symlink_to(jobs / "20261123-010101-aaaa" / "state.json")
+    job("not-a-job", "state.json")
+    found = facts.projects(w, OWNER, ["train", "idle"], running=("train",))
+    assert found["train"].jobs_running == 1
+    assert found["idle"].jobs_running == 0
+    # A jobs folder that is a link to elsewhere is not followed.
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    jobs.rename(tmp_path / "moved")
+    jobs.symlink_to(tmp_path / "moved")
+    assert facts.projects(w, OWNER, ["train"], running=("train",))["train"].jobs_running == 0

@@ -7,16 +7,20 @@ calls :func:`projects` and :func:`archived_as` on a worker thread.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 import time
 from dataclasses import dataclass
 
 from gpulab_hub import gpus, hubsettings
 from gpulab_hub.gpus import allocator
 from gpulab_hub.images import project as projectimage
-from gpulab_hub.projects import Project
+from gpulab_hub.projects import Project, safefs
+from gpulab_jupyter.jobs.model import JOB_ID
 
 LOG = logging.getLogger("gpulab.home")
+JOBS_LOOKED_AT = 200  # the newest job folders a project's count looks at
 INVENTORY_MAX_AGE_S = 60.0  # the host's GPUs change rarely; NVML is asked at most this often
 _inventory: tuple[float, dict[str, str]] | None = None
 
@@ -40,6 +44,7 @@ class Facts:
     gpus: tuple[str, ...]  # "GPU 0 (NVIDIA H100 80GB HBM3)", one per device held
     gpus_unknown: str  # why the GPUs cannot be told now ("" when they can)
     build: Build
+    jobs_running: int = 0  # jobs started and not ended (meaningful while the project runs)
 
 
 def _device_names() -> dict[str, str]:
@@ -77,8 +82,48 @@ def _build(where: hubsettings.HubSettings, owner: str, name: str) -> Build:
     return Build("none")
 
 
-def projects(where: hubsettings.HubSettings, owner: str, names: list[str]) -> dict[str, Facts]:
-    """Blocking: the facts of ``owner``'s projects ``names``."""
+def jobs_running(project: Project) -> int:
+    """Jobs of the project started and not ended: a folder ``jobs/<id>/`` with a
+    ``state.json`` and no ``result.json``. The project folder is the user's, so it is
+    read as hostile: one folder at a time, no link followed, at most JOBS_LOOKED_AT."""
+    try:
+        root = safefs.open_project(project)
+    except (safefs.Refused, OSError):
+        return 0
+    try:
+        jobs = safefs.open_dirs(root, ["jobs"])
+    except (safefs.Refused, OSError):
+        os.close(root)
+        return 0
+    os.close(root)
+    try:
+        ids = sorted(
+            (name for name, kind in safefs.entries(jobs, safefs.Budget(10_000, "jobs"))
+             if kind == "folder" and JOB_ID.fullmatch(name)),
+            reverse=True,
+        )[:JOBS_LOOKED_AT]  # fmt: skip
+        running = 0
+        for job_id in ids:
+            names = {"state.json": False, "result.json": False}
+            for name in names:
+                try:
+                    st = os.stat(f"{job_id}/{name}", dir_fd=jobs, follow_symlinks=False)
+                    names[name] = stat.S_ISREG(st.st_mode)
+                except OSError:
+                    pass
+            running += names["state.json"] and not names["result.json"]
+        return running
+    except (safefs.Refused, OSError):
+        return 0
+    finally:
+        os.close(jobs)
+
+
+def projects(
+    where: hubsettings.HubSettings, owner: str, names: list[str], running: tuple[str, ...] = ()
+) -> dict[str, Facts]:
+    """Blocking: the facts of ``owner``'s projects ``names`` (jobs counted for the
+    ``running`` ones)."""
     held, unknown = _held(where, owner)
     devices = _device_names() if held else {}
     return {
@@ -88,6 +133,9 @@ def projects(where: hubsettings.HubSettings, owner: str, names: list[str]) -> di
             ),
             gpus_unknown=unknown,
             build=_build(where, owner, name),
+            jobs_running=jobs_running(Project(where.projects_root, owner, name))
+            if name in running
+            else 0,
         )
         for name in names
     }

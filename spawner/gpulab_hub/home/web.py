@@ -101,7 +101,10 @@ class HomeHandler(BaseHandler):
         if not is_valid_safe_slug(deleted) or deleted in names:
             deleted = ""
         loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(None, facts.projects, where, user.name, names)
+        running = tuple(n for n in names if user.spawners[n].ready) if names else ()
+        found = await loop.run_in_executor(
+            None, facts.projects, where, user.name, names, running
+        )
         archived_as = ""
         if deleted:
             archived_as = await loop.run_in_executor(
