@@ -258,6 +258,11 @@ def test_gpu_info_says_plainly_there_is_no_gpu(lab):
     assert out["status"] == "ok", out
     assert out["stdout"].startswith("No NVIDIA GPU is visible here:")
     assert "torch: not installed" in out["stdout"]
+    # The GPU panel's words, from the same diagnosis, with what to do.
+    from gpulab_jupyter.diagnosis import why_no_gpu
+
+    why = why_no_gpu()
+    assert why is not None and why.message in out["stdout"] and why.hint in out["stdout"]
 
 
 def test_gpu_diff_finds_what_plain_pip_installed(lab):

@@ -64,8 +64,17 @@ def gather() -> dict:
         "driver": report.driver,
         "cuda_driver": report.cuda,
         "problem": report.problem,
+        # The same words as the GPU panel's (one diagnosis: gpulab_jupyter/diagnosis.py).
+        "no_gpu": _why_no_gpu() if not report.gpus else None,
         "torch": torch_info(),
     }
+
+
+def _why_no_gpu() -> dict | None:
+    from gpulab_jupyter.diagnosis import why_no_gpu
+
+    found = why_no_gpu()
+    return found.as_dict() if found is not None else None
 
 
 def _gib(n: int) -> str:
@@ -75,7 +84,12 @@ def _gib(n: int) -> str:
 def render(info: dict) -> str:
     out = []
     if not info["gpus"]:
-        out.append(f"No NVIDIA GPU is visible here: {info['problem']}.")
+        why = info.get("no_gpu")
+        if why:
+            out.append(f"No NVIDIA GPU is visible here: {why['message']}")
+            out.append(why["hint"])
+        else:
+            out.append(f"No NVIDIA GPU is visible here: {info['problem']}.")
     for g in info["gpus"]:
         gen = f", {g['generation']}" if g["generation"] else ""
         out.append(
