@@ -180,6 +180,12 @@ def test_a_dockerfile_that_fails_fast(hub, docker_engine, owner: HubUser, page: 
     expect(page.locator("#filebrowser").get_by_text("Dockerfile", exact=True)).to_be_visible(
         timeout=60_000
     )
+    # In JupyterLab: a notification with the note and the build log, and a status item.
+    expect(page.locator("[data-gpulab=image-state]")).to_have_text("Last good image")
+    toast = page.get_by_text("Running the last image that built (").first
+    expect(toast).to_be_visible(timeout=15_000)
+    expect(page.get_by_role("button", name="Open build log").first).to_be_visible()
+    shot(page, "spawn-07-lab-last-good.png")
 
     env = container_env(docker_engine)
     assert env["GPULAB_IMAGE_STATE"] == "last-good"
