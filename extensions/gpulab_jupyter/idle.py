@@ -46,6 +46,9 @@ def activity_body(settings: dict, last: datetime, timeout: int, now: datetime) -
 
 class ActivityHandler(APIHandler):
     auth_resource = "gpulab"
+    # Asking when the project stops is no activity (JupyterLab asks on a timer, also
+    # from a tab left in the background); "Keep it running" marks its own.
+    _track_activity = False
 
     def _body(self) -> dict:
         last = self.serverapp.web_app.last_activity()

@@ -2,7 +2,8 @@
  * gpulab's JupyterLab extension: a GPU status bar item and a GPU panel, fed by
  * the server extension under /api/gpulab/v1/ (works in any JupyterLab 4), and
  * sharing of gpulab projects under JupyterHub (share.ts), and the notice that a
- * project runs its last good image (image.ts).
+ * project runs its last good image (image.ts), and jobs: the Jobs panel, Run as
+ * job, their end and the idle notice (jobsplugin.ts).
  */
 import {
   ILayoutRestorer,
@@ -19,14 +20,17 @@ import { GpuModel } from './model';
 import { GpuPanel } from './panel';
 import sharing from './share';
 import { GpuStatusItem } from './statusbar';
+import jobs from './jobsplugin';
+import { IGpuStatus } from './tokens';
 
 const PLUGIN_ID = 'gpulab-jupyter:plugin';
 const OPEN = 'gpulab:open-gpu-panel';
 
-const plugin: JupyterFrontEndPlugin<void> = {
+const plugin: JupyterFrontEndPlugin<GpuModel> = {
   id: PLUGIN_ID,
   description: "The GPU status of this project's container: status bar item and panel.",
   autoStart: true,
+  provides: IGpuStatus,
   optional: [IStatusBar, ISettingRegistry, ICommandPalette, ILayoutRestorer],
   activate: (
     app: JupyterFrontEnd,
@@ -105,7 +109,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
         .catch(reason => console.error('gpulab-jupyter: settings not loaded', reason));
     }
     model.start();
+    return model;
   }
 };
 
-export default [plugin, sharing, imageState];
+export default [plugin, sharing, imageState, jobs];

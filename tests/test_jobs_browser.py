@@ -1,0 +1,212 @@
+"""Jobs in JupyterLab, through Debian's Chromium: the Jobs panel, Run as job, the
+notification when a job ends, and the idle notice with "Keep it running".
+
+A plain `jupyter lab` from .venv (no hub, no Docker), as in
+test_lab_extension_browser.py, with a short idle timeout (GPULAB_IDLE_TIMEOUT) so
+that the notice comes within seconds. Jobs run for real in the lab's folder
+(gpulab_jupyter/jobs/local.py). Screenshots go to test-output/; the Jobs panel's
+also to docs/img/jobs-panel.png (docs/jobs.md shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import requests
+from test_lab_extension_browser import ARGS, CHROMIUM, OUT, REPO, running_lab, set_visibility
+
+pytestmark = pytest.mark.browser
+
+IDLE_TIMEOUT = 30  # seconds: the notice shows from 15 s before the stop
+TRAIN = """\
+import time
+
+print("loading data", flush=True)
+for epoch in range(1, 10_000):
+    print(f"epoch {epoch} loss {1 / epoch:.4f}", flush=True)
+    time.sleep(0.4)
+"""
+QUICK = 'print("quick job done")\n'
+NOTEBOOK = {
+    "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {},
+               "outputs": [], "source": "print(6 * 7)"}],
+    "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python",
+                                "name": "python3"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    home = tmp_path_factory.mktemp("jobs-lab")
+    project = home / "project"  # the file browser shows the project's files only
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN)
+    (project / "quick.py").write_text(QUICK)
+    (project / "hello.ipynb").write_text(json.dumps(NOTEBOOK))
+    env = {"GPULAB_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "GPULAB_PROJECT_DIR": str(project)}
+    with running_lab(home, env, root=project) as (url, token, log):
+        yield url, token, log, project
+
+
+@pytest.fixture(scope="module")
+def page(lab):
+    from playwright.sync_api import sync_playwright
+
+    url, token, _, _ = lab
+    OUT.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 860})
+        pg.errors = []
+        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+        pg.goto(f"{url}/lab?token={token}", wait_until="domcontentloaded")
+        pg.wait_for_selector("#jp-main-statusbar", timeout=90_000)
+        yield pg
+        browser.close()
+
+
+def api(lab, path: str, method: str = "GET") -> dict:
+    url, token, _, _ = lab
+    r = requests.request(method, f"{url}/api/gpulab/v1/{path}", params={"token": token}, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def run_from_file_browser(page, name: str) -> None:
+    """Right-click ``name`` in the file browser, then "Run as job"."""
+    item = page.locator(".jp-DirListing-item").filter(has=page.get_by_text(name, exact=True))
+    selected = page.locator(".jp-DirListing-item.jp-mod-selected .jp-DirListing-itemText")
+    if not item.is_visible():  # the Jobs panel has the sidebar: show the file browser
+        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
+    for _ in range(3):
+        item.click(button="right")
+        # The listing redraws its rows in place when a file or folder appears (jobs/):
+        # a right-click that landed on the row as it changed selected another file.
+        if selected.count() == 1 and selected.inner_text().strip() == name:
+            break
+        page.keyboard.press("Escape")
+        page.wait_for_timeout(500)
+    page.locator(".lm-Menu-item").filter(has_text=re.compile(r"^Run as job$")).click()
+
+
+def job_item(page, state: str | None = None):
+    sel = "[data-gpulab=jobs-panel] .jp-gpulab-Job"
+    return page.locator(f"{sel}[data-state={state}]" if state else sel)
+
+
+def test_a_job_runs_shows_its_output_and_stops(lab, page):
+    # The Jobs panel, from its tab in the left sidebar: no job yet, and how to start one.
+    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpulab-jobs"]').click()
+    panel = page.locator("[data-gpulab=jobs-panel]")
+    panel.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function(
+        "() => document.querySelector('[data-gpulab=jobs-panel]').textContent"
+        ".includes('No jobs yet')",
+        timeout=30_000,
+    )
+    assert "choose Run as job" in panel.inner_text()
+
+    # The file browser shares the sidebar: it comes back, right-click train.py, Run as job.
+    run_from_file_browser(page, "train.py")
+    # ...and the Jobs panel opens on the job, running, its output coming in.
+    running = job_item(page, "running")
+    running.wait_for(timeout=30_000)
+    assert panel.is_visible()
+    job_id = running.get_attribute("data-job-id")
+    assert "jp-mod-focus" in running.get_attribute("class")
+    assert running.locator(".jp-gpulab-JobTitle").inner_text() == "train.py"
+    assert "train.py" in running.locator(".jp-gpulab-JobCommand").inner_text()
+    output = running.locator("[data-gpulab=job-output]")
+    page.wait_for_function(
+        """id => /epoch [3-9]/.test(document.querySelector(
+            `[data-job-id="${id}"] [data-gpulab=job-output]`).textContent)""",
+        arg=job_id,
+        timeout=30_000,
+    )
+    assert "loading data" in output.inner_text() or "epoch" in output.inner_text()
+    assert running.locator("[data-gpulab=job-gpu]").inner_text()  # this host: "No GPU in …"
+    # The elapsed time ticks between polls.
+    elapsed = running.locator("[data-gpulab=job-elapsed]")
+    first = elapsed.inner_text()
+    assert re.fullmatch(r"\d+s", first), first
+    page.wait_for_timeout(2_200)
+    assert elapsed.inner_text() != first
+    assert api(lab, f"jobs/{job_id}")["state"] == "running"
+    page.wait_for_timeout(1_500)  # a few more lines of output
+    page.screenshot(path=str(OUT / "jobs-panel.png"))
+    doc_image = REPO / "docs" / "img" / "jobs-panel.png"
+    panel.locator(".jp-gpulab-JobsBody").screenshot(path=str(doc_image))
+
+    # Stop: the job ends as "stopped", for the server too; Re-run is offered.
+    running.locator("[data-gpulab=job-stop]").click()
+    stopped = job_item(page, "stopped")
+    stopped.wait_for(timeout=30_000)
+    assert stopped.get_attribute("data-job-id") == job_id
+    assert stopped.locator("[data-gpulab=job-state]").inner_text().lower() == "stopped"
+    assert stopped.locator("[data-gpulab=job-rerun]").is_visible()
+    assert stopped.locator("[data-gpulab=job-stop]").count() == 0
+    assert api(lab, f"jobs/{job_id}")["state"] == "stopped"
+
+    # Open log: the job's output.log in JupyterLab, with what it printed.
+    stopped.locator("[data-gpulab=job-log]").click()
+    tab = page.locator(".jp-MainAreaWidget:visible .cm-content")
+    tab.wait_for(timeout=30_000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.lm-DockPanel-tabBar .lm-TabBar-tabLabel')]"
+        ".some(t => t.textContent === 'output.log')"
+    )
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-MainAreaWidget .cm-content')]"
+        ".some(c => c.textContent.includes('epoch 2 loss'))",
+        timeout=15_000,
+    )
+    page.screenshot(path=str(OUT / "jobs-open-log.png"))
+    assert not [e for e in page.errors if "gpulab" in e.lower()], page.errors
+
+
+def test_a_job_that_ends_is_announced(lab, page):
+    run_from_file_browser(page, "quick.py")
+    toast = page.locator(".Toastify__toast").filter(has_text="Job quick.py succeeded after")
+    toast.wait_for(timeout=30_000)
+    assert re.search(r"Job quick\.py succeeded after \d+s", toast.inner_text())
+    assert toast.get_by_role("button", name="Open log").is_visible()
+    done = job_item(page, "succeeded")
+    assert "quick job done" in done.locator("[data-gpulab=job-output]").inner_text()
+    page.wait_for_timeout(1_000)  # the toast slides in
+    page.screenshot(path=str(OUT / "jobs-ended-notification.png"))
+    toast.get_by_role("button", name="Open log").click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-MainAreaWidget .cm-content')]"
+        ".some(c => c.textContent.includes('quick job done'))",
+        timeout=15_000,
+    )
+
+
+def test_idle_notice_and_keep_it_running(lab, page):
+    # A tab in front asks the server for updates, which counts as use: in the
+    # background it asks nothing but when the project stops, and the notice comes.
+    set_visibility(page, "hidden")
+    notice = page.locator(".Toastify__toast").filter(has_text="This project stops at")
+    notice.wait_for(timeout=60_000)
+    text = notice.inner_text()
+    assert re.search(r"This project stops at \d\d:\d\d if it stays idle \(no browser activity, "
+                     r"job or GPU use\)", text), text  # fmt: skip
+    activity = api(lab, "activity")
+    # nothing keeps it beyond its last use (a job or GPU use would)
+    assert activity["idle_timeout"] == IDLE_TIMEOUT
+    assert not {"job", "gpu"} & set(activity["kept_by"]), activity
+    stop_at = time.strftime("%H:%M", time.localtime(activity["stop_at"]))
+    page.wait_for_timeout(1_000)
+    page.screenshot(path=str(OUT / "jobs-idle-notice.png"))
+    assert stop_at in text
+
+    notice.get_by_role("button", name="Keep it running").click()
+    notice.wait_for(state="detached", timeout=10_000)
+    activity = api(lab, "activity")
+    assert "keep" in activity["kept_by"]
+    assert activity["stop_at"] > time.time() + IDLE_TIMEOUT / 2
+    set_visibility(page, "visible")
