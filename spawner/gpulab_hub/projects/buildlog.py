@@ -33,17 +33,6 @@ def page_url(hub_base_url: str, owner: str, project: str) -> str:
     return f"{hub_base_url.rstrip('/')}{PAGE}/{quote(owner, safe='')}/{quote(project, safe='')}"
 
 
-def role_on(db, person: orm.User, spawner: orm.Spawner) -> str:
-    """``person``'s share role on someone else's project (sharing/roles.py): through
-    their own share or one of their groups'."""
-    scopes: set[str] = set()
-    for target in (person, *person.groups):
-        share = orm.Share.find(db, spawner, target)
-        if share is not None:
-            scopes.update(share.scopes)
-    return roles.role_of(scopes)
-
-
 class BuildLogHandler(BaseHandler):
     """GET: the latest build log of a project its owner or a collaborator may change."""
 
@@ -57,7 +46,7 @@ class BuildLogHandler(BaseHandler):
             return me.name, project
         owner = orm.User.find(self.db, first)
         spawner = owner.orm_spawners.get(second) if owner is not None else None
-        if spawner is None or role_on(self.db, me.orm_user, spawner) != "collaborator":
+        if spawner is None or roles.role_on(self.db, me.orm_user, spawner) != "collaborator":
             raise web.HTTPError(404, f"No project {first}/{second} is shared with you.")
         return first, second
 

@@ -64,3 +64,16 @@ def role_of(scopes) -> str:
     if READ in bases or WRITE in bases:
         return "viewer"
     return "access only"
+
+
+def role_on(db, person, spawner) -> str:
+    """``person``'s (``orm.User``) share role on someone else's project (``orm.Spawner``):
+    through their own share or one of their groups'; "" for none."""
+    from jupyterhub import orm
+
+    scopes: set[str] = set()
+    for target in (person, *person.groups):
+        share = orm.Share.find(db, spawner, target)
+        if share is not None:
+            scopes.update(share.scopes)
+    return role_of(scopes)

@@ -105,13 +105,7 @@ class ShareHandler(BaseHandler):
         return user.orm_spawners.get(project) if user is not None else None
 
     def _my_role(self, spawner) -> str:
-        me = self.current_user.orm_user
-        scopes: set[str] = set()
-        for target in (me, *me.groups):
-            share = orm.Share.find(self.db, spawner, target)
-            if share is not None:
-                scopes.update(share.scopes)
-        return roles.role_of(scopes)
+        return roles.role_on(self.db, self.current_user.orm_user, spawner)
 
     def _settings(self, owner: str, project: str):
         if self.policy is None:
