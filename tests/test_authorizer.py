@@ -44,6 +44,11 @@ SERVER = f"server={OWNER}/{PROJECT}"
         ("execute", "events", EXECUTE),
         ("execute", "lsp", EXECUTE),
         ("execute", "contents", EXECUTE),
+        # jupyter-server-proxy (TensorBoard, any port): running code, even to read
+        ("read", "proxy", EXECUTE),
+        ("write", "proxy", EXECUTE),
+        ("execute", "proxy", EXECUTE),
+        ("delete", "proxy", None),
         # default deny
         ("delete", "contents", None),
         ("", "contents", None),
@@ -229,3 +234,53 @@ def test_handlers_that_only_ask_are_never_refused_by_the_authorizer():
 
     assert authorizer._asks_only(Room.__new__(Room))  # a viewer's room is read-only
     assert not authorizer._asks_only(APIHandler.__new__(APIHandler))
+
+
+class _ProxyLike(JupyterHandler):
+    """Like jupyter-server-proxy's handlers: ``prepare`` only asks for a login."""
+
+    authorizer = None  # the instance's, below
+
+    async def prepare(self):
+        self.prepared = True
+
+    def options(self):
+        self.finish("proxied")
+
+
+class _ProxySubclass(_ProxyLike):
+    pass
+
+
+class _Asking:
+    def __init__(self, answer: bool):
+        self.answer, self.asked = answer, []
+
+    def is_authorized(self, handler, user, action, resource):
+        self.asked.append((action, resource))
+        return self.answer
+
+
+async def test_every_request_to_the_proxy_needs_execute_options_included():
+    _ProxyLike.__module__ = _ProxySubclass.__module__ = "jupyter_server_proxy.handlers"
+    app = web.Application([(r"/tensorboard/(.*)", _ProxySubclass), (r"/proxy/(.*)", _ProxyLike)])
+    done = authorizer.guard_routes(authorizer.all_rules(app))
+    # prepare runs before every method (OPTIONS and websockets too): guarded once, in
+    # the parent class; its subclass inherits it
+    assert [n for n in done if n.endswith("prepare")] == [
+        "jupyter_server_proxy.handlers._ProxyLike.prepare"
+    ]
+    assert _ProxySubclass.auth_resource == _ProxyLike.auth_resource == "proxy"
+    assert authorizer.guard_routes(authorizer.all_rules(app)) == []
+    for answer in (False, True):
+        handler = object.__new__(_ProxySubclass)
+        handler._finished, handler._current_user = False, {"name": "bob"}
+        handler.authorizer = _Asking(answer)
+        if answer:
+            await handler.prepare()
+            assert handler.prepared
+        else:
+            with pytest.raises(web.HTTPError) as refused:
+                await handler.prepare()
+            assert refused.value.status_code == 403
+        assert handler.authorizer.asked == [("execute", "proxy")]

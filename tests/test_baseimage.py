@@ -101,8 +101,8 @@ def test_context_trusts_host_certificates_and_carries_wheels(tmp_path):
     dockerfile = files["Dockerfile"].decode()
     assert f"pip install --no-cache-dir /opt/gpulab/wheels/{torch.name}" in dockerfile
     assert (
-        'python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, gpulab_jupyter"'
-        in dockerfile
+        'python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_proxy, '
+        'tensorboard, gpulab_jupyter"' in dockerfile
     )
 
 

@@ -22,6 +22,9 @@ sessions, terminals (and their websockets),
 nbconvert, config, events, language servers,
 shutdown, JupyterLab settings, workspaces,
 extension manager, builds, unknown routes
+any request to jupyter-server-proxy's        ``custom:gpulab:execute``
+routes (TensorBoard, /proxy/<port>/…, its
+launcher list), GET and OPTIONS included
 ==========================================  ======================================
 
 ``execute`` includes ``write`` and ``read``; ``write`` includes ``read``.
@@ -72,12 +75,20 @@ READ, WRITE, EXECUTE = PREFIX + "read", PREFIX + "write", PREFIX + "execute"
 IMPLIED_BY = {READ: (READ, WRITE, EXECUTE), WRITE: (WRITE, EXECUTE), EXECUTE: (EXECUTE,)}
 # Resources whose writes change files only.
 FILE_RESOURCES = frozenset({"contents", "csp"})
+# jupyter-server-proxy's routes: a visit starts a process (TensorBoard) or talks to a
+# port in the container, so every request there, a GET too, needs "execute".
+PROXY = "proxy"
+EXECUTE_ONLY = frozenset({PROXY})
+# Packages whose every route is on the PROXY resource (see guard_proxies).
+PROXY_PACKAGES = frozenset({"jupyter_server_proxy"})
 # The least time between two share listings asked for because someone was not in one.
 REFRESH_MIN_S = 2.0
 
 
 def needed_scope(action: str, resource: str) -> str | None:
     """The gpulab scope an ``action`` on ``resource`` needs; None: refused to everyone."""
+    if resource in EXECUTE_ONLY and action in ("read", "write", "execute"):
+        return EXECUTE
     if action == "read":
         return READ
     if action == "write":
@@ -363,6 +374,55 @@ def read_guard(method, resource: str):
     return reading
 
 
+def is_proxy(cls) -> bool:
+    """Whether handler class ``cls`` comes from jupyter-server-proxy (its named servers'
+    handler classes are made in its ``config`` module, so they count too)."""
+    return cls.__module__.split(".", 1)[0] in PROXY_PACKAGES
+
+
+def execute_guard(prepare):
+    """A handler's ``prepare`` that, once the person is known, asks the authorizer for
+    "execute" on :data:`PROXY`: every method (OPTIONS too, which ``guard_routes``
+    does not wrap) and every websocket of the handler is refused without it."""
+    import functools
+    import inspect
+
+    from jupyter_core.utils import ensure_async
+    from tornado import web
+
+    @functools.wraps(prepare)
+    async def preparing(self, *args, **kwargs):
+        out = prepare(self, *args, **kwargs)
+        if inspect.isawaitable(out):
+            await out
+        if self._finished:  # sent to log in
+            return
+        user = self.current_user
+        if not user:
+            raise web.HTTPError(403)
+        if not await ensure_async(self.authorizer.is_authorized(self, user, "execute", PROXY)):
+            raise web.HTTPError(403, f"User is not authorized to execute on resource: {PROXY}.")
+
+    preparing.__gpulab_executes__ = 1
+    return preparing
+
+
+def guard_proxies(classes) -> list[str]:
+    """jupyter-server-proxy's handlers only ask for a login (its ``prepare``): each now
+    needs "execute" on :data:`PROXY` for every request. Names of the classes guarded
+    here."""
+    done = []
+    for cls in classes:
+        if not is_proxy(cls):
+            continue
+        cls.auth_resource = PROXY  # what guard_routes' wrapped methods ask for
+        if getattr(cls.prepare, "__gpulab_executes__", 0):
+            continue  # guarded, or a subclass of a guarded class
+        cls.prepare = execute_guard(cls.prepare)
+        done.append(f"{cls.__module__}.{cls.__qualname__}.prepare")
+    return sorted(done)
+
+
 def guard_routes(rules) -> list[str]:
     """Make each method of the rules' handlers ask the authorizer; names of the
     methods guarded here."""
@@ -370,8 +430,9 @@ def guard_routes(rules) -> list[str]:
     from jupyter_server.base.handlers import JupyterHandler
     from tornado.web import RequestHandler
 
-    done = []
-    for cls in {rule.target for rule in rules}:
+    classes = {rule.target for rule in rules}
+    done = guard_proxies(c for c in classes if issubclass(c, JupyterHandler))
+    for cls in classes:
         if not issubclass(cls, JupyterHandler):
             continue
         for name in MUTATING + READING:

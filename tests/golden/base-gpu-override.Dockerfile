@@ -66,20 +66,31 @@ USER 1000:100
 
 # Every dependency is installed and verified in the same RUN. jupyter-collaboration
 # makes edits live for everyone in a shared project (gpulab keeps it read-only for
-# viewers: gpulab_jupyter/collab.py).
+# viewers: gpulab_jupyter/collab.py). jupyter-server-proxy serves TensorBoard inside
+# JupyterLab (only to those who may run code: gpulab_jupyter/authorizer.py).
 RUN python3 -m venv --system-site-packages /opt/gpulab/venv \
  && pip install --no-cache-dir jupyterhub==6.1.1 jupyterlab==4.6.6 \
-      jupyter-collaboration==5.0.4 \
+      jupyter-collaboration==5.0.4 jupyter-server-proxy==4.6.0 tensorboard==2.21.0 \
       /opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl \
- && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, gpulab_jupyter"
+ && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_proxy, tensorboard, gpulab_jupyter"
 
 # IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
-# JupyterLab's terminals run a login bash (the environment above, a prompt, history).
-RUN mkdir -p /opt/gpulab/venv/etc/ipython /opt/gpulab/venv/etc/jupyter/jupyter_server_config.d \
+# The Jupyter server's settings (jupyter_server_config.json: jupyter_server_config.d only
+# enables extensions): JupyterLab's terminals run a login bash (the environment above, a
+# prompt, history); the launcher's TensorBoard tile starts TensorBoard on the project's
+# files at its first visit, behind the project's own address (<project>/tensorboard/);
+# the proxy reaches this container's own ports only (host_allowlist).
+RUN mkdir -p /opt/gpulab/venv/etc/ipython /opt/gpulab/venv/etc/jupyter \
  && echo "c.InteractiveShellApp.extensions.append('gpulab_jupyter.magics')" \
     > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py \
- && echo '{"ServerApp": {"terminado_settings": {"shell_command": ["/bin/bash", "-l"]}}}' \
-    > /opt/gpulab/venv/etc/jupyter/jupyter_server_config.d/gpulab-terminal.json
+ && echo '{"ServerApp": {"terminado_settings": {"shell_command": ["/bin/bash", "-l"]}},' \
+      '"ServerProxy": {"host_allowlist": ["localhost", "127.0.0.1"], "servers": {"tensorboard": {' \
+      '"command": ["tensorboard", "--logdir", "/workspace", "--host", "127.0.0.1",' \
+      '"--port", "{port}", "--path_prefix", "{base_url}tensorboard"],' \
+      '"absolute_url": true, "timeout": 60, "new_browser_tab": false,' \
+      '"launcher_entry": {"title": "TensorBoard", "category": "Other"}}}}}' \
+    > /opt/gpulab/venv/etc/jupyter/jupyter_server_config.json \
+ && python -c "import json; json.load(open('/opt/gpulab/venv/etc/jupyter/jupyter_server_config.json'))"
 
 WORKDIR /workspace
 EXPOSE 8888

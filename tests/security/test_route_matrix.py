@@ -10,6 +10,10 @@ another user, an admin without a share, a viewer, a collaborator and the owner,
 and each method that changes something (POST, PUT, PATCH, DELETE) as the four
 that may not change anything (never as a collaborator or the owner: it could stop
 the server).
+
+In the same project, a training job writes TensorBoard event files and the
+TensorBoard tile's address (jupyter-server-proxy) shows its scalars to the owner
+and a collaborator, never to a viewer (issue 16).
 """
 
 from __future__ import annotations
@@ -151,6 +155,20 @@ EXPECTED = {
     # when the idle culler would stop the project; "keep it" (POST) is a change
     "gpulab_jupyter.idle.ActivityHandler": "read",
     "gpulab_jupyter.idle.KeepHandler": "read",
+    # jupyter-server-proxy: TensorBoard (started at its first visit), any port of the
+    # container, the launcher's list of proxied servers: running code, even to GET
+    "jupyter_server_proxy.config.ServerProcess.make_proxy_handler.<locals>._Proxy": "execute",
+    "jupyter_server_proxy.handlers.AddSlashHandler": "execute",
+    "jupyter_server_proxy.handlers.LocalProxyHandler": "execute",
+    "jupyter_server_proxy.handlers.RemoteProxyHandler": "execute",
+    "jupyter_server_proxy.api.ServersInfoHandler": "execute",
+    "jupyter_server_proxy.api.IconHandler": "execute",
+}
+# Routes whose sample path is given: the proxy to <host>:<port> refuses every host but
+# the container's own (host_allowlist), the owner included, so the sample names it.
+SAMPLE_FOR = {
+    r"/proxy/([^/:@]+):(\d+)(/.*|)$": "/proxy/localhost:1/x",
+    r"/proxy/absolute/([^/:@]+):(\d+)(/.*|)$": "/proxy/absolute/localhost:1/x",
 }
 SAMPLES = [
     "x", f"/{NB}", "00000000-0000-0000-0000-000000000000", NB, "json:notebook:x", "1", "x/y",
@@ -169,6 +187,8 @@ def _fits(inner: str, sample: str) -> bool:
 def sample_path(pattern: str) -> str | None:
     """A path the route's regex matches: each group replaced by one sample value (the
     same for every group, else for each group the first sample that fits it)."""
+    if pattern in SAMPLE_FOR:
+        return SAMPLE_FOR[pattern]
     body = pattern.removesuffix("$")
     for sample in [*SAMPLES, None]:
         out, depth, start = "", 0, 0
@@ -288,3 +308,88 @@ def test_no_change_by_anyone_but_collaborators_and_owner(people, routes):
                 if not ok:
                     wrong.append((method.upper(), path, role, got))
     assert not wrong, f"a change not refused: {wrong}"
+
+
+# A training script as users write one: TensorBoard event files under runs/, written
+# with TensorBoard's own writer (no TensorFlow, no torch in the image).
+TRAIN = """\
+import sys
+from tensorboard.summary import Writer
+
+writer = Writer(sys.argv[1])
+for step in range(5):
+    writer.add_scalar("loss", 1.0 / (step + 1), step=step)
+writer.close()
+print("wrote", sys.argv[1])
+"""
+RUN = "runs/first-try"
+
+
+def _wait_for(what: str, probe, timeout: float = 90, every: float = 2):
+    """``probe()``'s first true answer within ``timeout`` seconds, or fail saying ``what``."""
+    import time
+
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what} within {timeout:.0f} s; last answer: {last!r}")
+
+
+def test_tensorboard_shows_a_jobs_scalars_to_collaborators_and_owner_only(people, routes):
+    owner, collab, viewer = people[OWNER], people[COLLAB], people[VIEWER]
+    put = {"type": "file", "format": "text", "content": TRAIN}
+    assert owner.api("PUT", f"{SERVER}/api/contents/train.py", json=put).status_code in (200, 201)
+    start = {"target": "train.py", "args": [RUN]}
+    r = owner.api("POST", f"{SERVER}/api/gpulab/v1/jobs", json=start)
+    assert r.status_code == 201, r.text
+    job = r.json()["id"]
+
+    def ended():
+        state = owner.api("GET", f"{SERVER}/api/gpulab/v1/jobs/{job}").json()
+        return state if state["state"] not in ("starting", "running") else None
+
+    state = _wait_for("the training job ended", ended)
+    assert state["state"] == "succeeded", state
+
+    # The owner opens the TensorBoard tile: TensorBoard's own page, at the project's address.
+    page = owner.api("GET", f"{SERVER}/tensorboard/", timeout=120)
+    assert page.status_code == 200, page.text[:500]
+    assert "tb-relative-root" in page.text, page.text[:300]
+
+    def scalars(person):
+        r = person.api("GET", f"{SERVER}/tensorboard/data/plugin/scalars/tags")
+        return r.json() if r.status_code == 200 and RUN in r.json() else None
+
+    tags = _wait_for("TensorBoard listed the job's run", lambda: scalars(owner))
+    assert "loss" in tags[RUN], tags
+    points = owner.api(
+        "GET",
+        f"{SERVER}/tensorboard/data/plugin/scalars/scalars",
+        params={"run": RUN, "tag": "loss"},
+    )
+    assert points.status_code == 200, points.text
+    assert [step for _, step, _ in points.json()] == [0, 1, 2, 3, 4]
+    assert "loss" in scalars(collab)[RUN]  # collaborators see it too
+
+    # A viewer is refused TensorBoard, its data, and every proxy route, in the role's
+    # words: starting TensorBoard, or reaching a port, is running something.
+    for method, path in [
+        ("GET", "/tensorboard/"),
+        ("GET", "/tensorboard/data/plugin/scalars/tags"),
+        ("GET", "/server-proxy/servers-info"),
+        ("OPTIONS", "/tensorboard/"),
+        ("OPTIONS", "/proxy/8888/api/status"),
+        ("GET", "/proxy/localhost:8888/api/status"),
+    ]:
+        got = viewer.api(method, SERVER + path)
+        assert got.status_code == 403, (method, path, got.status_code, got.text[:300])
+        if method == "GET":
+            assert "You are a viewer" in got.text, (path, got.text[:300])
+    # The proxy never leaves the container: any host but its own is refused before a
+    # connection is tried, the owner included (.invalid names resolve nowhere anyway).
+    outside = owner.api("GET", f"{SERVER}/proxy/gpulab-hub.invalid:8081/")
+    assert outside.status_code == 403, outside.text[:300]
+    assert "not allowed" in outside.text, outside.text[:300]
