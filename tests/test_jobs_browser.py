@@ -48,7 +48,9 @@ def lab(tmp_path_factory):
     (project / "quick.py").write_text(QUICK)
     (project / "hello.ipynb").write_text(json.dumps(NOTEBOOK))
     env = {"GPULAB_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "GPULAB_PROJECT_DIR": str(project)}
-    with running_lab(home, env, root=project) as (url, token, log):
+    # Running jobs are counted as activity every second (every 30 s by default).
+    args = ("--ActivityReporter.every_s=1",)
+    with running_lab(home, env, root=project, args=args) as (url, token, log):
         yield url, token, log, project
 
 
@@ -136,6 +138,14 @@ def test_a_job_runs_shows_its_output_and_stops(lab, page):
     page.wait_for_timeout(2_200)
     assert elapsed.inner_text() != first
     assert api(lab, f"jobs/{job_id}")["state"] == "running"
+    # The project would stop when idle; the job keeps it running, and the panel says so.
+    kept = panel.locator("[data-gpulab=jobs-kept]")
+    kept.wait_for(timeout=15_000)
+    assert kept.inner_text() == "Kept running by a job"
+    deadline = time.monotonic() + 15
+    while "job" not in api(lab, "activity")["kept_by"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "job" in api(lab, "activity")["kept_by"]
     page.wait_for_timeout(1_500)  # a few more lines of output
     page.screenshot(path=str(OUT / "jobs-panel.png"))
     doc_image = REPO / "docs" / "img" / "jobs-panel.png"
@@ -150,6 +160,9 @@ def test_a_job_runs_shows_its_output_and_stops(lab, page):
     assert stopped.locator("[data-gpulab=job-rerun]").is_visible()
     assert stopped.locator("[data-gpulab=job-stop]").count() == 0
     assert api(lab, f"jobs/{job_id}")["state"] == "stopped"
+    page.wait_for_function(
+        "() => !document.querySelector('[data-gpulab=jobs-kept]')", timeout=30_000
+    )  # nothing keeps the project now
 
     # Open log: the job's output.log in JupyterLab, with what it printed.
     stopped.locator("[data-gpulab=job-log]").click()
@@ -196,9 +209,10 @@ def test_idle_notice_and_keep_it_running(lab, page):
     assert re.search(r"This project stops at \d\d:\d\d if it stays idle \(no browser activity, "
                      r"job or GPU use\)", text), text  # fmt: skip
     activity = api(lab, "activity")
-    # nothing keeps it beyond its last use (a job or GPU use would)
+    # nothing keeps it beyond its last use: no job runs (a running one would)
     assert activity["idle_timeout"] == IDLE_TIMEOUT
-    assert not {"job", "gpu"} & set(activity["kept_by"]), activity
+    assert all(j["state"] in ("stopped", "succeeded") for j in api(lab, "jobs")["jobs"])
+    assert activity["stop_at"] - time.time() <= IDLE_TIMEOUT / 2
     stop_at = time.strftime("%H:%M", time.localtime(activity["stop_at"]))
     page.wait_for_timeout(1_000)
     page.screenshot(path=str(OUT / "jobs-idle-notice.png"))
@@ -210,3 +224,32 @@ def test_idle_notice_and_keep_it_running(lab, page):
     assert "keep" in activity["kept_by"]
     assert activity["stop_at"] > time.time() + IDLE_TIMEOUT / 2
     set_visibility(page, "visible")
+
+
+def test_a_notebook_runs_as_job_from_its_toolbar(lab, page):
+    project = lab[3]
+    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
+    item = page.locator(".jp-DirListing-item").filter(has=page.get_by_text("hello.ipynb"))
+    item.dblclick()
+    button = page.locator(".jp-NotebookPanel-toolbar [data-jp-item-name=gpulab-run-as-job]")
+    button.wait_for(timeout=60_000)
+    button.locator("button").click()
+    # The Jobs panel opens on it; it ends, announced, with the executed notebook.
+    toast = page.locator(".Toastify__toast").filter(has_text="Job hello.ipynb succeeded after")
+    toast.wait_for(timeout=90_000)
+    assert toast.get_by_role("button", name="Open executed notebook").is_visible()
+    done = job_item(page, "succeeded").first
+    assert done.locator(".jp-gpulab-JobTitle").inner_text() == "hello.ipynb"
+    job_id = done.get_attribute("data-job-id")
+    executed = f"hello.job-{job_id}.ipynb"
+    assert (project / executed).is_file()
+    done.locator("[data-gpulab=job-notebook]").click()
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tabLabel", has_text=executed).wait_for(
+        timeout=30_000
+    )
+    page.locator(".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="42").wait_for(
+        timeout=30_000
+    )
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(OUT / "jobs-notebook.png"))
+    assert not [e for e in page.errors if "gpulab" in e.lower()], page.errors

@@ -38,9 +38,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_lab(home: Path, extra_env: dict[str, str] | None = None, root: Path | None = None):
+def running_lab(
+    home: Path,
+    extra_env: dict[str, str] | None = None,
+    root: Path | None = None,
+    args: tuple[str, ...] = (),
+):
     """A real JupyterLab with the extension in ``home`` (serving ``root``, by default
-    ``home``); yields (url, token, log path)."""
+    ``home``, with more command line ``args``); yields (url, token, log path)."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("Debian's chromium is not installed (scripts/setup.sh test installs it)")
     port, token = free_port(), secrets.token_hex(16)
@@ -56,7 +61,7 @@ def running_lab(home: Path, extra_env: dict[str, str] | None = None, root: Path 
         str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser",
         "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
         f"--ServerApp.root_dir={root or home}", f"--LabApp.workspaces_dir={home / 'ws'}",
-        f"--LabApp.user_settings_dir={home / 'settings'}", "--allow-root",
+        f"--LabApp.user_settings_dir={home / 'settings'}", "--allow-root", *args,
     ]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -36,7 +36,9 @@ export function idleNotice(a: IActivity | null, now: number): string {
   if (!a || a.idle_timeout <= 0 || a.stop_at === null) {
     return '';
   }
-  if (a.kept_by.some(k => k in KEEPERS) || a.stop_at - now > noticeWindow(a.idle_timeout)) {
+  // A running job or a busy GPU is counted as activity every few seconds, so it
+  // keeps stop_at beyond the window by itself: stop_at is the whole truth.
+  if (a.stop_at - now > noticeWindow(a.idle_timeout)) {
     return '';
   }
   return (
@@ -45,12 +47,22 @@ export function idleNotice(a: IActivity | null, now: number): string {
   );
 }
 
-/** "Kept running by a job" while a job or GPU use keeps an idle-culled project. */
-export function keptText(a: IActivity | null): string {
+/**
+ * "Kept running by a job" while a job or GPU use keeps a project that would
+ * otherwise stop when idle. ``jobRunning``: whether a job runs now, as the jobs
+ * list says (the server's ``job`` lasts two minutes after a job ended).
+ */
+export function keptText(a: IActivity | null, jobRunning: boolean): string {
   if (!a || a.idle_timeout <= 0) {
     return '';
   }
-  const by = a.kept_by.filter(k => k in KEEPERS).map(k => KEEPERS[k]);
+  const by = [];
+  if (jobRunning) {
+    by.push(KEEPERS.job);
+  }
+  if (a.kept_by.includes('gpu')) {
+    by.push(KEEPERS.gpu);
+  }
   return by.length ? `Kept running by ${by.join(' and ')}` : '';
 }
 

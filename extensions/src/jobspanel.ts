@@ -129,7 +129,7 @@ export class JobsPanel extends Widget {
     const body = el('div', 'jp-gpulab-JobsBody');
     const head = el('div', 'jp-gpulab-JobsHead');
     head.appendChild(el('h2', '', 'Jobs'));
-    const kept = keptText(this.options.idle.activity);
+    const kept = keptText(this.options.idle.activity, jobs.running);
     if (kept) {
       const line = el('p', 'jp-gpulab-JobsKept', kept);
       line.dataset.gpulab = 'jobs-kept';

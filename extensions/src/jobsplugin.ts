@@ -188,6 +188,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
 
+    // A job starts or ends: what keeps the project changes (the panel's header).
+    let running = false;
+    jobs.changed.connect(() => {
+      if (jobs.running !== running) {
+        running = jobs.running;
+        void idle.refresh();
+      }
+    });
     jobs.start();
     idle.start();
   }
