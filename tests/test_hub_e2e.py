@@ -129,6 +129,18 @@ def test_user_side_extension_answers_in_the_container(alice, two_projects):
     assert r.json()["owner"] == "alice"
 
 
+def test_logs_in_hidden_folders_open_in_jupyterlab(alice, two_projects):
+    """%gpu_install's full log is in .gpulab/logs/: JupyterLab can open it (a path the
+    magic prints, File > Open from Path) instead of a 404 for a hidden file."""
+    alice.execute(
+        "two",
+        "import os; os.makedirs('.gpulab/logs', exist_ok=True); "
+        "open('.gpulab/logs/gpu_install-x.log', 'w').write('the whole log')",
+    )
+    r = alice.api("GET", "/user/alice/two/api/contents/.gpulab/logs/gpu_install-x.log")
+    assert r.status_code == 200 and r.json()["content"] == "the whole log", r.text
+
+
 def test_another_user_is_refused(alice, bob, two_projects):
     # bob's token on alice's server, through the proxy
     r = bob.api("GET", "/user/alice/one/api/contents", allow_redirects=False)

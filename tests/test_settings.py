@@ -130,6 +130,7 @@ def test_defaults_give_a_working_single_machine_hub():
         "--HubOAuth.cache_max_age=30",
         "--ServerApp.authorizer_class=gpulab_jupyter.authorizer.ProjectAuthorizer",
         "--ProjectAuthorizer.shares_max_age=30",
+        "--ContentsManager.allow_hidden=True",
         "--ActivityReporter.every_s=150",
     ]
     # The project knows its idle timeout; servers report activity well within it.

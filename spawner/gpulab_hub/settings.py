@@ -188,6 +188,9 @@ def apply(c, environ, images_dir: str | Path) -> None:
         f"--HubOAuth.cache_max_age={sharing.REVOKE_WITHIN_S}",
         f"--ServerApp.authorizer_class={sharing.roles.AUTHORIZER_CLASS}",
         f"--ProjectAuthorizer.shares_max_age={sharing.REVOKE_WITHIN_S}",
+        # Logs gpulab writes under .gpulab/ (the %gpu_install log whose path the magic
+        # prints) open in JupyterLab; the project folder is the user's own.
+        "--ContentsManager.allow_hidden=True",
     ]
     # Builds report progress on the spawn page; give them time.
     c.Spawner.start_timeout = 3600
