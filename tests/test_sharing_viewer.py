@@ -579,13 +579,22 @@ def test_owner_terminal_runs_the_projects_python(hub, people, project, browser):
         expect(box).not_to_contain_text("GPUs for this project")
         page.screenshot(path=SHOTS / "owner-gpu-panel-no-driver.png")
 
-        # The launcher's TensorBoard tile opens TensorBoard in a JupyterLab tab (issue 16).
-        page.keyboard.press("Escape")
+        # The launcher's TensorBoard tile opens TensorBoard in a JupyterLab tab (issue 16),
+        # with the loss curve a script in the project wrote.
+        people[OWNER].execute(
+            PROJECT,
+            "from tensorboard.summary import Writer\n"
+            "w = Writer('runs/first-try')\n"
+            "for s in range(20): w.add_scalar('loss', 1 / (s + 1), step=s)\n"
+            "w.close()",
+        )
+        page.locator("[data-gpulab=status]").click()  # the GPU panel closes
         open_launcher(page)
         page.locator(".jp-LauncherCard:visible").filter(has_text="TensorBoard").first.click()
         board = page.frame_locator(".jp-ServerProxy iframe").first
-        expect(board.locator("body")).to_contain_text("TensorBoard", timeout=90_000)
-        page.wait_for_timeout(1_000)
+        expect(board.locator("body")).to_contain_text("runs/first-try", timeout=90_000)
+        expect(board.locator("body")).to_contain_text("loss")
+        page.wait_for_timeout(1_500)
         page.screenshot(path=SHOTS / "owner-tensorboard-tab.png")
     finally:
         page.context.close()
