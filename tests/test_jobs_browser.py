@@ -16,7 +16,17 @@ import time
 
 import pytest
 import requests
-from test_lab_extension_browser import ARGS, CHROMIUM, OUT, REPO, running_lab, set_visibility
+from test_lab_extension_browser import (
+    ARGS,
+    CHROMIUM,
+    GIB,
+    H100,
+    OUT,
+    REPO,
+    canned,
+    running_lab,
+    set_visibility,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -95,6 +105,16 @@ def run_from_file_browser(page, name: str) -> None:
     page.locator(".lm-Menu-item").filter(has_text=re.compile(r"^Run as job$")).click()
 
 
+def show_jobs_panel(page):
+    """The Jobs panel, from its tab in the left sidebar (a click on the tab of the panel
+    on show would close the sidebar)."""
+    panel = page.locator("[data-gpulab=jobs-panel]")
+    if not panel.is_visible():
+        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpulab-jobs"]').click()
+    panel.wait_for(state="visible", timeout=30_000)
+    return panel
+
+
 def job_item(page, state: str | None = None):
     sel = "[data-gpulab=jobs-panel] .jp-gpulab-Job"
     return page.locator(f"{sel}[data-state={state}]" if state else sel)
@@ -102,9 +122,7 @@ def job_item(page, state: str | None = None):
 
 def test_a_job_runs_shows_its_output_and_stops(lab, page):
     # The Jobs panel, from its tab in the left sidebar: no job yet, and how to start one.
-    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpulab-jobs"]').click()
-    panel = page.locator("[data-gpulab=jobs-panel]")
-    panel.wait_for(state="visible", timeout=30_000)
+    panel = show_jobs_panel(page)
     page.wait_for_function(
         "() => document.querySelector('[data-gpulab=jobs-panel]').textContent"
         ".includes('No jobs yet')",
@@ -197,6 +215,46 @@ def test_a_job_that_ends_is_announced(lab, page):
         ".some(c => c.textContent.includes('quick job done'))",
         timeout=15_000,
     )
+
+
+def test_a_jobs_gpu_memory_shows_on_it(lab, page):
+    # This host has no GPU: the GPU routes answer as on a GPU host where the server
+    # found the job's process on GPU 0 (docs/gpu-status-api.md, "job").
+    url, token, _, _ = lab
+    r = requests.post(f"{url}/api/gpulab/v1/jobs", params={"token": token},
+                      json={"target": "train.py", "name": "on the GPU"}, timeout=30)  # fmt: skip
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    answers = canned(time.time())
+    answers["gpu/processes"]["processes"] = [
+        {"pid": 530, "name": "python", "command": "python -u train.py", "kernel": None,
+         "job": job_id, "gpus": [{"uuid": H100, "index": 0, "memory_used": int(11.2 * GIB),
+                                  "match": "pid"}]},
+    ]  # fmt: skip
+
+    def answer(route):
+        path = route.request.url.split("/api/gpulab/v1/", 1)[1].split("?", 1)[0]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers[path]))
+
+    page.route("**/api/gpulab/v1/gpu**", answer)
+    try:
+        show_jobs_panel(page)
+        gpu = page.locator(f'[data-job-id="{job_id}"] [data-gpulab=job-gpu]')
+        page.wait_for_function(
+            """id => (document.querySelector(`[data-job-id="${id}"] [data-gpulab=job-gpu]`)
+                      || {}).textContent?.includes('in 1 process')""",
+            arg=job_id,
+            timeout=30_000,
+        )
+        assert gpu.inner_text() == (
+            "GPU 0: 11.2 GiB in 1 process · GPU use of the project: 2 GPUs 43% · 50.1/119 GiB"
+        )
+        title = page.locator(f'[data-job-id="{job_id}"] .jp-gpulab-JobTitle').inner_text()
+        assert title == "on the GPU"
+        page.screenshot(path=str(OUT / "jobs-panel-gpu.png"))
+    finally:
+        page.unroute("**/api/gpulab/v1/gpu**")
+        assert api(lab, f"jobs/{job_id}/stop", "POST")["state"] == "stopped"
 
 
 def test_idle_notice_and_keep_it_running(lab, page):

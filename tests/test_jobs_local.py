@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from gpulab_jupyter.handlers import job_of
 from gpulab_jupyter.jobs import cli, launch
-from gpulab_jupyter.jobs.local import LocalEngine
+from gpulab_jupyter.jobs.local import LocalEngine, running_supervisors
 from gpulab_jupyter.jobs.model import JobError, JobRequest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,6 +94,13 @@ def test_stop_ends_the_job_and_its_processes(project):
     record = engine.start(JobRequest("forever.py", name="endless"))
     state = json.loads((project / "jobs" / record.id / "state.json").read_text())
     assert wait_for(lambda: "tick" in engine.logs(record.id))
+    # The GPU process list names the job of a process whose ancestor is its supervisor.
+    supervisors = running_supervisors(engine)
+    assert supervisors == {state["pid"]: record.id}
+    stat = Path(f"/proc/{state['child']}/stat").read_text()
+    parent = int(stat.rsplit(")", 1)[1].split()[1])
+    assert job_of(state["child"], [parent, 1], supervisors) == record.id
+    assert job_of(os.getpid(), [os.getppid(), 1], supervisors) is None
     stopped = engine.stop(record.id)
     assert stopped.state == "stopped" and "stopped by its user" in stopped.message
     assert wait_for(lambda: not alive(state["child"]), timeout=10)
@@ -100,6 +108,7 @@ def test_stop_ends_the_job_and_its_processes(project):
     again = engine.rerun(record.id)
     assert again.id != record.id and again.request["name"] == "endless"
     assert engine.stop(again.id).state == "stopped"
+    assert running_supervisors(engine) == {}
 
 
 def test_a_job_whose_container_went_away_reads_as_lost(project):

@@ -8,6 +8,7 @@ paths included). The GPU routes only read what the sampler thread left; the JSON
 is documented in docs/gpu-status-api.md.
 """
 
+import asyncio
 import json
 import os
 import re
@@ -109,14 +110,22 @@ class GPUHistoryHandler(_SamplerHandler):
         self.write_json(self.sampler.history(self.float_argument("since")))
 
 
+def job_of(pid: int, ancestors: list[int], jobs: dict[int, str]) -> str | None:
+    """The job a process belongs to: its own or an ancestor's PID is a running job's
+    supervisor (``jobs``: supervisor PID → job id); None for any other process."""
+    return next((jobs[p] for p in [pid, *ancestors] if p in jobs), None)
+
+
 class GPUProcessesHandler(_SamplerHandler):
-    """This container's processes on its GPUs, with their kernels and notebooks."""
+    """This container's processes on its GPUs, with their kernels and notebooks, and
+    the job each runs for (``job``: its id, or null)."""
 
     @tornado.web.authenticated
     @authorized
     async def get(self):
         body = self.sampler.processes()
         kernels, by_pid = await self.kernels()
+        jobs = await self.running_jobs() if body["processes"] else {}
         rows = []
         for row in body["processes"]:
             row = dict(row)
@@ -125,9 +134,21 @@ class GPUProcessesHandler(_SamplerHandler):
             if kid not in kernels:
                 kid = next((by_pid[p] for p in [row["pid"], *ancestors] if p in by_pid), None)
             row["kernel"] = kernels.get(kid)
+            row["job"] = job_of(row["pid"], ancestors, jobs)
             rows.append(row)
         body["processes"] = rows
         self.write_json(body)
+
+    async def running_jobs(self) -> dict[int, str]:
+        """Running jobs by their supervisor's PID (the jobs engine reads files: a thread)."""
+        engine = self.settings.get("gpulab_jobs")
+        if engine is None:
+            return {}
+        from gpulab_jupyter.jobs.local import running_supervisors
+
+        return await asyncio.get_running_loop().run_in_executor(
+            None, running_supervisors, engine
+        )
 
     async def kernels(self) -> tuple[dict, dict]:
         """This server's kernels by id (with their notebooks), and their PIDs."""

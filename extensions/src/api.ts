@@ -104,6 +104,8 @@ export interface IProcess {
   name: string;
   command: string;
   kernel: IKernel | null;
+  /** The running job it belongs to (its id), or null. */
+  job?: string | null;
   gpus: IProcessGpu[];
 }
 

@@ -8,8 +8,9 @@
 import { IPoll, Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { requestAPI } from './api';
+import { IProcesses, requestAPI } from './api';
 import { FINISHED, IJob, IJobRequest, postAPI } from './jobsapi';
+import { GpuModel } from './model';
 
 /** Poll every 2 s while the panel shows a running job; every 15 s otherwise. */
 const FAST_MS = 2000;
@@ -26,8 +27,11 @@ export class JobsModel {
   error = '';
   /** Whether the first answer came. */
   loaded = false;
+  /** The GPU processes (with their jobs) while the panel shows a running job; else null. */
+  processes: IProcesses | null = null;
 
-  constructor() {
+  /** ``gpu``: the GPU status the status bar polls (whether there is a GPU to ask about). */
+  constructor(private _gpu: GpuModel | null = null) {
     this._poll = new Poll({
       auto: false,
       factory: () => this._tick(),
@@ -137,6 +141,7 @@ export class JobsModel {
             }
           })
       );
+      this.processes = await this._processes(jobs);
       this._announce(jobs);
       this.jobs = jobs;
       this.answeredAt = Date.now();
@@ -149,6 +154,19 @@ export class JobsModel {
     }
     this._updateFrequency();
     this._changed.emit();
+  }
+
+  /** Which process runs for which job: asked only while it can be seen, and used. */
+  private async _processes(jobs: IJob[]): Promise<IProcesses | null> {
+    const running = jobs.some(j => j.state === 'running');
+    if (!this._visible || !running || !this._gpu?.status?.available) {
+      return null;
+    }
+    try {
+      return await requestAPI<IProcesses>('gpu/processes');
+    } catch (reason) {
+      return null; // the project's GPU use is still shown
+    }
   }
 
   /** Jobs that ended since the last answer: running then, or started here. */

@@ -8,7 +8,8 @@
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { statusText } from './format';
+import { IProcess } from './api';
+import { gib, statusText } from './format';
 import { IdleWatch, keptText } from './idle';
 import { JobsModel, SHOWN } from './jobs';
 import { FINISHED, IJob, duration, elapsed, jobTitle } from './jobsapi';
@@ -68,6 +69,26 @@ export function shortCommand(argv: string[]): string {
   }
   const program = argv[0].split('/').pop() || argv[0];
   return [program, ...argv.slice(1)].join(' ');
+}
+
+/** "GPU 0: 11.2 GiB in 1 process" for a job's processes ('' when none holds a GPU). */
+export function jobGpuText(procs: IProcess[]): string {
+  const byGpu = new Map<string, number | null>();
+  for (const p of procs) {
+    for (const g of p.gpus) {
+      const key = g.index === null ? '?' : String(g.index);
+      const had = byGpu.has(key) ? byGpu.get(key)! : 0;
+      byGpu.set(key, had === null || g.memory_used === null ? null : had + g.memory_used);
+    }
+  }
+  if (!byGpu.size) {
+    return '';
+  }
+  const parts = [...byGpu.entries()].map(
+    ([index, used]) => `GPU ${index}: ${used === null ? 'memory unknown' : `${gib(used)} GiB`}`
+  );
+  const n = procs.length;
+  return `${parts.join(', ')} in ${n} process${n === 1 ? '' : 'es'}`;
 }
 
 export class JobsPanel extends Widget {
@@ -241,18 +262,24 @@ export class JobsPanel extends Widget {
     }
   }
 
-  /** The project's GPU use on each running job (from the GPU status the status bar reads). */
+  /**
+   * On each running job: its processes' GPU memory where the server names the
+   * job's processes, and the project's GPU use (the status the status bar reads).
+   */
   private _renderGpu(): void {
     const status = this.options.gpu?.status;
-    let text = '';
+    let project = '';
     if (status && status.available) {
-      text = `GPU use of the project: ${statusText(status)}`;
+      project = `GPU use of the project: ${statusText(status)}`;
     } else if (status) {
-      text = 'No GPU in this project: it runs on the CPU.';
+      project = 'No GPU in this project: it runs on the CPU.';
     }
+    const procs = this.options.jobs.processes?.processes || [];
     this.node.querySelectorAll<HTMLElement>('[data-gpulab=job-gpu]').forEach(node => {
-      node.textContent = text;
-      node.hidden = !text;
+      const id = node.closest<HTMLElement>('[data-job-id]')?.dataset.jobId;
+      const own = jobGpuText(procs.filter(p => p.job && p.job === id));
+      node.textContent = [own, project].filter(t => t).join(' · ');
+      node.hidden = !node.textContent;
     });
   }
 

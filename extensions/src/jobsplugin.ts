@@ -50,7 +50,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null
   ) => {
-    const jobs = new JobsModel();
+    const jobs = new JobsModel(gpu);
     const idle = new IdleWatch();
     // Until the server says otherwise, offer running (it refuses viewers anyway).
     let canRun = true;

@@ -232,7 +232,8 @@ export class GpuPanel extends Widget {
     tr.dataset.pid = String(p.pid);
     tr.appendChild(el('td', '', String(p.pid)));
     const k = p.kernel;
-    const who = k ? `${k.path || k.session || 'kernel'} (${k.name} kernel)` : p.name;
+    const job = p.job ? `job ${p.job}` : '';
+    const who = k ? `${k.path || k.session || 'kernel'} (${k.name} kernel)` : job || p.name;
     tr.appendChild(el('td', k ? 'jp-gpulab-Kernel' : '', who));
     const cmd = el('td', 'jp-gpulab-Command', p.command);
     cmd.title = p.command;

@@ -189,6 +189,16 @@ def any_running(engine) -> bool:
         return False
 
 
+def running_supervisors(engine) -> dict[int, str]:
+    """Running jobs by their supervisor's PID (the GPU process list names a process's
+    job from its ancestors)."""
+    try:
+        records = engine.list()
+    except (JobError, OSError):
+        return {}
+    return {r.pid: r.id for r in records if r.state == "running" and isinstance(r.pid, int)}
+
+
 def _supervising(pid, folder: Path) -> bool:
     """Whether ``pid`` is this job's supervisor (not a process that reused the pid)."""
     if not isinstance(pid, int) or pid <= 1:
