@@ -588,7 +588,8 @@ def test_owner_terminal_runs_the_projects_python(hub, people, project, browser):
             "for s in range(20): w.add_scalar('loss', 1 / (s + 1), step=s)\n"
             "w.close()",
         )
-        page.locator("[data-gpulab=status]").click()  # the GPU panel closes
+        gpu_tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(has_text="GPU")
+        gpu_tab.locator(".lm-TabBar-tabCloseIcon").click()  # room for TensorBoard
         open_launcher(page)
         page.locator(".jp-LauncherCard:visible").filter(has_text="TensorBoard").first.click()
         board = page.frame_locator(".jp-ServerProxy iframe").first
