@@ -412,7 +412,8 @@ def guard_proxies(classes) -> list[str]:
     needs "execute" on :data:`PROXY` for every request. Names of the classes guarded
     here."""
     done = []
-    for cls in classes:
+    # Parents first: a subclass then inherits its parent's guarded prepare.
+    for cls in sorted(classes, key=lambda c: (len(c.__mro__), c.__qualname__)):
         if not is_proxy(cls):
             continue
         cls.auth_resource = PROXY  # what guard_routes' wrapped methods ask for
