@@ -109,8 +109,13 @@ def show_jobs_panel(page):
     """The Jobs panel, from its tab in the left sidebar (a click on the tab of the panel
     on show would close the sidebar)."""
     panel = page.locator("[data-gpulab=jobs-panel]")
-    if not panel.is_visible():
-        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpulab-jobs"]').click()
+    tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpulab-jobs"]')
+    tab.wait_for(timeout=30_000)
+    for _ in range(3):  # the layout of a page just opened may still be restored
+        if panel.is_visible():
+            break
+        tab.click()
+        page.wait_for_timeout(1_000)
     panel.wait_for(state="visible", timeout=30_000)
     return panel
 
@@ -255,6 +260,51 @@ def test_a_jobs_gpu_memory_shows_on_it(lab, page):
     finally:
         page.unroute("**/api/gpulab/v1/gpu**")
         assert api(lab, f"jobs/{job_id}/stop", "POST")["state"] == "stopped"
+
+
+REFUSAL = "You can read this project, but not change or run anything here. Save a copy."
+
+
+def test_a_viewer_is_offered_no_run_stop_or_rerun(lab, page):
+    # Where the server refuses (a viewer under gpulab's hub), its words are shown.
+    def refuse(route):
+        route.fulfill(status=403, content_type="application/json",
+                      body=json.dumps({"message": REFUSAL, "reason": None}))  # fmt: skip
+
+    page.route("**/api/gpulab/v1/jobs/*/rerun*", refuse)
+    try:
+        show_jobs_panel(page)
+        job_item(page, "stopped").first.locator("[data-gpulab=job-rerun]").click()
+        toast = page.locator(".Toastify__toast").filter(has_text=REFUSAL)
+        toast.wait_for(timeout=15_000)
+        assert re.match(r"Re-run [\w. ]+: " + re.escape(REFUSAL), toast.inner_text().strip())
+    finally:
+        page.unroute("**/api/gpulab/v1/jobs/*/rerun*")
+
+    # A viewer's JupyterLab (the server's info says what it refuses them): the jobs and
+    # their output, Open log, and nothing that starts or stops one.
+    url, token, _, _ = lab
+    info = api(lab, "info")
+    viewer = page.context.browser.new_page(viewport={"width": 1400, "height": 860})
+    viewer.route("**/api/gpulab/v1/info*", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps({**info, "refusal": REFUSAL})
+    ))  # fmt: skip
+    viewer.goto(f"{url}/lab?token={token}", wait_until="domcontentloaded")
+    viewer.wait_for_selector("#jp-main-statusbar", timeout=90_000)
+    panel = show_jobs_panel(viewer)
+    job_item(viewer).first.wait_for(timeout=30_000)
+    assert job_item(viewer).count() >= 3
+    assert panel.locator("[data-gpulab=job-log]").count() == job_item(viewer).count()
+    assert panel.locator("[data-gpulab=job-rerun], [data-gpulab=job-stop]").count() == 0
+    viewer.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
+    item = viewer.locator(".jp-DirListing-item").filter(
+        has=viewer.get_by_text("train.py", exact=True)
+    )
+    item.click(button="right")
+    menu = viewer.locator(".lm-Menu-content").first
+    menu.wait_for()
+    assert "Open With" in menu.inner_text() and "Run as job" not in menu.inner_text()
+    viewer.close()
 
 
 def test_idle_notice_and_keep_it_running(lab, page):
