@@ -1,6 +1,6 @@
 /**
  * The project's jobs as this tab knows them: one `@lumino/polling` Poll that
- * reads GET jobs (and GET jobs/<id> for the output of those on show), fast while
+ * reads GET jobs (and, while the panel shows, GET jobs/<id> for their output), fast while
  * the Jobs panel is visible and a job runs, slowly otherwise, standing by while
  * the tab is hidden. A job seen running at one poll and ended at the next (or
  * started from this tab and already ended) is announced once on `ended`.
@@ -129,7 +129,8 @@ export class JobsModel {
   private async _tick(): Promise<void> {
     try {
       const { jobs } = await requestAPI<{ jobs: IJob[] }>('jobs');
-      const shown = jobs.slice(0, SHOWN);
+      // Their output only while the panel shows it (the list alone tells when one ends).
+      const shown = this._visible ? jobs.slice(0, SHOWN) : [];
       await Promise.all(
         shown
           .filter(j => !FINISHED.includes(j.state) || !this._final.has(j.id))
