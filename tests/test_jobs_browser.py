@@ -40,6 +40,7 @@ for epoch in range(1, 10_000):
     time.sleep(0.4)
 """
 QUICK = 'print("quick job done")\n'
+FAIL = 'import sys\n\nprint("no data here")\nsys.exit(3)\n'
 NOTEBOOK = {
     "cells": [{"cell_type": "code", "execution_count": None, "id": "c1", "metadata": {},
                "outputs": [], "source": "print(6 * 7)"}],
@@ -56,6 +57,7 @@ def lab(tmp_path_factory):
     project.mkdir()
     (project / "train.py").write_text(TRAIN)
     (project / "quick.py").write_text(QUICK)
+    (project / "fail.py").write_text(FAIL)
     (project / "hello.ipynb").write_text(json.dumps(NOTEBOOK))
     env = {"GPULAB_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "GPULAB_PROJECT_DIR": str(project)}
     # Running jobs are counted as activity every second (every 30 s by default).
@@ -221,6 +223,17 @@ def test_a_job_that_ends_is_announced(lab, page):
         timeout=15_000,
     )
 
+    # A failed one says its exit code (and stays until closed).
+    run_from_file_browser(page, "fail.py")
+    failed = page.locator(".Toastify__toast").filter(has_text="Job fail.py failed")
+    failed.wait_for(timeout=30_000)
+    assert re.search(r"Job fail\.py failed \(exit code 3\) after \d+s", failed.inner_text())
+    item = job_item(page, "failed")
+    assert "Failed with exit code 3" in item.inner_text()
+    assert "no data here" in item.locator("[data-gpulab=job-output]").inner_text()
+    failed.get_by_role("button", name="Hide notification").click()
+    failed.wait_for(state="detached", timeout=10_000)
+
 
 def test_a_jobs_gpu_memory_shows_on_it(lab, page):
     # This host has no GPU: the GPU routes answer as on a GPU host where the server
@@ -319,7 +332,7 @@ def test_idle_notice_and_keep_it_running(lab, page):
     activity = api(lab, "activity")
     # nothing keeps it beyond its last use: no job runs (a running one would)
     assert activity["idle_timeout"] == IDLE_TIMEOUT
-    assert all(j["state"] in ("stopped", "succeeded") for j in api(lab, "jobs")["jobs"])
+    assert not [j for j in api(lab, "jobs")["jobs"] if j["state"] in ("starting", "running")]
     assert activity["stop_at"] - time.time() <= IDLE_TIMEOUT / 2
     stop_at = time.strftime("%H:%M", time.localtime(activity["stop_at"]))
     page.wait_for_timeout(1_000)
