@@ -185,6 +185,9 @@ def test_a_dockerfile_that_fails_fast(hub, docker_engine, owner: HubUser, page: 
     toast = page.get_by_text("Running the last image that built (").first
     expect(toast).to_be_visible(timeout=15_000)
     expect(page.get_by_role("button", name="Open build log").first).to_be_visible()
+    # No prompt about Jupyter's news in front of the user's work (the image turns it off).
+    page.wait_for_timeout(2_000)  # JupyterLab asks, when it does, with its first toasts
+    expect(page.get_by_text("official Jupyter news")).to_have_count(0)
     shot(page, "spawn-07-lab-last-good.png")
 
     env = container_env(docker_engine)

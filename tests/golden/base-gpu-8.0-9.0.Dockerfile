@@ -91,6 +91,14 @@ RUN mkdir -p /opt/gpulab/venv/etc/ipython /opt/gpulab/venv/etc/jupyter \
       '"launcher_entry": {"title": "TensorBoard", "category": "Other"}}}}}' \
     > /opt/gpulab/venv/etc/jupyter/jupyter_server_config.json \
  && python -c "import json; json.load(open('/opt/gpulab/venv/etc/jupyter/jupyter_server_config.json'))"
+
+# JupyterLab asks nobody about Jupyter's news and checks for no updates: no prompt in
+# front of the user's work, no request from the project to the internet.
+RUN mkdir -p /opt/gpulab/venv/share/jupyter/lab/settings \
+ && echo '{"@jupyterlab/apputils-extension:notification":' \
+      '{"checkForUpdates": false, "fetchNews": "false"}}' \
+    > /opt/gpulab/venv/share/jupyter/lab/settings/overrides.json \
+ && python -c "import json; json.load(open('/opt/gpulab/venv/share/jupyter/lab/settings/overrides.json'))"
 RUN pip install --no-cache-dir torch==2.7.1 \
  && python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 

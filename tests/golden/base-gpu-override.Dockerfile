@@ -92,6 +92,14 @@ RUN mkdir -p /opt/gpulab/venv/etc/ipython /opt/gpulab/venv/etc/jupyter \
     > /opt/gpulab/venv/etc/jupyter/jupyter_server_config.json \
  && python -c "import json; json.load(open('/opt/gpulab/venv/etc/jupyter/jupyter_server_config.json'))"
 
+# JupyterLab asks nobody about Jupyter's news and checks for no updates: no prompt in
+# front of the user's work, no request from the project to the internet.
+RUN mkdir -p /opt/gpulab/venv/share/jupyter/lab/settings \
+ && echo '{"@jupyterlab/apputils-extension:notification":' \
+      '{"checkForUpdates": false, "fetchNews": "false"}}' \
+    > /opt/gpulab/venv/share/jupyter/lab/settings/overrides.json \
+ && python -c "import json; json.load(open('/opt/gpulab/venv/share/jupyter/lab/settings/overrides.json'))"
+
 WORKDIR /workspace
 EXPOSE 8888
 CMD ["jupyterhub-singleuser"]
