@@ -13,7 +13,7 @@ from gpulab_hub import culling
 
 pytestmark = [pytest.mark.docker]
 
-TIMEOUT = 24  # seconds without activity before a project is stopped
+TIMEOUT = 16  # seconds without activity before a project is stopped
 
 JOB = "import time\nfor i in range(600):\n    print(i, flush=True)\n    time.sleep(1)\n"
 
