@@ -67,3 +67,44 @@ def test_ddp_on_every_gpu_through_the_magic(tmp_path, monkeypatch):
     assert "precision=bf16" in log  # H100/H200: compute capability 9.0
     print(f"GPUs with job processes seen by NVML: {sorted(seen)}")
     assert len(seen) == len(ranks)
+
+
+def test_a_jobs_gpu_processes_name_the_job_and_keep_the_project(tmp_path):
+    """What the GPU panel and the idle culler read, on real GPUs: the sampler's GPU
+    processes, each named with the running job it belongs to (the processes route's
+    job_of), and a busy GPU counted as activity."""
+    if cuda_gpus() < 1:
+        pytest.skip("needs a GPU")
+    from gpulab_jupyter.activity import ActivityReporter
+    from gpulab_jupyter.handlers import job_of
+    from gpulab_jupyter.jobs.local import running_supervisors
+    from gpulab_jupyter.jobs.model import JobRequest
+    from gpulab_jupyter.sampler import GPUSampler
+
+    shutil.copy(SCRIPT, tmp_path / "train_ddp.py")
+    engine = LocalEngine(tmp_path)
+    record = engine.start(JobRequest("train_ddp.py", ("--steps", "20000"), gpus="all"))
+    sampler = GPUSampler(process_interval=1.0)
+    sampler.start()
+    try:
+        named, deadline = [], time.monotonic() + 120
+        while time.monotonic() < deadline and len(named) < cuda_gpus():
+            time.sleep(1)
+            jobs = running_supervisors(engine)
+            named = [
+                (row["pid"], job_of(row["pid"], row["ancestors"], jobs))
+                for row in sampler.processes()["processes"]
+            ]
+        print(f"\nGPU processes and their job: {named}")
+        assert len(named) == cuda_gpus() and {job for _, job in named} == {record.id}
+        busy = ActivityReporter({}, engine, sampler)
+        deadline = time.monotonic() + 30
+        while not busy.gpu_busy() and time.monotonic() < deadline:
+            time.sleep(1)
+        gpus = sampler.history(time.time() - 60)["gpus"]
+        print("GPU utilization over the last minute:",
+              {u[-8:]: g["utilization"][-5:] for u, g in gpus.items()})  # fmt: skip
+        assert busy.gpu_busy()
+    finally:
+        engine.stop(record.id)
+        sampler.stop()
