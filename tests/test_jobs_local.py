@@ -257,3 +257,28 @@ def test_when_the_project_would_be_stopped_and_what_keeps_it():
     }  # fmt: skip
     assert idle_timeout({"GPULAB_IDLE_TIMEOUT": "3600"}) == 3600
     assert idle_timeout({"GPULAB_IDLE_TIMEOUT": "1e9"}) == 0  # only whole seconds
+
+
+def test_a_busy_gpu_or_a_running_job_marks_the_server_active(project):
+    import asyncio
+
+    from gpulab_jupyter.activity import ActivityReporter
+
+    class History:  # what GPUSampler.history() answers (docs/gpu-status-api.md)
+        def __init__(self, utilization):
+            self.utilization = utilization
+
+        def history(self, since):
+            return {"gpus": {"GPU-1": {"utilization": self.utilization}}}
+
+    engine = LocalEngine(project)
+    settings: dict = {}
+    idle = ActivityReporter(settings, engine, History([0, 1, None, 2]))
+    assert asyncio.run(idle.check()) == {"jobs": False, "gpu": False} and settings == {}
+    busy = ActivityReporter(settings, engine, History([0, 0, 37]))
+    assert asyncio.run(busy.check())["gpu"] and "gpulab_gpu_last_activity" in settings
+    record = engine.start(JobRequest("forever.py"))
+    try:
+        assert asyncio.run(idle.check())["jobs"] and "gpulab_jobs_last_activity" in settings
+    finally:
+        engine.stop(record.id)
