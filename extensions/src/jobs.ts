@@ -96,10 +96,13 @@ export class JobsModel {
     this._changed.emit();
     try {
       const job = await postAPI<IJob>(`jobs/${id}/stop`);
+      this._stopping.delete(id); // before it shows as stopped: never "stopping" after
       this._merge(job);
       return job;
     } finally {
-      this._stopping.delete(id);
+      if (this._stopping.delete(id)) {
+        this._changed.emit(); // refused: no longer stopping
+      }
       void this.refresh();
     }
   }
