@@ -154,3 +154,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright, one per test module (browser_kit.py)."""
+    from browser_kit import launch
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = launch(pw)
+        yield b
+        b.close()

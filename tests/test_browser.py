@@ -15,10 +15,10 @@ import shutil
 import time
 
 import pytest
-from conftest import REPO
+from browser_kit import DOCS_IMG, SHOTS
 from hubclient import HubUser
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 pytestmark = [
     pytest.mark.browser,
@@ -26,11 +26,7 @@ pytestmark = [
     pytest.mark.usefixtures("show_logs_on_failure"),
 ]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT = {"width": 1280, "height": 800}
-SHOTS = REPO / "test-output"
-DOCS_IMG = REPO / "docs" / "img"
 
 USER = "dana"
 PASSWORD = "dana-Passw0rd-long"
@@ -38,13 +34,6 @@ DISPLAY_NAME = "Vision Experiments"
 PROJECT = "vision-experiments"  # what the home page makes of DISPLAY_NAME
 OLD_NOTEBOOK = "first-life.ipynb"
 
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

@@ -20,10 +20,11 @@ import shutil
 from urllib.parse import quote
 
 import pytest
-from conftest import REPO
+from browser_kit import DOCS_IMG, SHOTS
 from hubclient import HubUser
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
+from security.people import make_user, password
 
 pytestmark = [
     pytest.mark.browser,
@@ -31,11 +32,7 @@ pytestmark = [
     pytest.mark.usefixtures("show_logs_on_failure"),
 ]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT = {"width": 1280, "height": 800}
-SHOTS = REPO / "test-output"
-DOCS_IMG = REPO / "docs" / "img"
 
 # Names of their own, so the suite's other modules on the same hub do not clash.
 OWNER, PROJECT = "bsowner", "bs-shared"
@@ -46,19 +43,6 @@ COPY = "experiment (copy).ipynb"
 CODE = 'result = "accuracy 0.93 on the owner\'s run"\nprint(result)'
 OUTPUT = "accuracy 0.93 on the owner's run"
 READ_ONLY_NOTICE = f"Viewing {OWNER}'s project read-only — Save a copy to run it"
-
-
-def password(name: str) -> str:
-    return f"{name}-Passw0rd-long"
-
-
-def make_user(hub, admin: HubUser, name: str) -> HubUser:
-    user = HubUser(hub.url, name, password(name))
-    assert user.signup().status_code == 200
-    assert admin.authorize(name).status_code == 200
-    assert user.login().status_code == 302
-    user.new_token()
-    return user
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +63,6 @@ def projects(people):
     for user, project in started:
         user.stop_project(project)
 
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ import re
 import time
 
 import pytest
-from conftest import REPO
+from browser_kit import SHOTS
 from hubclient import HubUser
 from playwright.sync_api import Error as PlaywrightError
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 from security.people import log_in_admin, make_user, password
 
 pytestmark = [
@@ -32,22 +32,12 @@ pytestmark = [
     pytest.mark.usefixtures("show_logs_on_failure"),
 ]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT = {"width": 1280, "height": 900}
-SHOTS = REPO / "test-output"
 USER, PROJECT = "spawnsam", "mendme"
 # A step that fails at once, and prints colour codes first (the log page drops them)
 BROKEN = "RUN printf '\\033[31mred-step-output\\033[0m\\n' && false\n"
 SLOW_BROKEN = "RUN echo slow-step-output && sleep 3 && false\n"
 
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

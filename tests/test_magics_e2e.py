@@ -18,7 +18,7 @@ import os
 from urllib.parse import quote
 
 import pytest
-from conftest import REPO
+from browser_kit import CHROMIUM, SHOTS, launch
 from hubclient import HubUser
 
 pytestmark = [
@@ -27,9 +27,6 @@ pytestmark = [
     pytest.mark.usefixtures("show_logs_on_failure"),
 ]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-SHOTS = REPO / "test-output"
 NOTEBOOK = "install.ipynb"
 PASSWORD = "mona-Passw0rd-long"
 
@@ -113,7 +110,7 @@ def install_in_jupyterlab(base: str, mona: HubUser) -> None:
     SHOTS.mkdir(exist_ok=True)
     done = f"✔ {PACKAGE} {VERSION}: installed, verified and written to the Dockerfile"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(pw)
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.set_default_timeout(30_000)
         try:

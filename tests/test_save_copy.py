@@ -11,16 +11,13 @@ import os
 from urllib.parse import quote, urlencode
 
 import pytest
-from conftest import REPO
+from browser_kit import SHOTS, launch
 from hubclient import HubUser
 
 from gpulab_hub.sharing import roles
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-SHOTS = REPO / "test-output"
 OWNER, SRC, OTHER = "cpalice", "cp-src", "cp-other"
 READER, MINE = "cpbob", "cp-mine"
 STRANGER = "cpdave"
@@ -319,7 +316,7 @@ def test_a_copy_brings_the_packages_along(hub, people, source_installs, mine):
 
     before = outside_block(mine)
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = launch(pw)
         page = browser.new_page(viewport={"width": 1100, "height": 900})
         page.set_default_timeout(30_000)
         try:
