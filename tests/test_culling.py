@@ -52,6 +52,8 @@ def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_h
         assert time.monotonic() < deadline, f"the idle project was not stopped: {servers(cleo)}"
         time.sleep(2)
     culled_after = time.monotonic() - started
+    # Stopped, never deleted: the project and its folder are still there.
+    assert (culling_hub.home / "projects" / "cleo" / "idle" / "Dockerfile").is_file()
     # The project with the job is still there after twice the timeout, its job running.
     while time.monotonic() - started < 2 * TIMEOUT + cull["cull_every"]:
         time.sleep(2)
