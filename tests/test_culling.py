@@ -3,6 +3,10 @@ starts), and their GPUs freed; a project with a running job is spared."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,11 +15,30 @@ from security.people import log_in_admin, make_user
 
 from gpulab_hub import culling
 
-pytestmark = [pytest.mark.docker]
-
 TIMEOUT = 16  # seconds without activity before a project is stopped
 
 JOB = "import time\nfor i in range(600):\n    print(i, flush=True)\n    time.sleep(1)\n"
+
+
+def test_the_culler_service_stops_at_the_hubs_first_signal():
+    """Started with SIGINT ignored (as a hub in the background starts its services), the
+    culler still stops at JupyterHub's SIGINT, so stopping the hub does not wait 30 s."""
+    env = dict(os.environ, JUPYTERHUB_API_TOKEN="t", JUPYTERHUB_API_URL="http://127.0.0.1:9/hub/api")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulab_hub.culling", "--timeout=60", "--cull-every=15"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        time.sleep(3)  # running, its first round done
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) is not None
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture
@@ -30,6 +53,7 @@ def servers(user) -> dict:
     return user.api("GET", f"/hub/api/users/{user.name}").json()["servers"]
 
 
+@pytest.mark.docker
 def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_hub):
     admin = log_in_admin(culling_hub)
     cleo = make_user(culling_hub, admin, "cleo")

@@ -84,7 +84,7 @@ def test_defaults_give_a_working_single_machine_hub():
                 {
                     "name": culling.SERVICE,
                     "command": [
-                        sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=7200",
+                        sys.executable, "-m", "gpulab_hub.culling", "--timeout=7200",
                         "--cull-every=300", "--cull-users=false", "--remove-named-servers=false",
                     ],
                 }

@@ -42,7 +42,7 @@ def configure(c, timeout_s: int) -> None:
         {
             "name": SERVICE,
             "command": [
-                sys.executable, "-m", "jupyterhub_idle_culler",
+                sys.executable, "-m", "gpulab_hub.culling",
                 f"--timeout={timeout_s}", f"--cull-every={every['cull_every']}",
                 "--cull-users=false", "--remove-named-servers=false",
             ],
@@ -54,3 +54,20 @@ def configure(c, timeout_s: int) -> None:
     ]
     args = list(c.Spawner.args) if "args" in c.Spawner else []
     c.Spawner.args = [*args, f"--ActivityReporter.every_s={every['reporter_every']}"]
+
+
+def main() -> None:
+    """The service's command: jupyterhub-idle-culler, made to stop at the hub's first
+    signal. A process started with SIGINT ignored (the hub's services inherit that
+    from a hub started in the background) keeps ignoring it, and JupyterHub waits 30 s
+    before its SIGTERM: every hub stop would take that long."""
+    import signal
+
+    from jupyterhub_idle_culler import main as culler_main
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    culler_main()
+
+
+if __name__ == "__main__":
+    main()
