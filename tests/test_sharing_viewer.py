@@ -10,16 +10,14 @@ import json
 import re
 import time
 import uuid
-from pathlib import Path
 
 import pycrdt
 import pytest
 import requests
 import websocket
+from browser_kit import SHOTS
 from hubclient import HubUser
-from test_sharing import accept, make_user
-
-from gpulab_hub.sharing import roles
+from security.people import make_user, notebook, share_by_link
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 
@@ -33,24 +31,6 @@ VIEWER_WORDS = (
 )
 NB = "notes.ipynb"
 ORIGINAL = "print('the owner wrote this')"
-
-
-def notebook(source: str) -> dict:
-    return {
-        "cells": [
-            {
-                "cell_type": "code",
-                "id": "c0ffee00",
-                "execution_count": None,
-                "metadata": {},
-                "outputs": [],
-                "source": source,
-            }
-        ],
-        "metadata": {},
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
 
 
 def put_notebook(user: HubUser, path: str, source: str):
@@ -93,24 +73,13 @@ def people(hub, admin):
     return {n: make_user(hub, admin, n) for n in (OWNER, VIEWER, COLLAB, "vwdave")}
 
 
-def share_by_link(owner: HubUser, guest: HubUser, role: str) -> None:
-    r = owner.api(
-        "POST",
-        f"/hub/api/share-codes/{OWNER}/{PROJECT}",
-        json={"expires_in": 600, "scopes": roles.share_scopes(role, OWNER, PROJECT)},
-    )
-    assert r.status_code == 200, r.text
-    assert accept(guest, r.json()["accept_url"]).status_code == 302
-    guest.new_token()  # a token made after the share carries its scopes
-
-
 @pytest.fixture(scope="module")
 def project(people):
     alice = people[OWNER]
     alice.start_project(PROJECT)
     assert put_notebook(alice, NB, ORIGINAL).status_code in (200, 201)
-    share_by_link(alice, people[VIEWER], "viewer")
-    share_by_link(alice, people[COLLAB], "collaborator")
+    share_by_link(alice, PROJECT, people[VIEWER], "viewer")
+    share_by_link(alice, PROJECT, people[COLLAB], "collaborator")
     yield
     alice.stop_project(PROJECT)
 
@@ -383,22 +352,6 @@ def test_rtc_viewer_sees_live_content_and_cannot_change_it(people, project):
 
 
 # --- in Chromium: what the viewer is offered, and the owner's terminal -----------------
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-SHOTS = Path(__file__).resolve().parents[1] / "test-output"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
-
 
 def lab_page(browser, hub, name: str):
     """A logged-in browser of ``name`` on the owner's JupyterLab (authorized, news declined)."""
