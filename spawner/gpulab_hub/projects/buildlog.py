@@ -33,6 +33,14 @@ def page_url(hub_base_url: str, owner: str, project: str) -> str:
     return f"{hub_base_url.rstrip('/')}{PAGE}/{quote(owner, safe='')}/{quote(project, safe='')}"
 
 
+def _read(project: Project):
+    """Blocking (a worker thread): the latest log's path, its text, whether it was cut,
+    and whether the last build failed."""
+    path = projectimage.latest_log(project)
+    text, cut = projectimage.read_log(path) if path is not None else ("", False)
+    return path, text, cut, projectimage.last_build_failed(project)
+
+
 class BuildLogHandler(BaseHandler):
     """GET: the latest build log of a project its owner or a collaborator may change."""
 
@@ -55,10 +63,9 @@ class BuildLogHandler(BaseHandler):
         owner, name = self._target(first, second)
         where = hubsettings.of_handler(self)
         project = Project(where.projects_root, owner, project_name(name), where.state_root)
-        path = projectimage.latest_log(project)
-        text, cut, written = "", False, ""
+        path, text, cut, build_failed = await asyncio.to_thread(_read, project)
+        written = ""
         if path is not None:
-            text, cut = await asyncio.to_thread(projectimage.read_log, path)
             stamp = path.name.removeprefix("build-").removesuffix(".log")
             written = time.strftime("%Y-%m-%d %H:%M:%S", time.strptime(stamp, "%Y%m%d-%H%M%S"))
         mine = owner == self.current_user.name
@@ -72,7 +79,7 @@ class BuildLogHandler(BaseHandler):
             cut=cut,
             shown_kib=projectimage.MAX_LOG_SHOWN >> 10,
             written=written,
-            build_failed=projectimage.last_build_failed(project),
+            build_failed=build_failed,
             spawn_url=f"{self.hub.base_url}spawn/{quote(owner, safe='')}/{quote(name, safe='')}",
         )
         self.finish(html)

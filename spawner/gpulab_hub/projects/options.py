@@ -81,34 +81,30 @@ class GpuChoices:
     mig_profiles: tuple[str, ...] = ()
 
 
+def _select(label: str, name: str, element_id: str, options: str) -> str:
+    return f"""
+<div class="mb-3">
+  <label class="form-label" for="{element_id}">{label}</label>
+  <select class="form-select" name="{name}" id="{element_id}">{options}</select>
+</div>"""
+
+
 def _gpu_fields(g: GpuChoices) -> str:
     counts = "".join(
         f'<option value="{n}"{" selected" if n == g.default_count else ""}>{n}</option>'
         for n in range(g.max_count + 1)
     )
-    html = f"""
-<div class="mb-3">
-  <label class="form-label" for="gpulab-gpus">GPUs for this project</label>
-  <select class="form-select" name="gpus" id="gpulab-gpus">{counts}</select>
-</div>"""
+    html = _select("GPUs for this project", "gpus", "gpulab-gpus", counts)
     if g.types:
         opts = '<option value="">any</option>' + "".join(
             f'<option value="{escape(t)}">{escape(t)}</option>' for t in g.types
         )
-        html += f"""
-<div class="mb-3">
-  <label class="form-label" for="gpulab-gpu-type">GPU model</label>
-  <select class="form-select" name="gpu_type" id="gpulab-gpu-type">{opts}</select>
-</div>"""
+        html += _select("GPU model", "gpu_type", "gpulab-gpu-type", opts)
     if g.mig_profiles:
         opts = '<option value="">a whole GPU</option>' + "".join(
             f'<option value="{escape(p)}">MIG slice {escape(p)}</option>' for p in g.mig_profiles
         )
-        html += f"""
-<div class="mb-3">
-  <label class="form-label" for="gpulab-mig">Or one MIG slice</label>
-  <select class="form-select" name="mig_profile" id="gpulab-mig">{opts}</select>
-</div>"""
+        html += _select("Or one MIG slice", "mig_profile", "gpulab-mig", opts)
     return html
 
 
