@@ -8,6 +8,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,14 @@ def gpulab_down(home: Path) -> subprocess.CompletedProcess:
 
 def test_identity_reads_proc_and_tells_a_reused_pid_apart(sleepers, tmp_path):
     p = sleepers()
+    # Popen returns once exec has begun; the kernel sets the new command line a moment
+    # later, so an empty one is read for a few milliseconds (pidfile.write waits too).
     me = pidfile.identity(p.pid)
+    for _ in range(100):
+        if me is None or me.cmdline:
+            break
+        time.sleep(0.01)
+        me = pidfile.identity(p.pid)
     assert me is not None and me.cmdline == ("sleep", "300") and me.start > 0
     path = tmp_path / "x.pid"
     assert pidfile.write(path, p.pid)

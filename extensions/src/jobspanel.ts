@@ -198,7 +198,9 @@ export class JobsPanel extends Widget {
       item.classList.add('jp-mod-focus');
     }
     const top = el('div', 'jp-gpulab-JobTop');
-    const badge = el('span', 'jp-gpulab-JobState', jobs.isStopping(job.id) ? 'stopping' : state);
+    // A poll may bring the ended state before the stop request answers: ended wins.
+    const shown = running && jobs.isStopping(job.id) ? 'stopping' : state;
+    const badge = el('span', 'jp-gpulab-JobState', shown);
     badge.dataset.gpulab = 'job-state';
     top.appendChild(badge);
     const title = el('span', 'jp-gpulab-JobTitle', jobTitle(job));
