@@ -93,6 +93,7 @@ def hub_env(home: Path, **extra) -> dict:
             "GPULAB_BIND_URL": f"http://127.0.0.1:{free_port()}",
             "GPULAB_HUB_PORT": str(free_port()),
             "GPULAB_PROXY_API_PORT": str(free_port()),
+            "GPULAB_SSH_PORT": str(free_port()),
             "GPULAB_CONTAINER_PREFIX": PREFIX,
             "GPULAB_IMAGE_REPO": f"{PREFIX}/project",
             "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpulab_hub import accounts, culling, doctor, home, sharing
+from gpulab_hub import accounts, culling, doctor, home, secrets, sharing, ssh
 from gpulab_hub.projects import buildlog, objects, rename
 from gpulab_hub.sharing import groupshares, origins
 
@@ -46,6 +46,10 @@ DEFAULTS = {
     "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
     "GPULAB_DELETED_FILES": "archive",
     "GPULAB_IDLE_TIMEOUT": "7200",
+    # The SSH gateway into projects (ssh/): its port (0: no gateway), and its address
+    # ("": the host of GPULAB_BIND_URL).
+    "GPULAB_SSH_PORT": "2222",
+    "GPULAB_SSH_BIND": "",
 }
 
 
@@ -201,3 +205,6 @@ def apply(c, environ, images_dir: str | Path) -> None:
     if not idle.isdigit() or len(idle) > 9:
         raise ValueError("GPULAB_IDLE_TIMEOUT must be a whole number of seconds (0: never).")
     culling.configure(c, int(idle))
+    # SSH into projects (ssh/, docs/remote.md) and each user's secrets (secrets/).
+    ssh.configure(c, s, hub_dir)
+    secrets.configure(c, s, hub_dir)
