@@ -16,7 +16,7 @@ from tornado import web
 from gpulab_hub import hubsettings
 from gpulab_hub.home import PAGE, facts
 from gpulab_hub.projects.deletion import GpulabDeletion
-from gpulab_hub.sharing.received import policy_store, received_rows, server_state
+from gpulab_hub.sharing.received import policies_now, policy_store, received_rows, server_state
 
 # ?notice=<key> on the home page: fixed words, never text from the address.
 NOTICES = {
@@ -111,7 +111,7 @@ class HomeHandler(BaseHandler):
                 None, facts.archived_as, where, user.name, deleted
             )
         rows = self._rows(user, found)
-        shared = received_rows(self, policy_store(where.records_dir))
+        shared = received_rows(self, await policies_now(policy_store(where.records_dir)))
         html = await self.render_template(
             "home.html",
             user=user,

@@ -46,6 +46,21 @@ class SharingPolicyStore(jsonfile.LockedRecord):
         known = {f.name for f in fields(ProjectSharing)}
         return ProjectSharing(**{k: bool(v) for k, v in raw.items() if k in known})
 
+    def snapshot(self) -> dict[str, ProjectSharing]:
+        """Every project's settings by "owner/project", read once (blocking: call it
+        off the event loop); {} if the file is unreadable (the defaults everywhere)."""
+        try:
+            with self.locked():
+                projects = self._read()
+        except jsonfile.RecordError as e:
+            self.log.error("%s", e)
+            return {}
+        known = {f.name for f in fields(ProjectSharing)}
+        return {
+            key: ProjectSharing(**{k: bool(v) for k, v in raw.items() if k in known})
+            for key, raw in projects.items()
+        }
+
     def set(self, owner: str, project: str, **changes: bool) -> ProjectSharing:
         with self._thread_lock, self._file_lock:
             projects = self._read()

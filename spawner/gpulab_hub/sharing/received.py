@@ -14,6 +14,7 @@ with the options the owner last started it with.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from tornado import web
 
 from gpulab_hub import hubsettings
 from gpulab_hub.sharing import roles
-from gpulab_hub.sharing.policy import SharingPolicyStore
+from gpulab_hub.sharing.policy import ProjectSharing, SharingPolicyStore
 
 PAGE = "/gpulab/shared"
 POLICY_FILE = hubsettings.SHARING_POLICY  # in the hub's records folder
@@ -66,8 +67,15 @@ def iso_utc(when) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ") if when else ""
 
 
-def received_rows(handler, policies: SharingPolicyStore) -> list[Received]:
-    """What is shared with the handler's user (its own shares and its groups')."""
+async def policies_now(store: SharingPolicyStore) -> dict[str, ProjectSharing]:
+    """The sharing settings of every project, read on a worker thread (the store takes
+    a file lock: never on the event loop)."""
+    return await asyncio.get_running_loop().run_in_executor(None, store.snapshot)
+
+
+def received_rows(handler, policies: dict[str, ProjectSharing]) -> list[Received]:
+    """What is shared with the handler's user (its own shares and its groups');
+    ``policies``: ``policies_now()``."""
     rows = []
     for share in handler.current_user.orm_user.all_shared_with_me:
         if share.owner is None or share.spawner is None:
@@ -86,7 +94,7 @@ def received_rows(handler, policies: SharingPolicyStore) -> list[Received]:
                 state=server_state(hub_owner.spawners[project]),
                 url=hub_owner.server_url(project),
                 may_start=role == "collaborator"
-                and policies.get(owner, project).collaborators_may_start,
+                and policies.get(f"{owner}/{project}", ProjectSharing()).collaborators_may_start,
             )
         )
     rows.sort(key=lambda r: (r.owner, r.project, r.via))
@@ -98,7 +106,7 @@ class SharedWithMeHandler(BaseHandler):
         self.policies = policy_store(hubsettings.of_handler(self).records_dir)
 
     async def _page(self, status=200, message="", error=""):
-        rows = received_rows(self, self.policies)
+        rows = received_rows(self, await policies_now(self.policies))
         html = await self.render_template(
             "gpulab-shared.html",
             rows=rows,
@@ -150,7 +158,8 @@ class SharedWithMeHandler(BaseHandler):
             raise web.HTTPError(404, "Nothing of that name is shared with you.")
         if not any(roles.role_of(s.scopes) == "collaborator" for s in shares):
             raise web.HTTPError(403, f"Only collaborators may start {owner}'s project.")
-        if not self.policies.get(owner, project).collaborators_may_start:
+        policy = (await policies_now(self.policies)).get(f"{owner}/{project}", ProjectSharing())
+        if not policy.collaborators_may_start:
             raise web.HTTPError(
                 403, f"{owner} has not allowed collaborators to start {project}; ask {owner}."
             )
