@@ -299,6 +299,16 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         f"/hub/api/gpulab/projects/{U}/{P}/rename",
         {"post": "403 404 404 404 . ."},
     ),
+    # Each user's SSH keys (every logged-in user: their own); the gateway's access API:
+    # its service token only, never a user's or an admin's (ssh/)
+    "/hub/gpulab/ssh": (
+        "/hub/gpulab/ssh",
+        {"get": "302 200 200 200 200 200", "post": "403 400 400 400 . ."},
+    ),
+    "/hub/api/gpulab/ssh/access/([^/]+)/([^/]+)/([^/]+)": (
+        f"/hub/api/gpulab/ssh/access/{U}/{U}/{P}",
+        {"get": "403 403 403 403 403 403"},
+    ),
     "/hub/logo": ("/hub/logo", {"get": "200 200 200 200 200 200"}),
     "/hub/api/(.*)": ("/hub/api/nothing", {}),
     # /user/<owner> (no default server behind it): the hub adds the slash

@@ -23,8 +23,8 @@ running named server: the account's password row was gone, its servers and
 files stayed, and the next sign-up of that name inherited them). Then it takes
 away, besides every project as above: the whole ``<projects_root>/<user>``, the
 user's data folders (``<data_root>/{models,outputs}/<user>``), their Hugging
-Face cache volume (removed: it holds downloads only), and any container of theirs
-still there.
+Face cache volume (removed: it holds downloads only), any container of theirs
+still there, and the SSH keys they kept on the hub (ssh/keys.py).
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ from jupyterhub import roles as hub_roles
 from traitlets import Bool
 from traitlets.config import Configurable
 
-from gpulab_hub import hubsettings
+from gpulab_hub import hubsettings, ssh
 from gpulab_hub.gpus import allocator
 from gpulab_hub.projects import objects, project_name, safe_owner
 from gpulab_hub.sharing import groupshares
 from gpulab_hub.sharing.public import store as public_links
 from gpulab_hub.sharing.received import policy_store
+from gpulab_hub.ssh.keys import KeyStore
 
 LOG = logging.getLogger("gpulab.deletion")
 ARCHIVE_DIR = hubsettings.DELETED
@@ -149,6 +150,8 @@ def _forget_records(place: Place, owner: str, project: str | None) -> None:
     if project is None:
         policies.forget_owner(owner)
         links.forget_owner(owner)
+        # A later account of the same name must not get in with these keys.
+        KeyStore(ssh.paths(place.hub_dir)["keys_dir"]).remove_all(owner)
     else:
         policies.forget(owner, project)
         links.forget(owner, project)

@@ -1,0 +1,606 @@
+"""SSH into projects, the hub's side: users' keys, the SSH page, the gateway's access API.
+
+- The key store (ssh/keys.py) takes one public key line of an allowed type and refuses
+  hostile input: authorized_keys options, private keys, huge text, NUL bytes, DSA and
+  small RSA keys, a key of another account, a linked or damaged user file.
+- /hub/gpulab/ssh on the real session hub: a user adds the key Debian's ssh-keygen
+  made, sees it with the fingerprint ``ssh-keygen -lf`` prints, deletes it; a POST
+  without XSRF is refused; another user neither sees nor deletes it; the page gives the
+  ssh command of each project the user may open a shell in, and Chromium shows it.
+- /hub/api/gpulab/ssh/access/<user>/<owner>/<project> answers the gateway's token
+  (made the way JupyterHub makes a service's tokens, in the hub's database) for the
+  owner, a collaborator (own share or group's), a viewer, and refuses alike a stranger,
+  a revoked share, an unapproved account and an unknown project; a user's, a
+  collaborator's or an admin's token gets 403.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import asyncssh
+import pytest
+from browser_kit import DOCS_IMG, SHOTS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from security.people import log_in_admin, make_user, page_post, password
+
+from gpulab_hub import ssh
+from gpulab_hub.ssh import hubapi, keys
+from gpulab_hub.ssh.keys import KeyRefused, KeyStore
+
+OWNER, PROJECT = "skowner", "sshp"
+COLLAB, VIEWER, STRANGER = "skcollab", "skviewer", "skstranger"
+MEMBER, REVOKED, LAPSED = "skmember", "skrevoked", "sklapsed"
+GROUP = "skgroup"
+
+
+# --- keys, made as users make them -------------------------------------------------
+def keygen(folder: Path, name: str, kind: str = "ed25519") -> Path:
+    """A key pair made by Debian's OpenSSH ssh-keygen; the private key's path."""
+    path = folder / name
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", f"{name}@laptop", "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    return path
+
+
+def keygen_fingerprint(pub: Path) -> str:
+    """What ``ssh-keygen -lf`` prints as the fingerprint: "256 SHA256:... c (ED25519)"."""
+    out = subprocess.run(["ssh-keygen", "-lf", str(pub)], check=True, capture_output=True)
+    return out.stdout.decode().split()[1]
+
+
+def asyncssh_pub(algorithm: str, **kw) -> str:
+    return (
+        asyncssh.generate_private_key(algorithm, comment="made@here", **kw)
+        .export_public_key("openssh")
+        .decode()
+    )
+
+
+def sk_pub(kind: str) -> str:
+    """A security-key (FIDO) public key line, as OpenSSH writes one."""
+
+    def s(b: bytes) -> bytes:
+        return struct.pack(">I", len(b)) + b
+
+    if kind == "ed25519":
+        pub = asyncssh.generate_private_key("ssh-ed25519").public_data[-32:]
+        blob = s(b"sk-ssh-ed25519@openssh.com") + s(pub) + s(b"ssh:")
+        return f"sk-ssh-ed25519@openssh.com {base64.b64encode(blob).decode()} yubikey"
+    from asyncssh.packet import SSHPacket
+
+    packet = SSHPacket(asyncssh.generate_private_key("ecdsa-sha2-nistp256").public_data)
+    packet.get_string()
+    curve, point = packet.get_string(), packet.get_string()
+    blob = s(b"sk-ecdsa-sha2-nistp256@openssh.com") + s(curve) + s(point) + s(b"ssh:")
+    return f"sk-ecdsa-sha2-nistp256@openssh.com {base64.b64encode(blob).decode()} yubikey"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, str]:
+    """Public (and private) keys of every kind, each made once."""
+    folder = tmp_path_factory.mktemp("keys")
+    ed = keygen(folder, "ed")
+    return {
+        "ed25519": ed.with_suffix(".pub").read_text(),
+        "ed25519_private": ed.read_text(),
+        "ed25519_fingerprint": keygen_fingerprint(ed.with_suffix(".pub")),
+        "ecdsa256": keygen(folder, "ec", "ecdsa").with_suffix(".pub").read_text(),
+        "ecdsa384": asyncssh_pub("ecdsa-sha2-nistp384"),
+        "ecdsa521": asyncssh_pub("ecdsa-sha2-nistp521"),
+        "rsa2048": asyncssh_pub("ssh-rsa", key_size=2048),
+        "rsa1024": asyncssh_pub("ssh-rsa", key_size=1024),
+        "rsa_private_pem": asyncssh.generate_private_key("ssh-rsa", key_size=1024)
+        .export_private_key("pkcs1-pem")
+        .decode(),
+        "pkcs8_private": asyncssh.generate_private_key("ecdsa-sha2-nistp256")
+        .export_private_key("pkcs8-pem")
+        .decode(),
+        "dsa": asyncssh_pub("ssh-dss"),
+        "sk_ed25519": sk_pub("ed25519"),
+        "sk_ecdsa": sk_pub("ecdsa"),
+    }
+
+
+# --- the store ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kind", ["ed25519", "ecdsa256", "ecdsa384", "ecdsa521", "rsa2048", "sk_ed25519", "sk_ecdsa"]
+)
+def test_the_store_takes_each_allowed_kind_of_key(tmp_path, made, kind):
+    store = KeyStore(tmp_path / "keys")
+    key = store.add("alice", made[kind])
+    assert store.keys("alice") == [key]
+    # What the gateway compares: the public blob of the line it reads back.
+    given_key = asyncssh.import_public_key(made[kind])
+    assert asyncssh.import_public_key(key.openssh).public_data == given_key.public_data
+    assert key.fingerprint == given_key.get_fingerprint("sha256")
+    assert key.openssh.startswith(key.algorithm + " ") and "\n" not in key.openssh
+    assert key.algorithm == made[kind].split()[0]
+
+
+def test_the_fingerprint_is_the_one_ssh_keygen_prints(tmp_path, made):
+    key = KeyStore(tmp_path / "keys").add("alice", made["ed25519"])
+    assert key.fingerprint == made["ed25519_fingerprint"]
+    assert (key.algorithm, key.comment) == ("ssh-ed25519", "ed@laptop")
+
+
+HOSTILE = [
+    # (what is pasted, words the refusal must say)
+    (lambda m: 'from="10.0.0.1" ' + m["ed25519"], "no options"),
+    (lambda m: 'command="/bin/sh -c id",no-pty ' + m["ed25519"], "no options"),
+    (lambda m: "restrict " + m["ed25519"], "no options"),
+    (lambda m: 'environment="LD_PRELOAD=/x.so" ' + m["ed25519"], "no options"),
+    (lambda m: m["ed25519_private"], "That is a private key: paste the .pub file"),
+    (lambda m: m["rsa_private_pem"], "That is a private key: paste the .pub file"),
+    (lambda m: m["pkcs8_private"], "That is a private key: paste the .pub file"),
+    (lambda m: "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n", "private key"),
+    (lambda m: m["ed25519"].strip() + " " + "x" * (1 << 20), "too long"),
+    (lambda m: m["ed25519"].replace(" ", "\x00", 1), "characters no SSH public key has"),
+    (lambda m: m["ed25519"].strip() + "\x00", "characters no SSH public key has"),
+    (lambda m: m["ed25519"] + m["ecdsa256"], "one key at a time"),
+    (lambda m: m["dsa"], "does not take ssh-dss keys"),
+    (lambda m: m["rsa1024"], "That RSA key has 1024 bits"),
+    (lambda m: "ssh-ed25519-cert-v01@openssh.com AAAA", "does not take"),
+    (lambda m: "ssh-rsa " + m["ed25519"].split()[1], "not a whole SSH public key"),
+    (lambda m: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA", "not a whole SSH public key"),
+    (lambda m: "ssh-ed25519 not!base64", "not a whole SSH public key"),
+    (lambda m: "hello there", "not an SSH public key"),
+    (lambda m: "   \n ", "Paste your public key"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(HOSTILE)))
+def test_the_store_refuses_hostile_input(tmp_path, made, case):
+    make, words = HOSTILE[case]
+    store = KeyStore(tmp_path / "keys")
+    with pytest.raises(KeyRefused) as refused:
+        store.add("alice", make(made))
+    assert words in str(refused.value)
+    assert store.keys("alice") == []
+    assert "PRIVATE" not in str(refused.value) and "AAAA" not in str(refused.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300) | st.from_regex(r"(ssh-ed25519|ssh-rsa|x) [A-Za-z0-9+/=]{0,80}( .*)?"))
+def test_any_text_is_refused_or_a_clean_key(text):
+    try:
+        key = keys.parse(text)
+    except KeyRefused as e:
+        assert str(e)
+        return
+    assert key.algorithm in keys.ALGORITHMS
+    line = r"[a-z0-9@.-]+ [A-Za-z0-9+/]+={0,2}( [A-Za-z0-9 ._@+:=,()/#-]+)?"
+    assert re.fullmatch(line, key.openssh)
+
+
+def test_a_key_names_one_person(tmp_path, made):
+    store = KeyStore(tmp_path / "keys")
+    store.add("alice", made["ed25519"])
+    with pytest.raises(KeyRefused, match="on your account already"):
+        store.add("alice", made["ed25519"])
+    with pytest.raises(KeyRefused, match="already on another gpulab account"):
+        store.add("bob", made["ed25519"].replace("ed@laptop", "bob's copy"))
+    assert store.keys("bob") == []
+
+
+def test_at_most_twenty_keys(tmp_path):
+    store = KeyStore(tmp_path / "keys")
+    for _ in range(keys.MAX_KEYS):
+        store.add("alice", asyncssh_pub("ssh-ed25519"))
+    with pytest.raises(KeyRefused, match="You have 20 keys"):
+        store.add("alice", asyncssh_pub("ssh-ed25519"))
+    assert len(store.keys("alice")) == keys.MAX_KEYS
+
+
+def test_remove_and_remove_all(tmp_path, made):
+    store = KeyStore(tmp_path / "keys")
+    one = store.add("alice", made["ed25519"])
+    two = store.add("alice", made["ecdsa256"])
+    assert store.remove("bob", one.fingerprint) is False
+    assert store.remove("alice", one.fingerprint) is True
+    assert store.keys("alice") == [two]
+    store.remove_all("alice")
+    assert store.keys("alice") == [] and not (tmp_path / "keys" / "alice.json").exists()
+
+
+def test_user_files_are_never_followed_or_read_whole(tmp_path, made):
+    folder = tmp_path / "keys"
+    store = KeyStore(folder)
+    store.add("alice", made["ed25519"])
+    # bob's file is a link to alice's: bob gets no key of hers
+    (folder / "bob.json").symlink_to(folder / "alice.json")
+    assert store.keys("bob") == []
+    # a FIFO does not block, a huge file is not read
+    import os
+
+    os.mkfifo(folder / "carol.json")
+    assert store.keys("carol") == []
+    (folder / "dave.json").write_bytes(b'{"keys": [' + b" " * (keys.MAX_FILE + 10) + b"]}")
+    assert store.keys("dave") == []
+    # a damaged file gives no keys, and the next change moves it aside
+    (folder / "erin.json").write_text("{not json")
+    assert store.keys("erin") == []
+    store.add("erin", made["ecdsa256"])
+    assert [k.algorithm for k in store.keys("erin")] == ["ecdsa-sha2-nistp256"]
+    assert any(p.name.startswith("erin.json.corrupt-") for p in folder.iterdir())
+    # adding for bob replaces the link, never writes through it
+    store.add("bob", made["ecdsa384"])
+    assert not (folder / "bob.json").is_symlink()
+    assert [k.fingerprint for k in store.keys("alice")] == [keys.parse(made["ed25519"]).fingerprint]
+
+
+@pytest.mark.parametrize("name", ["../alice", "alice/x", ".hidden", "", "Alice", "a" * 70, "a\n"])
+def test_names_that_no_account_has_make_no_paths(tmp_path, made, name):
+    store = KeyStore(tmp_path / "keys")
+    assert store.keys(name) == []
+    with pytest.raises(ValueError):
+        store.add(name, made["ed25519"])
+    assert not any(tmp_path.rglob("*.json"))
+
+
+# --- the hub's configuration ---------------------------------------------------------
+def configured(**env):
+    from traitlets.config import Config
+
+    from gpulab_hub import settings
+
+    c = Config()
+    settings.apply(c, {"GPULAB_HOME": "/srv/x", "GPULAB_HUB_IP": "127.0.0.1", **env}, "/i")
+    return c
+
+
+def test_configure_adds_the_gateway_its_role_and_pages(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/other.sock")
+    monkeypatch.delenv("DOCKER_TLS_VERIFY", raising=False)
+    monkeypatch.delenv("DOCKER_CERT_PATH", raising=False)
+    c = configured(GPULAB_SSH_PORT="2200", GPULAB_BIND_URL="http://10.1.2.3:8000")
+    (service,) = [s for s in c.JupyterHub.services if s["name"] == ssh.SERVICE]
+    assert service["command"][1:] == ["-m", "gpulab_hub.ssh"]
+    where = ssh.paths("/srv/x/hub")
+    assert service["environment"] == {
+        "GPULAB_SSH_BIND": "10.1.2.3",
+        "GPULAB_SSH_PORT": "2200",
+        "GPULAB_SSH_HOST_KEY": str(where["host_key"]),
+        "GPULAB_SSH_KEYS_DIR": str(where["keys_dir"]),
+        "GPULAB_SSH_LOG": str(where["log"]),
+        "GPULAB_CONTAINER_PREFIX": "gpulab",
+        "DOCKER_HOST": "unix:///run/other.sock",
+    }
+    role = next(r for r in c.JupyterHub.load_roles if r["name"] == ssh.SERVICE)
+    assert role == {"name": ssh.SERVICE, "scopes": ssh.SCOPES, "services": [ssh.SERVICE]}
+    assert ssh.GATEWAY_SCOPE in c.JupyterHub.custom_scopes
+    assert "custom:gpulab:execute" in c.JupyterHub.custom_scopes  # merged, not replaced
+    from gpulab_hub.sharing import roles
+
+    assert ssh.GATEWAY_SCOPE not in roles.CUSTOM_SCOPES  # the module's dict is untouched
+    patterns = [h[0] for h in c.JupyterHub.extra_handlers]
+    assert "/gpulab/ssh" in patterns and any(p.startswith(ssh.API) for p in patterns)
+    assert str(ssh.TEMPLATES) in c.JupyterHub.template_paths
+
+
+def test_port_0_means_no_gateway_but_the_page_says_so():
+    c = configured(GPULAB_SSH_PORT="0")
+    assert not [s for s in c.JupyterHub.services if s["name"] == ssh.SERVICE]
+    assert not [r for r in c.JupyterHub.load_roles if r["name"] == ssh.SERVICE]
+    page = next(h for h in c.JupyterHub.extra_handlers if h[0] == "/gpulab/ssh")
+    assert page[2]["port"] == 0
+    html = render_page(port=0)
+    assert "SSH is off on this gpulab" in html and "How to connect" not in html
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GPULAB_SSH_PORT": "65536"},
+        {"GPULAB_SSH_PORT": "22 "},
+        {"GPULAB_SSH_PORT": "-1"},
+        {"GPULAB_SSH_PORT": "0x16"},
+        {"GPULAB_SSH_BIND": "0.0.0.0; rm -rf /"},
+        {"GPULAB_SSH_BIND": "host name"},
+        {"GPULAB_SSH_BIND": "-oProxyCommand=x"},
+    ],
+)
+def test_configure_refuses_bad_settings(env):
+    with pytest.raises(ValueError, match="GPULAB_SSH_"):
+        configured(**env)
+
+
+def test_the_bind_address_defaults_to_the_hubs():
+    assert ssh.bind_of({"GPULAB_BIND_URL": "http://[::1]:8000"}) == "::1"
+    assert ssh.bind_of({"GPULAB_BIND_URL": "http://0.0.0.0:8000"}) == "0.0.0.0"
+    assert ssh.bind_of({"GPULAB_SSH_BIND": "ssh.example.org"}) == "ssh.example.org"
+
+
+def render_page(**values) -> str:
+    """The page's template, in a stand-in for JupyterHub's page.html."""
+    import jinja2
+
+    from gpulab_hub import home
+
+    loader = jinja2.ChoiceLoader(
+        [
+            jinja2.DictLoader(
+                {"page.html": "{% block main %}{% endblock %}{% block script %}{% endblock %}"}
+            ),
+            jinja2.FileSystemLoader([str(ssh.TEMPLATES), str(home.TEMPLATES)]),
+        ]
+    )
+    env = jinja2.Environment(loader=loader, autoescape=True)
+    base = {"keys": [], "port": 2222, "host": "h", "own": [], "shared": [], "viewed": []}
+    base |= {"host_key": None, "token_url": "/hub/token", "message": "", "error": ""}
+    base |= {"xsrf": "x", "base_url": "/hub/"}
+    return env.get_template("gpulab-ssh.html").render(**{**base, **values})
+
+
+# --- on the session hub ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def admin(hub):
+    return log_in_admin(hub)
+
+
+@pytest.fixture(scope="module")
+def people(hub, admin):
+    """The owner's running project, shared by name with a collaborator, a viewer, a
+    group (as collaborator), one revoked, and one whose account is then unapproved."""
+    names = (OWNER, COLLAB, VIEWER, STRANGER, MEMBER, REVOKED, LAPSED)
+    users = {n: make_user(hub, admin, n) for n in names}
+    r = admin.api("POST", f"/hub/api/groups/{GROUP}", json={"users": [MEMBER]})
+    assert r.status_code == 201, r.text
+    owner = users[OWNER]
+    owner.start_project(PROJECT)
+    for name, kind, role in [
+        (COLLAB, "user", "collaborator"),
+        (VIEWER, "user", "viewer"),
+        (GROUP, "group", "collaborator"),
+        (REVOKED, "user", "collaborator"),
+        (LAPSED, "user", "collaborator"),
+    ]:
+        r = page_post(owner, PROJECT, action=kind, name=name, role=role)
+        assert r.status_code == 200 and f"Shared with {kind} {name}" in r.text, r.text
+    r = page_post(owner, PROJECT, action="revoke-user", name=REVOKED)
+    assert r.status_code == 200 and "Revoked" in r.text, r.text
+    assert admin.authorize(LAPSED, "unauthorize").status_code == 200
+    yield users
+    owner.stop_project(PROJECT)
+
+
+@pytest.fixture(scope="module")
+def gateway_token(hub):
+    """A token of the gateway service, made as JupyterHub makes a service's tokens
+    (orm.Service.new_api_token) in the hub's own database: it carries the service's
+    role, and nothing else."""
+    from jupyterhub import orm
+
+    url = f"sqlite:///{hub.home / 'hub' / 'jupyterhub.sqlite'}"
+    db = orm.new_session_factory(url)()
+    try:
+        service = orm.Service.find(db, ssh.SERVICE)
+        assert service is not None, "the hub has no SSH gateway service"
+        token = service.new_api_token(note="gpulab tests: the gateway", expires_in=1800)
+    finally:
+        db.close()
+    return token
+
+
+def ask(hub, token: str | None, user: str, owner: str, project: str):
+    import requests
+
+    headers = {"Authorization": f"token {token}"} if token else {}
+    url = ssh.access_url(hub.url + "/hub/api", user, owner, project)
+    return requests.get(url, headers=headers, timeout=20)
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_the_gateway_learns_each_persons_role(hub, people, gateway_token, docker_engine):
+    def answer(user, owner=OWNER, project=PROJECT):
+        r = ask(hub, gateway_token, user, owner, project)
+        assert r.status_code == 200, r.text
+        assert r.headers["Content-Type"].startswith("application/json")
+        return r.json()
+
+    mine = answer(OWNER)
+    assert mine["role"] == "owner" and mine["message"] == ""
+    assert mine["exists"] and mine["running"] and mine["pending"] is None and mine["can_start"]
+    # the container the gateway will exec into is the project's, running
+    running = docker_engine.call("containers", filters={"name": mine["container"]})
+    assert [c["Names"][0] for c in running] == ["/" + mine["container"]]
+    info = docker_engine.call("inspect_container", mine["container"])
+    assert info["Config"]["User"] == mine["exec_user"]
+    assert info["Config"]["Labels"]["gpulab.owner"] == OWNER
+    assert mine["workdir"] and mine["url"] == f"/user/{OWNER}/{PROJECT}/lab"
+    assert mine["prefix"] == hub.env["GPULAB_CONTAINER_PREFIX"]
+
+    for who in (COLLAB, MEMBER):  # own share, and the group's
+        theirs = answer(who)
+        assert theirs["role"] == "collaborator" and theirs["message"] == "", theirs
+        assert theirs["container"] == mine["container"] and theirs["running"]
+        assert theirs["can_start"] is False  # the owner has not allowed collaborators to
+
+    viewer = answer(VIEWER)
+    assert viewer["role"] == "viewer" and viewer["container"] == "" and viewer["exists"]
+    assert viewer["message"] == (
+        f"You are a viewer of {OWNER}'s project {PROJECT}: viewers cannot open a shell. "
+        f"Ask {OWNER} to make you a collaborator."
+    )
+
+    # Nothing tells a stranger, a revoked share, an unapproved account and an unknown
+    # project apart.
+    nothing = {
+        (STRANGER, OWNER, PROJECT),
+        (REVOKED, OWNER, PROJECT),
+        (LAPSED, OWNER, PROJECT),
+        ("sknobody", OWNER, PROJECT),
+        (COLLAB, OWNER, "nosuch"),
+        (COLLAB, "sknoowner", PROJECT),
+    }
+    for user, owner, project in nothing:
+        got = answer(user, owner, project)
+        assert got["message"] == f"{owner} has no project {project} shared with you.", got
+        assert got["role"] == "" and got["container"] == ""
+        assert got["exists"] is False and got["running"] is False
+        assert got["can_start"] is False and got["workdir"] == "" and got["url"] == ""
+    own_none = answer(OWNER, OWNER, "nosuch")
+    assert own_none["role"] == "" and own_none["message"] == "You have no project nosuch."
+
+
+@pytest.mark.docker
+def test_only_the_gateways_token_may_ask(hub, people, admin, gateway_token):
+    for token in (people[OWNER].token, people[COLLAB].token, admin.token, None, "not-a-token"):
+        r = ask(hub, token, OWNER, OWNER, PROJECT)
+        assert r.status_code == 403, (token, r.text)
+        assert "container" not in r.text
+    # an owner's session in a browser gets no more
+    r = people[OWNER].http.get(ssh.access_url(hub.url + "/hub/api", OWNER, OWNER, PROJECT))
+    assert r.status_code == 403
+    # names that no login name holds
+    bad = [("a b", OWNER, PROJECT), (OWNER, OWNER, "Bad_Name"), ("x~y", OWNER, PROJECT)]
+    for user, owner, project in bad:
+        assert ask(hub, gateway_token, user, owner, project).status_code in (400, 404)
+
+
+# --- the page ---------------------------------------------------------------------------
+def xsrf(user) -> str:
+    return user.http.cookies.get("_xsrf", path="/hub/")
+
+
+def page(user):
+    r = user.http.get(f"{user.base}/hub/gpulab/ssh", timeout=20)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def post(user, with_xsrf: bool = True, **form):
+    data = {**form, **({"_xsrf": xsrf(user)} if with_xsrf else {})}
+    return user.http.post(f"{user.base}/hub/gpulab/ssh", data=data, timeout=20)
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_a_user_adds_sees_and_deletes_a_key(hub, people, made, tmp_path):
+    owner, other = people[OWNER], people[STRANGER]
+    pub = keygen(tmp_path, "owner-laptop").with_suffix(".pub")
+    fingerprint = keygen_fingerprint(pub)
+    text = pub.read_text()
+
+    assert post(owner, with_xsrf=False, action="add", key=text).status_code == 403
+    assert fingerprint not in page(owner)
+
+    r = post(owner, action="add", key=text)
+    assert r.status_code == 200
+    assert f"Added your ssh-ed25519 key (owner-laptop@laptop): {fingerprint}" in r.text
+    listed = page(owner)
+    assert f'data-fingerprint="{fingerprint}"' in listed and "owner-laptop@laptop" in listed
+    # the gateway reads the same store
+    store = KeyStore(ssh.paths(hub.home / "hub")["keys_dir"])
+    assert [k.fingerprint for k in store.keys(OWNER)] == [fingerprint]
+
+    # another user: does not see it, cannot delete it, cannot claim it
+    assert fingerprint not in page(other)
+    r = post(other, action="delete", fingerprint=fingerprint)
+    assert r.status_code == 404 and "You have no key" in r.text
+    r = post(other, action="add", key=text)
+    assert r.status_code == 400 and "already on another gpulab account" in r.text
+    assert fingerprint in page(owner) and store.keys(STRANGER) == []
+
+    # a private key pasted by mistake is refused, and not shown back
+    r = post(owner, action="add", key=made["ed25519_private"])
+    assert r.status_code == 400 and "That is a private key: paste the .pub file" in r.text
+    assert made["ed25519_private"].splitlines()[1] not in r.text
+
+    assert post(owner, with_xsrf=False, action="delete", fingerprint=fingerprint).status_code == 403
+    r = post(owner, action="delete", fingerprint=fingerprint)
+    assert r.status_code == 200 and f"Deleted the key {fingerprint}" in r.text
+    assert fingerprint not in page(owner) and store.keys(OWNER) == []
+
+
+@pytest.mark.docker
+def test_the_page_says_how_to_connect(hub, people):
+    port = hub.env["GPULAB_SSH_PORT"]
+    shown = r'class="form-control font-monospace ssh-command"[^>]*value="([^"]+)"'
+    commands = {
+        name: re.findall(shown, page(people[name]))
+        for name in (OWNER, COLLAB, MEMBER, VIEWER, REVOKED)
+    }
+    assert commands[OWNER] == [f"ssh -p {port} {OWNER}+{PROJECT}@127.0.0.1"]
+    assert commands[COLLAB] == [f"ssh -p {port} {COLLAB}+{OWNER}~{PROJECT}@127.0.0.1"]
+    assert commands[MEMBER] == [f"ssh -p {port} {MEMBER}+{OWNER}~{PROJECT}@127.0.0.1"]
+    assert commands[VIEWER] == [] and commands[REVOKED] == []
+    viewer = page(people[VIEWER])
+    assert f"{OWNER}/{PROJECT}: you are a viewer; viewers get no shell" in viewer
+    owner = page(people[OWNER])
+    assert 'href="/hub/token"' in owner and "use a token from the" in owner
+    # The host key fingerprint the page gives is the gateway's, or it says it has none yet.
+    pub = Path(str(ssh.paths(hub.home / "hub")["host_key"]) + ".pub")
+    if pub.exists():
+        assert keygen_fingerprint(pub) in owner
+    else:
+        assert "The SSH gateway has not started yet" in owner
+
+
+@pytest.mark.docker
+def test_deleting_an_account_deletes_its_keys(hub, admin, made):
+    user = make_user(hub, admin, "skgone")
+    assert post(user, action="add", key=made["ecdsa521"]).status_code == 200
+    store = KeyStore(ssh.paths(hub.home / "hub")["keys_dir"])
+    assert len(store.keys("skgone")) == 1
+    assert admin.api("DELETE", "/hub/api/users/skgone").status_code == 204
+    assert store.keys("skgone") == []
+    again = make_user(hub, admin, "skgone")  # a later account of that name
+    assert "data-fingerprint" not in page(again)
+
+
+@pytest.mark.browser
+@pytest.mark.docker
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_the_ssh_page_in_chromium(hub, people, browser, tmp_path):
+    from playwright.sync_api import expect
+
+    pub = keygen(tmp_path, "work-laptop").with_suffix(".pub")
+    fingerprint = keygen_fingerprint(pub)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=hub.url)
+    context.set_default_timeout(20_000)
+    try:
+        page_ = context.new_page()
+        page_.goto(f"{hub.url}/hub/login")
+        page_.get_by_label("Username").fill(OWNER)
+        page_.get_by_label("Password").fill(password(OWNER))
+        page_.get_by_role("button", name="Sign In").click()
+        page_.locator('[data-gpulab="nav-ssh"]').click()
+        expect(page_).to_have_url(f"{hub.url}/hub/gpulab/ssh")
+        page_.locator("#ssh-key-text").fill(pub.read_text())
+        page_.get_by_role("button", name="Add key").click()
+        expect(page_.locator("#ssh-message")).to_contain_text(fingerprint)
+        row = page_.locator(f'tr.ssh-key[data-fingerprint="{fingerprint}"]')
+        expect(row.locator(".fingerprint")).to_have_text(fingerprint)
+        expect(row.locator(".comment")).to_have_text("work-laptop@laptop")
+        command = f"ssh -p {hub.env['GPULAB_SSH_PORT']} {OWNER}+{PROJECT}@127.0.0.1"
+        expect(page_.locator("#ssh-command-own-1")).to_have_value(command)
+        page_.locator("#ssh-copy-own-1").click()
+        expect(page_.locator("#ssh-copy-own-1")).to_have_text("Copied")
+        assert page_.evaluate("navigator.clipboard.readText()") == command
+        shot = SHOTS / "ssh-page.png"
+        page_.screenshot(path=shot, full_page=True)
+        # delete it again with the row's button
+        row.get_by_role("button", name="Delete").click()
+        expect(page_.locator("#ssh-message")).to_contain_text(f"Deleted the key {fingerprint}")
+        expect(page_.locator(f'tr.ssh-key[data-fingerprint="{fingerprint}"]')).to_have_count(0)
+        DOCS_IMG.mkdir(exist_ok=True)
+        shutil.copyfile(shot, DOCS_IMG / "ssh-page.png")
+    finally:
+        context.close()
+
+
+def test_the_access_messages_reveal_nothing():
+    assert hubapi.not_found("bob", "alice", "one") == "alice has no project one shared with you."
+    assert hubapi.not_found("alice", "alice", "one") == "You have no project one."
