@@ -12,6 +12,16 @@ RUN if ! python3 -c "import venv, ensurepip" 2>/dev/null; then \
       && rm -rf /var/lib/apt/lists/*; \
     fi
 
+# Debian's SFTP server: gpulab's SSH gateway runs it as the notebook user for sftp and
+# scp (OpenSSH 9's scp copies over SFTP) into the project (docs/remote.md).
+# hadolint ignore=DL3008
+RUN if [ ! -x /usr/lib/openssh/sftp-server ]; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends openssh-sftp-server \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && test -x /usr/lib/openssh/sftp-server
+
 # Extra CA certificates from the host's trust store, so pip works behind a
 # TLS-intercepting proxy (corporate networks).
 COPY ca-certificates/ /usr/local/share/ca-certificates/gpulab/
