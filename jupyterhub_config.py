@@ -5,9 +5,13 @@ import os
 from pathlib import Path
 
 from gpulab_hub import hubfiles, settings
+from gpulab_hub.secrets import crypt
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 # The hub folder is private: umask 077 for what the hub makes, older files fixed.
-hubfiles.start_private(settings.paths(settings.site(os.environ)["GPULAB_HOME"])["hub"])
+hub_dir = settings.paths(settings.site(os.environ)["GPULAB_HOME"])["hub"]
+hubfiles.start_private(hub_dir)
+# The key that encrypts users' secrets, made once unless JUPYTERHUB_CRYPT_KEY is set.
+crypt.ensure_key(hub_dir)
 images = Path(__file__).resolve().parent / "images"
 settings.apply(c, settings.with_hub_ip(os.environ), images_dir=images)

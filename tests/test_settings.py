@@ -6,7 +6,7 @@ import sys
 import pytest
 from traitlets.config import Config
 
-from gpulab_hub import accounts, culling, doctor, home, settings, sharing
+from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing
 from gpulab_hub.projects import rename
 
 
@@ -63,6 +63,12 @@ def test_defaults_give_a_working_single_machine_hub():
                     "/gpulab/build-log/([^/]+)(?:/([^/]+))?",
                     "gpulab_hub.projects.buildlog.BuildLogHandler",
                 ),
+                # each user's secrets: the page, and the API project servers ask
+                ("/gpulab/secrets", "gpulab_hub.secrets.web.SecretsPageHandler"),
+                (
+                    "/api/gpulab/secrets/([^/]+)/([^/]+)",
+                    "gpulab_hub.secrets.api.SecretsAPIHandler",
+                ),
             ],
             "template_paths": [
                 str(home.TEMPLATES),
@@ -70,6 +76,7 @@ def test_defaults_give_a_working_single_machine_hub():
                 str(sharing.TEMPLATES),
                 str(rename.TEMPLATES),
                 str(accounts.TEMPLATES),
+                str(secrets.TEMPLATES),
             ],
             "load_roles": [
                 {
@@ -132,6 +139,7 @@ def test_defaults_give_a_working_single_machine_hub():
         "--ProjectAuthorizer.shares_max_age=30",
         "--ContentsManager.allow_hidden=True",
         "--ActivityReporter.every_s=150",
+        "--ServerApp.kernel_manager_class=gpulab_jupyter.secrets.kernels.SecretsKernelManager",
     ]
     # The project knows its idle timeout; servers report activity well within it.
     assert c.Spawner.environment == {

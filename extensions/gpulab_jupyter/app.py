@@ -1,6 +1,7 @@
 """The Jupyter Server extension: GPU status routes and the one sampler they share,
 the jobs routes and their engine, activity from jobs and GPUs for the idle culler;
-under gpulab's hub (``ProjectAuthorizer``), the guards of the viewer role."""
+under gpulab's hub (``ProjectAuthorizer``), the guards of the viewer role and the
+secrets of who starts a terminal (secrets/)."""
 
 from jupyter_server.extension.application import ExtensionApp
 
@@ -41,10 +42,20 @@ class GPULabExtension(ExtensionApp):
             def add_guarded_handlers(host_pattern, host_handlers):
                 add_handlers(host_pattern, host_handlers)
                 self.guard_routes()
+                self.deliver_secrets()
 
             web_app.add_handlers = add_guarded_handlers
             hide_server_token(self.serverapp)
             self.guard_routes()
+            self.deliver_secrets()
+
+    def deliver_secrets(self):
+        """New terminals get the secrets of who opens them (the terminals extension makes
+        its manager after this one loads; kernels: secrets/kernels.py)."""
+        from .secrets.terminals import deliver_to_terminals
+
+        if deliver_to_terminals(self.serverapp.web_app.settings):
+            self.log.info("gpulab: new terminals get the secrets of who opens them")
 
     def guard_routes(self):
         """Routes that never ask the authorizer ask it for writes; real-time

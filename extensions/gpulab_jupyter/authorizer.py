@@ -48,6 +48,9 @@ without one every authorized request is refused. Unknown actions are refused.
 Websockets are authorized when they open; :mod:`.connections` checks the open ones
 again every ``connections_recheck_s`` seconds and closes those whose person lost
 what they were allowed (a revoked or lowered share, a revoked token).
+
+A request allowed to start a kernel, a terminal or a job also fetches, with the
+person's own token, the secrets that person's new process gets (secrets/deliver.py).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from tornado.websocket import WebSocketHandler
 from traitlets import Float
 
 from .connections import OpenConnections
+from .secrets import deliver
 
 PREFIX = "custom:gpulab:"
 READ, WRITE, EXECUTE = PREFIX + "read", PREFIX + "write", PREFIX + "execute"
@@ -177,6 +181,7 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
         self._fetched_at = -math.inf
         self._asked_at: dict[str, float] = {}  # who last made a refusal ask the hub, when
         self._lock: asyncio.Lock | None = None
+        self._secrets: deliver.SecretsClient | None = None
         self.connections = OpenConnections(
             self._still_allowed, self.connections_recheck_s, self.log
         )
@@ -190,6 +195,10 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
         if allowed and isinstance(handler, WebSocketHandler):
             token = self.hub_auth.get_token(handler) or ""
             self.connections.watch(handler, token, action, resource)
+        if allowed and deliver.starts_process(handler):
+            token = self.hub_auth.get_token(handler) or ""
+            # The start later in this request (same task) reads it: secrets/deliver.py.
+            deliver.current.set(await self.secrets.delivery_for(token, hub_user["name"]))
         if not allowed and not _asks_only(handler):
             refusal = await self.refusal(hub_user)
             if refusal:  # in the role's words rather than "not authorized to write on …"
@@ -248,6 +257,15 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
     @property
     def _where(self) -> tuple[str, str]:
         return self.owner, self.server_name
+
+    @property
+    def secrets(self) -> deliver.SecretsClient:
+        """Asks the hub for the secrets of the person who starts a process here."""
+        if self._secrets is None:
+            self._secrets = deliver.SecretsClient(
+                self.hub_auth.api_url, self.owner, self.server_name, self.log
+            )
+        return self._secrets
 
     async def _shared(self, hub_user: dict, fresh: bool) -> frozenset[str]:
         if self._lock is None:

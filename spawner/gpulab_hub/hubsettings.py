@@ -22,6 +22,7 @@ GROUP_SHARE_ROLES = "group-share-roles.json"
 PUBLIC_LINKS = "public-links.json"
 DOCTOR_REPORT = "doctor-last.json"
 DELETED = "deleted"
+SECRETS = "secrets"  # one file per user (secrets/store.py)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,10 @@ class HubSettings:
     @property
     def deleted_dir(self) -> Path:
         return self.records_dir / DELETED
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.records_dir / SECRETS
 
 
 def from_config(config, spawner_class=None) -> HubSettings:

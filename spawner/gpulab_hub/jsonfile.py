@@ -11,9 +11,11 @@ what that is), and logs one message naming both files and how to restore.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -71,6 +73,29 @@ class RecordError(Exception):
     """A record that cannot be read at all (permissions, I/O); ``str()`` says what to do."""
 
 
+class NotARecord(Exception):
+    """What lies in a record's place is no record file (a link, a FIFO, too large)."""
+
+
+def read_regular(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``, never following a link in its place and
+    never reading more than ``max_bytes``; NotARecord for anything else there."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotARecord("a link, which gpulab never follows") from e
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARecord("not a regular file")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise NotARecord(f"larger than {max_bytes} bytes")
+    return data
+
+
 class LockedRecord:
     """One JSON file ``{"version": 1, <section>: ...}`` read and changed under a file lock
     (other hub processes) and a thread lock (this one); the base of hub-side stores.
@@ -84,6 +109,9 @@ class LockedRecord:
     what = "The record"  # "The GPU allocation record": how messages name the file
     on_damage = "it starts empty"  # what the replacement means, for the admin
     Error: type[Exception] = RecordError
+    # Records kept from users' input: never follow a link in the record's place, never
+    # read more than this (None: the file is read as it is).
+    max_bytes: int | None = None
 
     def __init__(self, path: Path, log: logging.Logger | logging.LoggerAdapter | None = None):
         from filelock import FileLock
@@ -120,9 +148,14 @@ class LockedRecord:
     def _read(self):
         """The section (call with the record held); repairs a damaged file, see above."""
         try:
-            raw = self.path.read_bytes()
+            if self.max_bytes is None:
+                raw = self.path.read_bytes()
+            else:
+                raw = read_regular(self.path, self.max_bytes)
         except FileNotFoundError:
             return self._missing()
+        except NotARecord as e:
+            return self._damaged(str(e))
         except OSError as e:
             raise self.Error(
                 f"{self.what} {self.path} cannot be read ({e.strerror or e}): give the hub's "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Protocol
 
 from gpulab_jupyter.jobs.launch import Machine
@@ -14,7 +15,8 @@ class Engine(Protocol):
     """Where jobs run. Today: this container (``LocalEngine``); a cluster engine
     (Slurm) implements the same five calls."""
 
-    def start(self, req: JobRequest) -> JobRecord: ...
+    def start(self, req: JobRequest, extra_env: Mapping[str, str] | None = None) -> JobRecord:
+        """``extra_env``: added to the job's environment (the starter's secrets)."""
 
     def status(self, job_id: str) -> JobRecord: ...
 

@@ -4,8 +4,9 @@ and the hub read them; docs/jobs.md has the JSON).
 Reading (GET) needs the ``read`` scope on the project, like every gpulab route;
 starting, stopping and re-running are "write" requests of resource ``gpulab``, which
 gpulab's authorizer gives only to those who may execute code here (the owner and
-collaborators, never viewers). Engine calls block (a stop waits for the job to end),
-so they run on a worker thread.
+collaborators, never viewers). A job started or re-run here gets the secrets of the
+person who asked (secrets/deliver.py). Engine calls block (a stop waits for the job
+to end), so they run on a worker thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
 from gpulab_jupyter.jobs.model import JOB_ID, JobError, JobRecord, JobRequest
+from gpulab_jupyter.secrets import deliver
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 LOG_TAIL_BYTES = 16384
@@ -53,6 +55,13 @@ class _JobsHandler(APIHandler):
         except JobError as e:
             raise tornado.web.HTTPError(400, str(e)) from None
 
+    @staticmethod
+    def secrets_env() -> dict[str, str] | None:
+        """What the job's environment gets for the person who starts it (the authorizer
+        fetched it for this request)."""
+        delivery = deliver.current.get()
+        return delivery.additions() if delivery is not None else None
+
     def reply(self, body, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Cache-Control", "no-store")
@@ -60,6 +69,9 @@ class _JobsHandler(APIHandler):
 
 
 class JobsHandler(_JobsHandler):
+    def gpulab_starts_process(self) -> bool:
+        return self.request.method == "POST"
+
     @tornado.web.authenticated
     @authorized
     async def get(self):
@@ -85,7 +97,9 @@ class JobsHandler(_JobsHandler):
         if not all(isinstance(v, str) for v in (target, gpus, precision, name)):
             raise tornado.web.HTTPError(400, "target, gpus, precision and name are strings.")
         record = await self.call(
-            self.engine.start, JobRequest(target, tuple(args), gpus, precision, name)
+            self.engine.start,
+            JobRequest(target, tuple(args), gpus, precision, name),
+            self.secrets_env(),
         )
         self.set_header(
             "Location", url_path_join(self.base_url, "api/gpulab/v1/jobs", record.id)
@@ -103,11 +117,17 @@ class JobHandler(_JobsHandler):
 
 
 class JobActionHandler(_JobsHandler):
+    def gpulab_starts_process(self) -> bool:
+        return self.request.method == "POST" and self.path_args[-1:] == ["rerun"]
+
     @tornado.web.authenticated
     @authorized
     async def post(self, job_id: str, action: str):
-        fn = self.engine.stop if action == "stop" else self.engine.rerun
-        self.reply(record_json(await self.call(fn, job_id)))
+        if action == "stop":
+            self.reply(record_json(await self.call(self.engine.stop, job_id)))
+        else:
+            rerun = self.engine.rerun
+            self.reply(record_json(await self.call(rerun, job_id, self.secrets_env())))
 
 
 def routes(prefix: str = "api/gpulab/v1") -> list[tuple[str, type]]:

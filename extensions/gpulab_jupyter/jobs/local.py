@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from gpulab_jupyter.jobs import launch
@@ -53,7 +54,9 @@ class LocalEngine:
             raise JobError(f"No job {job_id} in this project.")
         return folder
 
-    def start(self, req: JobRequest) -> JobRecord:
+    def start(self, req: JobRequest, extra_env: Mapping[str, str] | None = None) -> JobRecord:
+        """Start ``req``; its processes get this process's environment plus
+        ``extra_env`` (the starter's secrets, when the jobs API starts it)."""
         req = check_request(req, self.project)
         job_id = new_id()
         output = ""
@@ -64,7 +67,7 @@ class LocalEngine:
         needs_gpus = bool(req.gpus) or req.precision == "auto"
         machine = self.machine if needs_gpus else launch.Machine()
         argv = launch.command(req, machine, self.python, output)
-        env = launch.environment(req, machine, dict(os.environ))
+        env = launch.environment(req, machine, {**os.environ, **(extra_env or {})})
         env["GPULAB_JOB_ID"] = job_id
         if self.root.is_symlink():
             raise JobError("The project's jobs folder is a link: remove it and try again.")
@@ -158,12 +161,12 @@ class LocalEngine:
             )  # fmt: skip
         return self.status(job_id)
 
-    def rerun(self, job_id: str) -> JobRecord:
+    def rerun(self, job_id: str, extra_env: Mapping[str, str] | None = None) -> JobRecord:
         request = self.status(job_id).request
         fields = {f.name for f in dataclasses.fields(JobRequest)}
         req = {k: v for k, v in request.items() if k in fields}
         req["args"] = tuple(req.get("args") or ())
-        return self.start(JobRequest(**req))
+        return self.start(JobRequest(**req), extra_env)
 
     def list(self) -> list[JobRecord]:
         if not self.root.is_dir() or self.root.is_symlink():

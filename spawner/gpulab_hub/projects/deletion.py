@@ -14,7 +14,7 @@ A project's deletion takes away:
   account can reach it; an admin restores or purges it by hand;
 - its sharing records in the hub folder: the owner's sharing settings, public
   links, the roles mirroring group shares (JupyterHub removes its own share rows
-  and share codes with the server);
+  and share codes with the server); the owner's choice of secrets for it;
 - its GPU holdings.
 
 A user's deletion stops their servers first (JupyterHub 6.1's DELETE
@@ -24,7 +24,8 @@ files stayed, and the next sign-up of that name inherited them). Then it takes
 away, besides every project as above: the whole ``<projects_root>/<user>``, the
 user's data folders (``<data_root>/{models,outputs}/<user>``), their Hugging
 Face cache volume (removed: it holds downloads only), any container of theirs
-still there, and the SSH keys they kept on the hub (ssh/keys.py).
+still there, the SSH keys they kept on the hub (ssh/keys.py), and their secrets
+(secrets/store.py; removed, never archived).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from traitlets.config import Configurable
 from gpulab_hub import hubsettings, ssh
 from gpulab_hub.gpus import allocator
 from gpulab_hub.projects import objects, project_name, safe_owner
+from gpulab_hub.secrets import store as secret_store
 from gpulab_hub.sharing import groupshares
 from gpulab_hub.sharing.public import store as public_links
 from gpulab_hub.sharing.received import policy_store
@@ -155,6 +157,7 @@ def _forget_records(place: Place, owner: str, project: str | None) -> None:
     else:
         policies.forget(owner, project)
         links.forget(owner, project)
+    _forget_secrets(place, owner, project)
     store = allocator.AllocationStore(place.allocations_file)
     try:
         store.release_dead(lambda o, p: o != owner or (project is not None and p != project))
@@ -162,6 +165,20 @@ def _forget_records(place: Place, owner: str, project: str | None) -> None:
         # A damaged GPU record is repaired from Docker by the next GPU spawn (which
         # sees no container of the deleted project); deleting goes on.
         LOG.error("GPU holdings of %s/%s not released now: %s", owner, project or "*", e)
+
+
+def _forget_secrets(place: Place, owner: str, project: str | None) -> None:
+    """The owner's choice of secrets for one project; all their secrets (None)."""
+    folder = place.hub_dir / hubsettings.SECRETS
+    try:
+        if project is None:
+            secret_store.forget_user(folder, owner)
+        else:
+            secret_store.SecretStore(folder, owner, LOG).forget_project(project)
+    except ValueError:
+        return  # not an account name gpulab allows: it never had secrets
+    except (OSError, secret_store.SecretStore.Error) as e:
+        LOG.error("The secrets of %s (%s) were not removed: %s", owner, project or "all", e)
 
 
 def project_files(place: Place, owner: str, project: str) -> list[str]:

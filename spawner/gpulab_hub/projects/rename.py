@@ -16,9 +16,9 @@ What moves from ``<old>`` to ``<new>``:
   afresh under the new name (URL, OAuth client id, container name);
 - the project folder ``<projects_root>/<owner>/<old>`` and the hub's record of it
   ``<state_root>/<owner>/<old>`` (last good image, build logs), renamed in place;
-- gpulab's records in the hub folder: the sharing settings, the public links, and the
-  roles mirroring group shares (their names and scopes name the project; the roles file
-  is what the hub loads at start).
+- gpulab's records in the hub folder: the sharing settings, the public links, the
+  owner's choice of secrets for it, and the roles mirroring group shares (their names
+  and scopes name the project; the roles file is what the hub loads at start).
 
 The display name stays, unless it was the old name itself (JupyterHub's default), which
 becomes the new one; the owner may give another. The project must be stopped (no
@@ -48,9 +48,10 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.scopes import needs_scope
 from tornado import web
 
-from gpulab_hub import jsonfile
+from gpulab_hub import hubsettings, jsonfile
 from gpulab_hub.projects import DEFAULT_PROJECT, ProjectError, options, project_name, safe_owner
 from gpulab_hub.projects.deletion import place_of
+from gpulab_hub.secrets.store import SecretStore
 from gpulab_hub.sharing import groupshares
 from gpulab_hub.sharing.public import store as public_links
 from gpulab_hub.sharing.received import policy_store
@@ -316,6 +317,12 @@ def move(db, orm_spawner, where: Where, new: str, display: str | None, log) -> l
         if undo is not None:
             steps.add("public links", undo)
             moved.append("public links")
+        step = "moving the choice of secrets"
+        secrets = SecretStore(where.hub_dir / hubsettings.SECRETS, owner, log)
+        undo = secrets.move_project(old, new)
+        if undo is not None:
+            steps.add("choice of secrets", undo)
+            moved.append("choice of secrets")
         step = "renaming the server, its shares and share links"
         rename_row(db, orm_spawner, old, new, display)
 
