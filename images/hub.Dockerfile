@@ -21,8 +21,10 @@ COPY jupyterhub_config.py ./
 # nbconvert (a dependency of gpulab-hub) renders public notebook links.
 RUN pip install --no-cache-dir ./extensions ./spawner \
  && python -c "import gpulab_hub.spawner, gpulab_hub.accounts.auth, gpulab_hub.sharing.public, \
-gpulab_hub.doctor.cuda, gpulab_hub.images.base, gpulab_jupyter.arch, nbconvert"
+gpulab_hub.doctor.cuda, gpulab_hub.images.base, gpulab_jupyter.arch, nbconvert, \
+gpulab_hub.ssh.keys, gpulab_hub.ssh.web, gpulab_hub.ssh.hubapi"
 
-EXPOSE 8000
+# 8000: the proxy (browsers); 2222: the SSH gateway into projects (GPULAB_SSH_PORT).
+EXPOSE 8000 2222
 # Makes sure the base image for projects exists, then runs the hub in the foreground.
 CMD ["gpulab", "up", "--foreground"]

@@ -43,11 +43,23 @@ def test_compose_file_is_valid_and_wires_the_hub():
     assert hub["network_mode"] == "host" and hub["userns_mode"] == "host"
     assert hub["environment"]["GPULAB_BIND_URL"] == "http://127.0.0.1:8000"
     assert "ports" not in hub and "networks" not in cfg
+    # SSH into projects cannot pass a reverse proxy: the gateway listens on the host's
+    # interfaces, on its own port (ssh/).
+    assert hub["environment"]["GPULAB_SSH_PORT"] == "2222"
+    assert hub["environment"]["GPULAB_SSH_BIND"] == "0.0.0.0"
 
 
 def test_compose_follows_site_settings():
-    cfg = compose_config({**SITE, "GPULAB_HOME": "/data/gpulab", "GPULAB_PUBLISH": "0.0.0.0:443"})
+    cfg = compose_config(
+        {
+            **SITE,
+            "GPULAB_HOME": "/data/gpulab",
+            "GPULAB_PUBLISH": "0.0.0.0:443",
+            "GPULAB_SSH_PORT": "22",
+        }
+    )
     hub = cfg["services"]["hub"]
+    assert hub["environment"]["GPULAB_SSH_PORT"] == "22"
     assert "/data/gpulab:/data/gpulab:rw" in hub["volumes"]
     assert hub["environment"]["GPULAB_HOME"] == "/data/gpulab"
     assert hub["environment"]["GPULAB_BIND_URL"] == "http://0.0.0.0:443"

@@ -111,7 +111,7 @@ class SSHPageHandler(BaseHandler):
         self.store = KeyStore(keys_dir, log=self.log)
         self.host_key = Path(host_key)
         self.port = port
-        self.public_url = public_url
+        self.given_public_url = public_url
 
     def _row(self, owner: str, project: str, role: str, host: str) -> Connect:
         me = self.current_user.name
@@ -124,7 +124,7 @@ class SSHPageHandler(BaseHandler):
         """The user's own projects, then the projects shared with them (one row each,
         with the role of their own share and their groups' together)."""
         me = self.current_user.orm_user
-        host = ssh_host(self.public_url, self.request.host)
+        host = ssh_host(self.given_public_url, self.request.host)
         rows = [self._row(me.name, p, "owner", host) for p in sorted(me.orm_spawners) if p]
         shared = {}
         for share in me.all_shared_with_me:
@@ -145,7 +145,7 @@ class SSHPageHandler(BaseHandler):
             "gpulab-ssh.html",
             keys=[(k, iso(k.added)) for k in keys],
             port=self.port,
-            host=ssh_host(self.public_url, self.request.host),
+            host=ssh_host(self.given_public_url, self.request.host),
             own=[r for r in rows if r.role == "owner"],
             shared=[r for r in rows if r.role == "collaborator"],
             viewed=[r for r in rows if r.role == "viewer"],
