@@ -297,10 +297,11 @@ class _Request:
         self.method = method
 
 
-def _handler(module: str, name: str, method: str):
+def _handler(module: str, name: str, method: str, *path_args: str):
     cls = type(name, (), {"__module__": module})
     handler = cls()
     handler.request = _Request(method)
+    handler.path_args = list(path_args)
     return handler
 
 
@@ -310,7 +311,9 @@ def test_which_requests_start_a_process():
     terminals = "jupyter_server_terminals.api_handlers"
     assert deliver.starts_process(_handler(kernels, "MainKernelHandler", "POST"))
     assert not deliver.starts_process(_handler(kernels, "MainKernelHandler", "GET"))
-    assert not deliver.starts_process(_handler(kernels, "KernelActionHandler", "POST"))
+    action = "KernelActionHandler"
+    assert deliver.starts_process(_handler(kernels, action, "POST", "k1", "restart"))
+    assert not deliver.starts_process(_handler(kernels, action, "POST", "k1", "interrupt"))
     assert deliver.starts_process(_handler(sessions, "SessionRootHandler", "POST"))
     assert deliver.starts_process(_handler(sessions, "SessionHandler", "PATCH"))
     assert deliver.starts_process(_handler(terminals, "TerminalRootHandler", "POST"))
@@ -401,7 +404,7 @@ async def test_the_client_asks_with_the_persons_token_caches_briefly_and_never_b
     assert any("starts without secrets" in line for line in log.lines)
 
 
-async def test_a_kernel_gets_the_secrets_of_who_started_it_and_others_do_not():
+async def test_a_kernel_gets_the_secrets_of_who_started_or_restarted_it_and_no_other():
     from gpulab_jupyter.secrets.kernels import SecretsKernelManager
 
     km = SecretsKernelManager()
@@ -424,6 +427,24 @@ async def test_a_kernel_gets_the_secrets_of_who_started_it_and_others_do_not():
         assert mine["GPULAB_STARTED_BY"] == "alice"
         assert "HF_TOKEN" not in other and "GPULAB_SECRET_NAMES" not in other
         assert "HF_TOKEN" not in os.environ  # the server's own environment never gets them
+
+        # Someone restarts it: it gets their secrets as they are now, nothing of before.
+        token = deliver.current.set(deliver.Delivery("bob", {}))
+        try:
+            await km.restart_kernel(started[0])
+        finally:
+            deliver.current.reset(token)
+        renewed = environ(started[0])
+        assert "HF_TOKEN" not in renewed and renewed["GPULAB_SECRET_NAMES"] == ""
+        assert renewed["GPULAB_STARTED_BY"] == "bob"
+        token = deliver.current.set(deliver.Delivery("alice", {"HF_TOKEN": VALUE + "2"}))
+        try:
+            await km.restart_kernel(started[0])
+        finally:
+            deliver.current.reset(token)
+        assert environ(started[0])["HF_TOKEN"] == VALUE + "2"
+        await km.restart_kernel(started[0])  # by itself (no request): keeps what it had
+        assert environ(started[0])["HF_TOKEN"] == VALUE + "2"
     finally:
         await km.shutdown_all(now=True)
 

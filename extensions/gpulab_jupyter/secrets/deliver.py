@@ -2,7 +2,8 @@
 
 One container serves a project's owner and collaborators, so secrets are never in the
 server's own environment. When someone starts a kernel (``POST /api/kernels``,
-``POST /api/sessions``, a session's ``PATCH`` that changes its kernel), a terminal
+``POST /api/sessions``, a session's ``PATCH`` that changes its kernel) or restarts one
+(``POST /api/kernels/<id>/restart``), a terminal
 (``POST /api/terminals``) or a job (the jobs API), gpulab's authorizer, once it has
 allowed the request, asks the hub for that person's secrets for this project with
 the person's own token (:class:`SecretsClient`) and puts the answer in
@@ -33,14 +34,16 @@ TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 2 * 1024 * 1024
 NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")  # the hub's rule (gpulab_hub.secrets.names)
 
-# Requests that start a process: (handler class, HTTP method). A handler may also say
-# so itself: ``gpulab_starts_process()`` (the jobs API's start and re-run).
+# Requests that start a process: (handler class, HTTP method, last part of the path or
+# "" for any). A handler may also say so itself: ``gpulab_starts_process()`` (the jobs
+# API's start and re-run).
 STARTS = frozenset(
     {
-        ("jupyter_server.services.kernels.handlers.MainKernelHandler", "POST"),
-        ("jupyter_server.services.sessions.handlers.SessionRootHandler", "POST"),
-        ("jupyter_server.services.sessions.handlers.SessionHandler", "PATCH"),
-        ("jupyter_server_terminals.api_handlers.TerminalRootHandler", "POST"),
+        ("jupyter_server.services.kernels.handlers.MainKernelHandler", "POST", ""),
+        ("jupyter_server.services.kernels.handlers.KernelActionHandler", "POST", "restart"),
+        ("jupyter_server.services.sessions.handlers.SessionRootHandler", "POST", ""),
+        ("jupyter_server.services.sessions.handlers.SessionHandler", "PATCH", ""),
+        ("jupyter_server_terminals.api_handlers.TerminalRootHandler", "POST", ""),
     }
 )
 
@@ -86,9 +89,12 @@ def starts_process(handler) -> bool:
     if callable(own):
         return bool(own())
     method = handler.request.method
-    return any(
-        (f"{cls.__module__}.{cls.__qualname__}", method) in STARTS for cls in type(handler).__mro__
-    )
+    last = (getattr(handler, "path_args", None) or [""])[-1]
+    for cls in type(handler).__mro__:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if (name, method, "") in STARTS or (name, method, last) in STARTS:
+            return True
+    return False
 
 
 def parse_answer(body: bytes) -> dict[str, str]:

@@ -54,7 +54,7 @@ class SecretsPageHandler(BaseHandler):
         super().set_default_headers()
         self.set_header("Cache-Control", "no-store")
 
-    async def _page(self, status: int = 200, message: str = "", error: str = "", name: str = ""):
+    async def _page(self, status: int = 200, message: str = "", error: str = "", kept: str = ""):
         store = self._store()
         try:
             secrets, selections = await asyncio.to_thread(
@@ -71,7 +71,7 @@ class SecretsPageHandler(BaseHandler):
             selections=selections,
             message=message,
             error=error,
-            name=name,
+            kept_name=kept,
             max_secrets=MAX_SECRETS,
             max_kib=MAX_VALUE_BYTES // 1024,
         )
@@ -127,8 +127,9 @@ class SecretsPageHandler(BaseHandler):
         try:
             message = await self._act()
         except (SecretRefused, crypt.SecretsUnavailable) as e:
-            kept = self.get_body_argument("name", "")[:64]  # the name, never the value
-            await self._page(status=400, error=str(e), name=kept)
+            adding = self.get_body_argument("action", "") == "add"
+            kept = self.get_body_argument("name", "")[:64] if adding else ""  # never the value
+            await self._page(status=400, error=str(e), kept=kept)
             return
         except SecretStore.Error as e:
             self.log.error("gpulab: %s", e)
