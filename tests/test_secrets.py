@@ -277,6 +277,8 @@ def test_a_link_or_garbage_in_the_keys_place_is_never_used(tmp_path):
     assert "no valid key" in crypt.configure_keys(Config(), tmp_path, environ={})
     missing = tmp_path / "none"
     assert "there is no" in crypt.configure_keys(Config(), missing, environ={})
+    # A key that cannot be made: the hub starts all the same, with secrets off.
+    assert crypt.ensure_key(missing, environ={}) is None and not missing.exists()
 
 
 async def test_a_value_encrypted_under_another_key_reads_as_unreadable(keeper, monkeypatch):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import stat
+import sys
 from pathlib import Path
 
 from gpulab_hub import jsonfile
@@ -60,12 +60,22 @@ def read_keys(hub_dir: str | Path) -> list[str]:
 
 def ensure_key(hub_dir: str | Path, environ=os.environ) -> Path | None:
     """Make ``<hub>/crypt-key`` if the administrator set no ``JUPYTERHUB_CRYPT_KEY`` and
-    none is there; the key file's path (None: the administrator's key is used)."""
+    none is there; the key file's path (None: the administrator's key is used, or no
+    key could be made: the hub then starts with secrets off, and says why)."""
     if environ.get(KEY_ENV):
         return None
     path = key_path(hub_dir)
     if os.path.lexists(path):
         return path
+    try:
+        _make_key(path)
+    except OSError as e:
+        print(f"gpulab: could not make {path} ({e.strerror or e})", file=sys.stderr)
+        return None
+    return path
+
+
+def _make_key(path: Path) -> None:
     key = base64.urlsafe_b64encode(os.urandom(32)) + b"\n"
     tmp = path.with_name(f".{KEY_FILE}.{os.getpid()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -82,7 +92,6 @@ def ensure_key(hub_dir: str | Path, environ=os.environ) -> Path | None:
     finally:
         tmp.unlink(missing_ok=True)
     jsonfile.fsync_dir(path.parent)
-    return path
 
 
 def configure_keys(c, hub_dir: str | Path, environ=os.environ) -> str:
@@ -133,9 +142,3 @@ async def decrypt(token: str) -> str | None:
     except (InvalidToken, UnicodeEncodeError):
         return None
     return value if isinstance(value, str) else None
-
-
-def private(path: Path) -> bool:
-    """Whether ``path`` is a regular file only its owner may read (for the doctor)."""
-    st = os.lstat(path)
-    return stat.S_ISREG(st.st_mode) and not stat.S_IMODE(st.st_mode) & 0o077
