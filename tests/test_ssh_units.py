@@ -292,7 +292,8 @@ def test_only_a_users_own_full_token_logs_in_by_password():
         "scopes": ["access:servers!server=alice/one", "users:activity!user=alice"],
     }
     assert not token_may_log_in(server, "alice")
-    assert not token_may_log_in({"kind": "service", "name": "alice", "scopes": ["servers"]}, "alice")
+    service = {"kind": "service", "name": "alice", "scopes": ["servers"]}
+    assert not token_may_log_in(service, "alice")
     assert not token_may_log_in(None, "alice")
     assert not token_may_log_in({"name": "alice", "scopes": "servers"}, "alice")
 
@@ -315,7 +316,7 @@ def test_settings_from_the_services_environment(tmp_path):
         "JUPYTERHUB_API_TOKEN": "t" * 32,
     }
     s = Settings.from_env(env)
-    assert (s.port, s.prefix, s.recheck_s) == (2222, "gpulab", 30.0)
+    assert (s.port, s.prefix, s.recheck_s) == (2222, "gpulab", 15.0)
     with pytest.raises(ValueError, match="JUPYTERHUB_API_TOKEN"):
         Settings.from_env({**env, "JUPYTERHUB_API_TOKEN": ""})
     with pytest.raises(ValueError, match="GPULAB_SSH_PORT"):
@@ -385,3 +386,62 @@ def test_host_key_link_is_refused(tmp_path):
     link.symlink_to(real)
     with pytest.raises(hostkey.HostKeyError, match="link"):
         hostkey.load_or_make(link)
+
+
+# --- connections not logged in yet ------------------------------------------------------------
+
+
+async def test_an_address_opens_at_most_ten_connections_not_logged_in_at_once(tmp_path):
+    import asyncio
+
+    import asyncssh
+
+    from gpulab_hub.ssh import gateway
+
+    settings = Settings(
+        bind="127.0.0.1",
+        port=1,
+        host_key=tmp_path / "key",
+        keys_dir=tmp_path / "keys",
+        log="",
+        prefix="gpulab",
+        api_url="http://127.0.0.1:9/hub/api",
+        api_token="t" * 32,
+        limits=limits.Limits(),
+    )
+    gw = gateway.Gateway(settings, docker=None, hub=None, audit=audit.Audit(None, _Quiet()))
+    server = await asyncssh.create_server(
+        lambda: gateway.Connection(gw),
+        "127.0.0.1",
+        0,
+        server_host_keys=[hostkey.load_or_make(settings.host_key)],
+    )
+    port = server.sockets[0].getsockname()[1]
+    opened = []
+    try:
+        for _ in range(gateway.MAX_LOGGING_IN + 1):
+            opened.append(await asyncio.open_connection("127.0.0.1", port))
+        await asyncio.sleep(0.3)
+
+        async def closed(reader) -> bool:
+            try:
+                while await asyncio.wait_for(reader.read(4096), 2):
+                    pass
+            except TimeoutError:
+                return False
+            return True
+
+        assert await closed(opened[-1][0])  # the eleventh: closed at once
+        assert not await closed(opened[0][0])  # the others wait for their login
+    finally:
+        for _, writer in opened:
+            writer.close()
+        server.close()
+
+
+class _Quiet:
+    def write(self, s):
+        pass
+
+    def flush(self):
+        pass

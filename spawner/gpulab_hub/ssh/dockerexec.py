@@ -66,6 +66,30 @@ while True:
         data = data[os.write(1, data):]
 """
 
+# Ends a terminal session whose client went (Docker keeps a terminal's process running
+# when its connection closes): SIGHUP to the session leader among the notebook user's
+# processes that carry the session's mark, as a closed terminal does under sshd (bash
+# passes it on to its jobs; nohup'd ones go on).
+HANGUP = r"""
+import os, signal, sys
+mark = ("GPULAB_SSH_SESSION=" + sys.argv[1]).encode()
+for name in os.listdir("/proc"):
+    if not name.isdigit():
+        continue
+    pid = int(name)
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            if mark not in f.read().split(b"\0"):
+                continue
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            session = int(f.read().rsplit(b")", 1)[1].split()[3])
+        if session == pid:
+            os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError, IndexError):
+        pass
+"""
+MARK = "GPULAB_SSH_SESSION"
+
 # The sftp subsystem: Debian's sftp-server (openssh-sftp-server, in gpulab's base image).
 SFTP_SCRIPT = (
     f"if [ -x {SFTP_SERVER} ]; then exec {SFTP_SERVER}; fi; "
@@ -189,6 +213,22 @@ class Docker:
             raise ExecError(f"gpulab: project {project} is not running any more; start it again.")
         return info["Id"]
 
+    async def hangup(self, container_id: str, user: str, mark: str) -> None:
+        """SIGHUP to the terminal session marked ``mark`` (see HANGUP), as ``user``."""
+        try:
+            created = await self.call(
+                "exec_create",
+                container_id,
+                [PYTHON, "-I", "-S", "-c", HANGUP, mark],
+                stdout=False,
+                stderr=False,
+                user=user,
+                privileged=False,
+            )
+            await self.call("exec_start", created["Id"], detach=True)
+        except (docker.errors.DockerException, requests.exceptions.RequestException):
+            return  # the container has stopped: so has the session
+
     async def start(self, container_id: str, spec: ExecSpec) -> ExecStream:
         """Start ``spec`` in the container; its stream, stdin open."""
         try:
@@ -212,7 +252,9 @@ class Docker:
             raise ExecError(f"gpulab: Docker could not start the process: {explanation}") from e
         conn, pending = _take_socket(sock)
         reader, writer = await asyncio.open_connection(sock=conn, limit=READ_SIZE)
-        return ExecStream(self, exec_id, spec.tty, reader, writer, pending)
+        stream = ExecStream(self, exec_id, spec.tty, reader, writer, pending)
+        stream.container_id, stream.user, stream.mark = container_id, spec.user, spec.env.get(MARK)
+        return stream
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -255,6 +297,10 @@ class ExecStream:
         self._writer: asyncio.StreamWriter = writer
         self._pending = pending
         self._demux = None if tty else Demux()
+        self.container_id = ""
+        self.user = ""
+        self.mark: str | None = None
+        self.exited = False
 
     def _split(self, data: bytes) -> list[tuple[int, bytes]]:
         return [(STDOUT, data)] if self._demux is None else self._demux.feed(data)
@@ -305,11 +351,16 @@ class ExecStream:
             except (docker.errors.DockerException, requests.exceptions.RequestException):
                 return None
             if not info.get("Running") and info.get("ExitCode") is not None:
+                self.exited = True
                 return int(info["ExitCode"])
             if loop.time() >= deadline:
                 return None
             await asyncio.sleep(0.1)
 
     def close(self) -> None:
+        """Close the connection; a terminal session still running is hung up."""
         if not self._writer.is_closing():
             self._writer.close()
+        if self.mark and not self.exited:
+            self.exited = True
+            asyncio.ensure_future(self.dk.hangup(self.container_id, self.user, self.mark))

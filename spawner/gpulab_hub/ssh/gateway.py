@@ -40,6 +40,7 @@ from gpulab_hub.ssh.sessions import Refused
 LOGIN_TIMEOUT_S = 30
 START_TIMEOUT_S = 3600  # a project's first start may build its image
 RECHECK_FAILURES = 3  # hub answers missed in a row before open connections are closed
+MAX_LOGGING_IN = 10  # connections of one address not logged in yet, at once (sshd's too)
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")  # what a hub API token looks like
 LOGIN_HELP = (
     "gpulab: log in as <you>+<project> (your own project) or <you>+<owner>~<project> "
@@ -58,7 +59,7 @@ class Settings:
     api_url: str
     api_token: str
     limits: Limits
-    recheck_s: float = 30.0
+    recheck_s: float = 15.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -92,7 +93,8 @@ class Settings:
             api_url=env["JUPYTERHUB_API_URL"],
             api_token=env["JUPYTERHUB_API_TOKEN"],
             limits=Limits.from_env(env),
-            recheck_s=float(REVOKE_WITHIN_S),
+            # twice in the window in which a revoked share ends open connections
+            recheck_s=REVOKE_WITHIN_S / 2,
         )
 
 
@@ -131,6 +133,7 @@ class Gateway:
         self.limiter = Limiter(settings.limits)
         self.keys = KeyStore(settings.keys_dir)
         self.connections: set[Connection] = set()
+        self.logging_in: dict[str, int] = {}  # address -> its connections not logged in
         self._ids = itertools.count(1)
         self.server: asyncssh.SSHAcceptor | None = None
 
@@ -171,7 +174,7 @@ class Gateway:
             self.server.close()
             await self.server.wait_closed()
         for conn in list(self.connections):
-            conn.close("gpulab's SSH gateway is stopping; connect again in a moment.")
+            conn.close("gpulab's SSH gateway is stopping; connect again in a moment.", 0)
 
 
 class Connection(asyncssh.SSHServer):
@@ -195,6 +198,10 @@ class Connection(asyncssh.SSHServer):
         self._ready_lock = asyncio.Lock()
         self._watch: asyncio.Task | None = None
         self._env: dict[str, str] | None = None
+        self._sessions = itertools.count(1)
+
+    def next_session(self) -> str:
+        return f"{self.id}.{next(self._sessions)}"
 
     # --- the log -------------------------------------------------------------------
     def audit(self, event: str, **fields) -> None:
@@ -209,9 +216,23 @@ class Connection(asyncssh.SSHServer):
         self.ip = str(peer[0])
         self.gw.connections.add(self)
         self.gw.audit.event("connect", conn=self.id, ip=self.ip, port=peer[1])
+        waiting = self.gw.logging_in.get(self.ip, 0) + 1
+        self.gw.logging_in[self.ip] = waiting
+        if waiting > MAX_LOGGING_IN:
+            self.audit("refused", kind="connection", why="too many logins at once")
+            asyncio.get_running_loop().call_soon(conn.close)
+
+    def _logged_in_or_gone(self) -> None:
+        left = self.gw.logging_in.get(self.ip, 0) - 1
+        if left > 0:
+            self.gw.logging_in[self.ip] = left
+        else:
+            self.gw.logging_in.pop(self.ip, None)
 
     def connection_lost(self, exc) -> None:
         self.gw.connections.discard(self)
+        if not self.authed:
+            self._logged_in_or_gone()
         if self._watch is not None:
             self._watch.cancel()
         if not self.authed and self.tried and not self.password_counted:
@@ -222,12 +243,23 @@ class Connection(asyncssh.SSHServer):
             authenticated=self.authed,
         )
 
-    def close(self, message: str) -> None:
-        """Close every session (saying ``message`` on each) and the connection."""
+    def close(self, message: str, linger_s: float = 1.0) -> None:
+        """Close every session (saying ``message`` on each), then, ``linger_s`` later
+        (their last words on their way), the connection."""
         for session in list(self.sessions):
             session.close_because(message)
-        if self.conn is not None:
-            self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, message.removeprefix("gpulab: "))
+        if self.conn is None:
+            return
+        conn, reason = self.conn, message.removeprefix("gpulab: ")
+
+        def disconnect() -> None:
+            if self in self.gw.connections:  # not gone already
+                conn.disconnect(asyncssh.DISC_BY_APPLICATION, reason)
+
+        if linger_s <= 0:
+            disconnect()
+        else:
+            asyncio.get_running_loop().call_later(linger_s, disconnect)
 
     # --- login ----------------------------------------------------------------------
     def begin_auth(self, username: str) -> bool:
@@ -311,6 +343,7 @@ class Connection(asyncssh.SSHServer):
 
     def auth_completed(self) -> None:
         self.authed = True
+        self._logged_in_or_gone()
         if self.password_ok:
             self.audit("auth", ok=True, method="password")
         else:
@@ -367,30 +400,47 @@ class Connection(asyncssh.SSHServer):
         self._ready = None
 
     async def _start(self, say: Callable[[str], None], start: bool) -> None:
+        """Start the project (``start``) or wait for its start under way, saying each of
+        its progress messages as it comes."""
         login = self.login
         assert login is not None
         project = login.project
         say(f"gpulab: starting project {project} …")
-        if start:
-            code, message = await self.gw.hub.start(login.owner, project)
-            self.audit("start", code=code)
-            if code not in (201, 202, 400):
-                why = checks.plain_text(message, 300) or f"the hub answered {code}"
-                raise Refused(f"gpulab: project {project} could not start: {why}")
+        post = asyncio.ensure_future(self.gw.hub.start(login.owner, project)) if start else None
         last = ""
-        async for event in self.gw.hub.progress(login.owner, project, START_TIMEOUT_S):
-            text = checks.plain_text(event.get("message"), 300)
-            if event.get("failed"):
-                raise Refused(
-                    f"gpulab: project {project} did not start: {text or 'no reason given'}. "
-                    "Its build log and what to do are on gpulab's home page."
-                )
-            if text and text != last:
-                last = text
-                say(f"gpulab: starting project {project} … {text}")
-            if event.get("ready"):
-                say(f"gpulab: project {project} is running.")
-                return
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                # JupyterHub follows a start only once it is under way: ask, and again
+                # while the request to start it is still being answered.
+                await asyncio.sleep(0.3)
+                async for event in self.gw.hub.progress(login.owner, project, START_TIMEOUT_S):
+                    text = checks.plain_text(event.get("message"), 300)
+                    if event.get("failed"):
+                        raise Refused(
+                            f"gpulab: project {project} did not start: "
+                            f"{text or 'no reason given'}. Its build log and what to do are on "
+                            "gpulab's home page."
+                        )
+                    if text and text != last:
+                        last = text
+                        say(f"gpulab: starting project {project} … {text}")
+                    if event.get("ready"):
+                        say(f"gpulab: project {project} is running.")
+                        return
+                if post is None or post.done():
+                    break
+            if post is not None:
+                code, message = await post
+                self.audit("start", code=code)
+                if code not in (201, 202, 400):
+                    why = checks.plain_text(message, 300) or f"the hub answered {code}"
+                    raise Refused(f"gpulab: project {project} could not start: {why}")
+                if code == 201:  # it was ready before its progress could be followed
+                    say(f"gpulab: project {project} is running.")
+        finally:
+            if post is not None and not post.done():
+                post.cancel()
 
     async def session_env(self) -> dict[str, str]:
         """The user's secrets for this project's sessions (none where the hub has none)."""

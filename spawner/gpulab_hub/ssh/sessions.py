@@ -16,6 +16,7 @@ the exec's connection (a pseudo-terminal's shell gets its hangup).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from typing import TYPE_CHECKING
 
@@ -75,6 +76,7 @@ class _Bridge:
         self.started_at = time.monotonic()
         self.ended = False
         self.task: asyncio.Task | None = None
+        self.sid = conn.next_session()  # the session's number in the log: "<conn>.<n>"
         self.fields: dict = {}
 
     # asyncssh session callbacks
@@ -115,6 +117,7 @@ class _Bridge:
         self.conn.session_ended(self)
         self.conn.audit(
             "session-end",
+            session=self.sid,
             kind=self.kind,
             **self.fields,
             duration_s=round(time.monotonic() - self.started_at, 3),
@@ -212,6 +215,7 @@ class ProjectSession(_Bridge, asyncssh.SSHServerSession):
         env = {**env, **checks.client_env(self.chan.get_environment())}
         if self.tty:
             env["TERM"] = self.term
+            env[dockerexec.MARK] = secrets.token_hex(16)  # to hang it up (dockerexec.HANGUP)
         return ExecSpec(cmd, ready.exec_user, ready.workdir, env, self.tty)
 
     async def _run(self) -> None:
@@ -224,7 +228,7 @@ class ProjectSession(_Bridge, asyncssh.SSHServerSession):
             if isinstance(e, ExecError):
                 self.conn.forget_ready()  # the container may have gone: ask again next time
             self.say(str(e))
-            self.conn.audit("refused", kind=self.kind, why=str(e))
+            self.conn.audit("refused", session=self.sid, kind=self.kind, why=str(e))
             if not self.ended:
                 self.chan.exit(1)
             self._end(1, "refused")
@@ -233,7 +237,9 @@ class ProjectSession(_Bridge, asyncssh.SSHServerSession):
         if self.kind == "exec":
             self.fields["command_length"] = len(self.command)
         self.conn.session_started(self)
-        self.conn.audit("session-start", kind=self.kind, tty=self.tty, **self.fields)
+        self.conn.audit(
+            "session-start", session=self.sid, kind=self.kind, tty=self.tty, **self.fields
+        )
         if self.tty and self.size:
             await self.stream.resize(*self.size)
         # A pseudo-terminal's input has no end of its own (sshd does the same): the shell
@@ -276,7 +282,7 @@ class _Forward(_Bridge):
 
     def session_started(self) -> None:
         self.conn.session_started(self)
-        self.conn.audit("session-start", kind=self.kind, **self.fields)
+        self.conn.audit("session-start", session=self.sid, kind=self.kind, **self.fields)
         self.task = asyncio.ensure_future(self._run())
 
     def eof_received(self) -> bool:
