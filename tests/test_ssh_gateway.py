@@ -403,6 +403,30 @@ def test_collaborator_gets_a_shell_viewer_and_others_are_refused(hub, started, p
     assert "<you>+<project>" in malformed.stderr  # the banner says how to log in
 
 
+def secrets_page(user, **form):
+    xsrf = user.http.cookies.get("_xsrf", path="/hub/") or ""
+    r = user.http.post(f"{user.base}/hub/gpulab/secrets", data={"_xsrf": xsrf, **form}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_sessions_get_the_secrets_the_owner_chose_collaborators_only_if_allowed(
+    hub, started, people, clients, where
+):
+    owner = people[OWNER]
+    value = "gw-" + os.urandom(12).hex()
+    secrets_page(owner, action="add", name="GW_TOKEN", value=value)
+    secrets_page(owner, action="choose", project=PROJECT, names="GW_TOKEN")
+    show = "echo token=${GW_TOKEN:-none}"
+    assert clients[OWNER].ssh(f"{OWNER}+{PROJECT}", show).stdout.strip() == f"token={value}"
+    collab = clients[COLLAB].ssh(f"{COLLAB}+{OWNER}~{PROJECT}", show)
+    assert collab.stdout.strip() == "token=none", collab.stderr
+    secrets_page(owner, action="choose", project=PROJECT, names="GW_TOKEN", collaborators="1")
+    collab = clients[COLLAB].ssh(f"{COLLAB}+{OWNER}~{PROJECT}", show)
+    assert collab.stdout.strip() == f"token={value}", collab.stderr
+    assert value not in where["log"].read_text() and value not in hub.log
+
+
 def askpass(tmp_path: Path, secret: str) -> dict:
     script = tmp_path / f"askpass-{time.monotonic_ns()}"
     script.write_text(f"#!/bin/sh\necho '{secret}'\n")

@@ -425,7 +425,7 @@ async def test_an_address_opens_at_most_ten_connections_not_logged_in_at_once(tm
 
         async def closed(reader) -> bool:
             try:
-                while await asyncio.wait_for(reader.read(4096), 2):
+                while await asyncio.wait_for(reader.read(4096), 1):
                     pass
             except TimeoutError:
                 return False
