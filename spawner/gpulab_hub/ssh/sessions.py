@@ -224,7 +224,9 @@ class ProjectSession(_Bridge, asyncssh.SSHServerSession):
             env = await self.conn.session_env()
             spec = self._spec(ready, env)
             self.stream = await self.conn.gw.docker.start(ready.container_id, spec)
-        except (Refused, ExecError) as e:
+        except (Refused, ExecError, OSError) as e:
+            if isinstance(e, OSError):  # the engine's connection broke as the process started
+                e = ExecError(f"gpulab: the process could not be started ({e.strerror or e}).")
             if isinstance(e, ExecError):
                 self.conn.forget_ready()  # the container may have gone: ask again next time
             self.say(str(e))
@@ -333,8 +335,8 @@ async def open_forward(conn: Connection, target: tuple[str, ...], fields: dict, 
         ready = await conn.ready(None)
         spec = ExecSpec(dockerexec.relay_command(*target), ready.exec_user, "/", {}, False)
         stream = await conn.gw.docker.start(ready.container_id, spec)
-    except (Refused, ExecError) as e:
-        if isinstance(e, ExecError):
+    except (Refused, ExecError, OSError) as e:
+        if not isinstance(e, Refused):
             conn.forget_ready()
         conn.audit("refused", kind="forward", **fields, why=str(e))
         raise asyncssh.ChannelOpenError(asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED, str(e)) from e
