@@ -12,6 +12,9 @@ from hubclient import HubUser
 from jupyterhub import orm
 from security.people import execute, log_in_admin, make_user, page_post, share_by_link
 
+from gpulab_hub import hubsettings
+from gpulab_hub.secrets.store import SecretStore, Selection
+
 # Tests through the hub are marked docker; the record tests at the end need no hub.
 OWNER, OLD, NEW, OTHER = "rnalice", "lab-one", "lab-two", "lab-side"
 MARK = "written before the rename"
@@ -228,6 +231,9 @@ def records_hub(tmp_path):
     (where.state_root / "alice" / "one" / "image.json").write_text('{"failed": false}')
     received.policy_store(hub_dir).set("alice", "one", collaborators_may_start=True)
     public.store(hub_dir).create("alice", "one", "nb.ipynb", 3600)
+    secrets = SecretStore(hub_dir / hubsettings.SECRETS, "alice")
+    secrets.put("HF_TOKEN", "encrypted")
+    secrets.choose("one", ["HF_TOKEN"], collaborators=True)
     groupshares.GroupShareRoles(hub_dir / groupshares.FILE_NAME).sync_project(db, spawner)
     db.commit()
     return db, spawner, where, token, logging.getLogger("rename-test")
@@ -252,6 +258,7 @@ def snapshot(db, where, name: str) -> dict:
         "state": sorted(p.name for p in (where.state_root / "alice" / name).glob("*")),
         "settings": received.policy_store(where.hub_dir).get("alice", name),
         "links": [x.path for x in public.store(where.hub_dir).list("alice", name)],
+        "secrets": SecretStore(where.hub_dir / hubsettings.SECRETS, "alice").selections().get(name),
         "roles": sorted(s["name"] for s in roles_file.role_specs() if here in s["description"]),
         "hub_roles": sorted(r.name for r in db.query(orm.Role) if any(here in x for x in r.scopes)),
     }
@@ -271,11 +278,12 @@ def test_every_record_moves_to_the_new_name(tmp_path):
     assert all(x.endswith("!server=alice/two") for x in after["server"][1] + after["server"][2])
     assert len(after["server"][1]) == len(before["server"][1])
     assert after["settings"] == before["settings"] and after["links"] == before["links"]
+    assert after["secrets"] == before["secrets"] == Selection(("HF_TOKEN",), True)
     assert len(after["roles"]) == len(before["roles"]) == len(after["hub_roles"])
     assert token.scopes == ["access:servers!server=alice/two"]
     assert old == {
         "server": None, "files": [], "state": [], "settings": type(before["settings"])(),
-        "links": [], "roles": [], "hub_roles": [],
+        "links": [], "secrets": None, "roles": [], "hub_roles": [],
     }  # fmt: skip
     # A display name of the owner's stays.
     spawner.display_name = "My lab"

@@ -309,6 +309,17 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         f"/hub/api/gpulab/ssh/access/{U}/{U}/{P}",
         {"get": "403 403 403 403 403 403"},
     ),
+    # Each user's own secrets (every logged-in user: their own; an empty form is refused);
+    # the API project servers ask with the starter's token: the owner and collaborators
+    # (who get {"env": {}} unless the owner allows them), nobody else (secrets/)
+    "/hub/gpulab/secrets": (
+        "/hub/gpulab/secrets",
+        {"get": "302 200 200 200 200 200", "post": "403 400 400 400 . ."},
+    ),
+    "/hub/api/gpulab/secrets/([^/]+)/([^/]+)": (
+        f"/hub/api/gpulab/secrets/{U}/{P}",
+        {"get": "403 403 403 200 200 403"},
+    ),
     "/hub/logo": ("/hub/logo", {"get": "200 200 200 200 200 200"}),
     "/hub/api/(.*)": ("/hub/api/nothing", {}),
     # /user/<owner> (no default server behind it): the hub adds the slash
