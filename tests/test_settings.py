@@ -6,7 +6,7 @@ import sys
 import pytest
 from traitlets.config import Config
 
-from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing
+from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing, ssh
 from gpulab_hub.projects import rename
 
 
@@ -63,6 +63,21 @@ def test_defaults_give_a_working_single_machine_hub():
                     "/gpulab/build-log/([^/]+)(?:/([^/]+))?",
                     "gpulab_hub.projects.buildlog.BuildLogHandler",
                 ),
+                # SSH: each user's keys and how to connect; what the gateway may let in
+                (
+                    "/gpulab/ssh",
+                    "gpulab_hub.ssh.web.SSHPageHandler",
+                    {
+                        "keys_dir": "/srv/gpulab/hub/ssh/keys",
+                        "host_key": "/srv/gpulab/hub/ssh/host_ed25519_key",
+                        "port": 2222,
+                        "public_url": "",
+                    },
+                ),
+                (
+                    "/api/gpulab/ssh/access/([^/]+)/([^/]+)/([^/]+)",
+                    "gpulab_hub.ssh.hubapi.AccessHandler",
+                ),
                 # each user's secrets: the page, and the API project servers ask
                 ("/gpulab/secrets", "gpulab_hub.secrets.web.SecretsPageHandler"),
                 (
@@ -76,6 +91,7 @@ def test_defaults_give_a_working_single_machine_hub():
                 str(sharing.TEMPLATES),
                 str(rename.TEMPLATES),
                 str(accounts.TEMPLATES),
+                str(ssh.TEMPLATES),
                 str(secrets.TEMPLATES),
             ],
             "load_roles": [
@@ -86,6 +102,8 @@ def test_defaults_give_a_working_single_machine_hub():
                 },
                 # JupyterHub's idle culler stops projects idle for two hours, never deletes
                 {"name": culling.SERVICE, "scopes": culling.SCOPES, "services": [culling.SERVICE]},
+                # the SSH gateway asks who may get a shell, starts stopped projects
+                {"name": ssh.SERVICE, "scopes": ssh.SCOPES, "services": [ssh.SERVICE]},
             ],
             "services": [
                 {
@@ -94,9 +112,24 @@ def test_defaults_give_a_working_single_machine_hub():
                         sys.executable, "-m", "gpulab_hub.culling", "--timeout=7200",
                         "--cull-every=300", "--cull-users=false", "--remove-named-servers=false",
                     ],
-                }
+                },
+                # SSH into projects on port 2222 of the web's address (0.0.0.0)
+                {
+                    "name": ssh.SERVICE,
+                    "command": [sys.executable, "-m", "gpulab_hub.ssh"],
+                    "environment": {
+                        "GPULAB_SSH_BIND": "0.0.0.0",
+                        "GPULAB_SSH_PORT": "2222",
+                        "GPULAB_SSH_HOST_KEY": "/srv/gpulab/hub/ssh/host_ed25519_key",
+                        "GPULAB_SSH_KEYS_DIR": "/srv/gpulab/hub/ssh/keys",
+                        "GPULAB_SSH_LOG": "/srv/gpulab/hub/ssh/sessions.log",
+                        "GPULAB_CONTAINER_PREFIX": "gpulab",
+                        "GPULAB_LOGIN_ATTEMPTS": "5",
+                        "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
+                    },
+                },
             ],  # fmt: skip
-            "custom_scopes": sharing.roles.CUSTOM_SCOPES,
+            "custom_scopes": {**sharing.roles.CUSTOM_SCOPES, **ssh.CUSTOM_SCOPES},
             "authenticator_class": "gpulab_hub.accounts.auth.GpulabAuthenticator",
             "allow_named_servers": True,
             "redirect_to_server": False,
@@ -150,8 +183,8 @@ def test_defaults_give_a_working_single_machine_hub():
 
 def test_no_idle_culling_when_the_admin_says_0():
     c = applied({"GPULAB_IDLE_TIMEOUT": "0"})
-    assert "services" not in c.JupyterHub
-    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user"]
+    assert [s["name"] for s in c.JupyterHub.services] == [ssh.SERVICE]  # no culler
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", ssh.SERVICE]
     assert c.Spawner.environment == {"GPULAB_IDLE_TIMEOUT": "0"}
     with pytest.raises(ValueError, match="GPULAB_IDLE_TIMEOUT"):
         applied({"GPULAB_IDLE_TIMEOUT": "2h"})
@@ -163,6 +196,7 @@ def test_project_servers_enforce_the_share_roles():
     assert sorted(scopes) == [
         "custom:gpulab:execute",
         "custom:gpulab:read",
+        ssh.GATEWAY_SCOPE,  # the SSH gateway's, held by its service only
         "custom:gpulab:write",
     ]
     assert scopes["custom:gpulab:execute"]["subscopes"] == [
@@ -261,7 +295,7 @@ def test_group_share_roles_survive_a_hub_restart(tmp_path):
         )
     )
     c = Config()
-    no_culler = {"GPULAB_HOME": str(tmp_path), "GPULAB_IDLE_TIMEOUT": "0"}
+    no_culler = {"GPULAB_HOME": str(tmp_path), "GPULAB_IDLE_TIMEOUT": "0", "GPULAB_SSH_PORT": "0"}
     settings.apply(c, no_culler, images_dir="images")
     assert c.JupyterHub.load_roles[1:] == [
         {

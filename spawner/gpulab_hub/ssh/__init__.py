@@ -103,6 +103,9 @@ def service_env(s: dict[str, str], hub_dir: str | Path, environ=None) -> dict[st
         "GPULAB_SSH_KEYS_DIR": str(where["keys_dir"]),
         "GPULAB_SSH_LOG": str(where["log"]),
         "GPULAB_CONTAINER_PREFIX": s["GPULAB_CONTAINER_PREFIX"],
+        # The hub's login rules hold for tokens given as SSH passwords (ssh/limits.py).
+        "GPULAB_LOGIN_ATTEMPTS": s["GPULAB_LOGIN_ATTEMPTS"],
+        "GPULAB_LOGIN_LOCKOUT_SECONDS": s["GPULAB_LOGIN_LOCKOUT_SECONDS"],
     }
     env.update({k: environ[k] for k in DOCKER_ENV if environ.get(k)})
     return env
