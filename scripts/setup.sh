@@ -11,7 +11,7 @@ say() { printf '==> %s\n' "$*"; }
 # Debian packages: the Docker engine, debootstrap (local base image when no
 # registry is reachable), Node.js for the proxy; Chromium and docker-compose for tests.
 pkgs=(docker.io debootstrap nodejs npm)
-[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client)
+[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
   if [ "$p" = npm ] || [ "$p" = nodejs ]; then
