@@ -27,14 +27,13 @@ from conftest import PREFIX
 from playwright.sync_api import expect
 from security.people import (
     NB,
-    ORIGINAL,
     execute,
     log_in_admin,
     make_user,
-    notebook,
     open_ws,
     password,
     share_by_link,
+    start_with_notebook,
 )
 
 pytestmark = [
@@ -71,9 +70,7 @@ def people(hub):
 @pytest.fixture(scope="module")
 def project(people):
     owner = people[OWNER]
-    owner.start_project(PROJECT)
-    body = {"type": "notebook", "format": "json", "content": notebook(ORIGINAL)}
-    assert owner.api("PUT", f"{SERVER}/api/contents/{NB}", json=body).status_code in (200, 201)
+    start_with_notebook(owner, PROJECT)
     share_by_link(owner, PROJECT, people[COLLAB], "collaborator")
     share_by_link(owner, PROJECT, people[VIEWER], "viewer")
     yield PROJECT

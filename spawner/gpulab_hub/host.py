@@ -26,7 +26,9 @@ from gpulab_hub import images, pidfile
 from gpulab_hub.images import base as baseimage
 from gpulab_hub.projects import objects
 
-DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+# The local Debian image (no registry): what the base image needs, so its build skips
+# apt-get (the SSH gateway's sftp and scp run the image's sftp-server).
+DEBIAN_PACKAGES = ("python3", "python3-venv", "ca-certificates", "openssh-sftp-server")
 HOST_CA_DIR = "/usr/local/share/ca-certificates"
 
 

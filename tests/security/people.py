@@ -50,6 +50,14 @@ def notebook(source: str) -> dict:
     return {"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
+def start_with_notebook(owner: HubUser, project: str, path: str = NB, source: str = ORIGINAL):
+    """Start ``owner``'s ``project`` and put a notebook of one code cell there."""
+    owner.start_project(project)
+    body = {"type": "notebook", "format": "json", "content": notebook(source)}
+    url = f"/user/{owner.name}/{project}/api/contents/{path}"
+    assert owner.api("PUT", url, json=body).status_code in (200, 201)
+
+
 def accept(user: HubUser, accept_url: str):
     """Accept a share link on JupyterHub's own page, as a browser would."""
     page = user.http.get(user.base + accept_url, timeout=10)

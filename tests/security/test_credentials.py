@@ -24,6 +24,7 @@ from people import (
     make_user,
     notebook,
     share_by_link,
+    start_with_notebook,
     xsrf_of,
 )
 
@@ -110,9 +111,7 @@ def people(hub):
 @pytest.fixture(scope="module")
 def project(people):
     alice, bob = people[OWNER], people[VIEWER]
-    alice.start_project(PROJECT)
-    body = {"type": "notebook", "format": "json", "content": notebook(ORIGINAL)}
-    assert alice.api("PUT", f"{SERVER}/api/contents/{NB}", json=body).status_code in (200, 201)
+    start_with_notebook(alice, PROJECT)
     share_by_link(alice, PROJECT, bob, "viewer")
     yield
     alice.stop_project(PROJECT)

@@ -16,16 +16,15 @@ import time
 import pytest
 from people import (
     NB,
-    ORIGINAL,
     browser_session,
     closed_within,
     log_in_admin,
     make_user,
-    notebook,
     open_room,
     open_ws,
     page_post,
     send_execute,
+    start_with_notebook,
     ws_status,
 )
 
@@ -47,9 +46,7 @@ def people(hub):
 @pytest.fixture(scope="module")
 def project(people):
     alice = people[OWNER]
-    alice.start_project(PROJECT)
-    body = {"type": "notebook", "format": "json", "content": notebook(ORIGINAL)}
-    assert alice.api("PUT", f"{SERVER}/api/contents/{NB}", json=body).status_code in (200, 201)
+    start_with_notebook(alice, PROJECT)
     yield
     alice.stop_project(PROJECT)
 

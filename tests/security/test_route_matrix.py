@@ -25,12 +25,11 @@ import pytest
 import requests
 from people import (
     NB,
-    ORIGINAL,
     execute,
     log_in_admin,
     make_user,
-    notebook,
     share_by_link,
+    start_with_notebook,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
@@ -224,9 +223,7 @@ def people(hub):
 @pytest.fixture(scope="module")
 def routes(people):
     owner = people[OWNER]
-    owner.start_project(PROJECT)
-    body = {"type": "notebook", "format": "json", "content": notebook(ORIGINAL)}
-    assert owner.api("PUT", f"{SERVER}/api/contents/{NB}", json=body).status_code in (200, 201)
+    start_with_notebook(owner, PROJECT)
     share_by_link(owner, PROJECT, people[VIEWER], "viewer")
     share_by_link(owner, PROJECT, people[COLLAB], "collaborator")
     out = execute(owner.base, SERVER, owner.token, DUMP, timeout=180)
