@@ -94,6 +94,8 @@ def hub_env(home: Path, **extra) -> dict:
             "GPULAB_HUB_PORT": str(free_port()),
             "GPULAB_PROXY_API_PORT": str(free_port()),
             "GPULAB_SSH_PORT": str(free_port()),
+            # Revoked shares end within 8 s, not 30: the tests that wait for it are quick.
+            "GPULAB_REVOKE_WITHIN_S": "8",
             "GPULAB_CONTAINER_PREFIX": PREFIX,
             "GPULAB_IMAGE_REPO": f"{PREFIX}/project",
             "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",

@@ -63,6 +63,9 @@ def two_projects(hub, alice):
 def test_first_start_prints_url_and_admin_password_once(hub):
     assert f"gpulab is running: open {hub.url}/" in hub.up_output
     assert "Log in as 'admin' with the password" in hub.up_output
+    # ...and how to reach a project over SSH (the gateway started with the hub).
+    port = hub.env["GPULAB_SSH_PORT"]
+    assert f"SSH into a project: ssh -p {port} <you>+<project>@127.0.0.1 " in hub.up_output
     # Printed once: the file it came from is gone, and a second `up` does not show it.
     assert not (hub.home / "hub" / "first-admin-password").exists()
     again = hub.gpulab("up")

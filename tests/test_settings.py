@@ -126,6 +126,7 @@ def test_defaults_give_a_working_single_machine_hub():
                         "GPULAB_CONTAINER_PREFIX": "gpulab",
                         "GPULAB_LOGIN_ATTEMPTS": "5",
                         "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
+                        "GPULAB_REVOKE_WITHIN_S": "30",
                     },
                 },
             ],  # fmt: skip
@@ -170,6 +171,7 @@ def test_defaults_give_a_working_single_machine_hub():
         "--HubOAuth.cache_max_age=30",
         "--ServerApp.authorizer_class=gpulab_jupyter.authorizer.ProjectAuthorizer",
         "--ProjectAuthorizer.shares_max_age=30",
+        "--ProjectAuthorizer.connections_recheck_s=10",
         "--ContentsManager.allow_hidden=True",
         "--ActivityReporter.every_s=150",
         "--ServerApp.kernel_manager_class=gpulab_jupyter.secrets.kernels.SecretsKernelManager",
@@ -305,3 +307,15 @@ def test_group_share_roles_survive_a_hub_restart(tmp_path):
             "groups": ["team"],
         }
     ]
+
+
+def test_the_revocation_window_is_a_site_setting():
+    c = applied({"GPULAB_REVOKE_WITHIN_S": "8"})
+    assert "--HubOAuth.cache_max_age=8" in c.Spawner.args
+    assert "--ProjectAuthorizer.shares_max_age=8" in c.Spawner.args
+    assert "--ProjectAuthorizer.connections_recheck_s=4" in c.Spawner.args  # twice in it
+    (gateway,) = [s for s in c.JupyterHub.services if s["name"] == ssh.SERVICE]
+    assert gateway["environment"]["GPULAB_REVOKE_WITHIN_S"] == "8"
+    for bad in ("1", "3601", "8s", "-5", "08\n"):
+        with pytest.raises(ValueError, match="GPULAB_REVOKE_WITHIN_S"):
+            applied({"GPULAB_REVOKE_WITHIN_S": bad})

@@ -275,6 +275,7 @@ def test_configure_adds_the_gateway_its_role_and_pages(monkeypatch):
         "GPULAB_CONTAINER_PREFIX": "gpulab",
         "GPULAB_LOGIN_ATTEMPTS": "5",
         "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
+        "GPULAB_REVOKE_WITHIN_S": "30",
         "DOCKER_HOST": "unix:///run/other.sock",
     }
     role = next(r for r in c.JupyterHub.load_roles if r["name"] == ssh.SERVICE)

@@ -46,6 +46,9 @@ DEFAULTS = {
     "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
     "GPULAB_DELETED_FILES": "archive",
     "GPULAB_IDLE_TIMEOUT": "7200",
+    # Seconds within which a revoked or lowered share stops working (project servers'
+    # caches of token checks and share lists; the SSH gateway rechecks twice in it).
+    "GPULAB_REVOKE_WITHIN_S": "30",
     # The SSH gateway into projects (ssh/): its port (0: no gateway), and its address
     # ("": the host of GPULAB_BIND_URL).
     "GPULAB_SSH_PORT": "2222",
@@ -56,6 +59,17 @@ DEFAULTS = {
 def site(environ) -> dict[str, str]:
     """The site settings: each GPULAB_* variable, or its default."""
     return {key: environ.get(key) or default for key, default in DEFAULTS.items()}
+
+
+def revoke_within_s(s: dict[str, str]) -> int:
+    """GPULAB_REVOKE_WITHIN_S as a whole number of seconds, 2 to 3600."""
+    text = s["GPULAB_REVOKE_WITHIN_S"]
+    if not text.isdigit() or len(text) > 4 or not 2 <= int(text) <= 3600:
+        raise ValueError(
+            f"GPULAB_REVOKE_WITHIN_S must be a whole number of seconds from 2 to 3600; "
+            f"it is {text!r}."
+        )
+    return int(text)
 
 
 def network_name(s: dict[str, str]) -> str:
@@ -189,9 +203,11 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # gpulab's authorizer enforces the viewer role (only where the hub starts the
     # server: a plain JupyterLab is unaffected).
     c.Spawner.args = [
-        f"--HubOAuth.cache_max_age={sharing.REVOKE_WITHIN_S}",
+        f"--HubOAuth.cache_max_age={revoke_within_s(s)}",
         f"--ServerApp.authorizer_class={sharing.roles.AUTHORIZER_CLASS}",
-        f"--ProjectAuthorizer.shares_max_age={sharing.REVOKE_WITHIN_S}",
+        f"--ProjectAuthorizer.shares_max_age={revoke_within_s(s)}",
+        # Open kernels, terminals and rooms are checked again well within the window.
+        f"--ProjectAuthorizer.connections_recheck_s={min(10, revoke_within_s(s) // 2)}",
         # Logs gpulab writes under .gpulab/ (the %gpu_install log whose path the magic
         # prints) open in JupyterLab; the project folder is the user's own.
         "--ContentsManager.allow_hidden=True",

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from gpulab_hub import host, hubfiles, hubsettings, pidfile, settings
+from gpulab_hub import host, hubfiles, hubsettings, pidfile, settings, ssh
 from gpulab_hub.cli import gpus as cli_gpus
 from gpulab_hub.cli import images as cli_images
 from gpulab_hub.doctor.cli import add_parser as add_doctor_parser
@@ -133,6 +133,11 @@ def cmd_up(args, environ) -> int:
     else:
         print(f"Log in as {s['GPULAB_ADMIN']!r} with the admin password set at the first start.")
     print(f"Others sign up at {url.rstrip('/')}/hub/signup; approve them at /hub/authorize.")
+    port = ssh.port_of(s)
+    if port:
+        where_ssh = urlparse(url).hostname
+        print(f"SSH into a project: ssh -p {port} <you>+<project>@{where_ssh} "
+              f"(add your key at {url.rstrip('/')}/hub/gpulab/ssh)")  # fmt: skip
     print(f"Hub log: {log_path}. Stop with: gpulab down")
     return 0
 

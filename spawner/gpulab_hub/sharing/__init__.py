@@ -14,7 +14,8 @@ from gpulab_hub.sharing import roles
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/share"
 DEFAULT_LINK_HOURS = 24
-# Project servers cache the hub's token checks this long, so revoking takes this long.
+# Project servers cache the hub's token checks this long, so revoking takes this long:
+# the default of GPULAB_REVOKE_WITHIN_S (settings.revoke_within_s), the most it takes.
 REVOKE_WITHIN_S = 30
 
 # Every user may share their own projects. Not ``read:users:name``, which

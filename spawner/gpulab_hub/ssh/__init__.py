@@ -106,6 +106,8 @@ def service_env(s: dict[str, str], hub_dir: str | Path, environ=None) -> dict[st
         # The hub's login rules hold for tokens given as SSH passwords (ssh/limits.py).
         "GPULAB_LOGIN_ATTEMPTS": s["GPULAB_LOGIN_ATTEMPTS"],
         "GPULAB_LOGIN_LOCKOUT_SECONDS": s["GPULAB_LOGIN_LOCKOUT_SECONDS"],
+        # Open sessions are checked twice within the revocation window.
+        "GPULAB_REVOKE_WITHIN_S": s.get("GPULAB_REVOKE_WITHIN_S", "30"),
     }
     env.update({k: environ[k] for k in DOCKER_ENV if environ.get(k)})
     return env

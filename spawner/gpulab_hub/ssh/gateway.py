@@ -48,6 +48,11 @@ LOGIN_HELP = (
 )
 
 
+def _revoke_within(text: str, default: int) -> int:
+    """GPULAB_REVOKE_WITHIN_S as the hub gives it (2..3600), else ``default``."""
+    return int(text) if text.isdigit() and 2 <= int(text) <= 3600 else default
+
+
 @dataclass(frozen=True)
 class Settings:
     bind: str
@@ -94,7 +99,7 @@ class Settings:
             api_token=env["JUPYTERHUB_API_TOKEN"],
             limits=Limits.from_env(env),
             # twice in the window in which a revoked share ends open connections
-            recheck_s=REVOKE_WITHIN_S / 2,
+            recheck_s=_revoke_within(env.get("GPULAB_REVOKE_WITHIN_S", ""), REVOKE_WITHIN_S) / 2,
         )
 
 
