@@ -510,15 +510,25 @@ def test_squeue_lines_are_read_strictly(line):
 
 
 def test_sinfo_submitted_ids_and_refusals():
-    nodes = parse_sinfo("n1|idle|gpu:h200:1|none\nn2|down|gpu:h200:2|Not responding\n"
-                        "n1|idle|gpu:h200:1|none\nn3|idle*|gpu:h200:2|none\n")  # fmt: skip
-    assert [(n.name, n.state, n.flag, n.gres) for n in nodes] == [
-        ("n1", "idle", "", "gpu:h200:1"),
-        ("n2", "down", "", "gpu:h200:2"),
-        ("n3", "idle", "*", "gpu:h200:2"),
+    nodes = parse_sinfo(
+        "n1|idle|gpu:h200:1|10.0.0.11|none\nn2|down|gpu:h200:2|n2.lab|Not responding\n"
+        "n1|idle|gpu:h200:1|10.0.0.11|none\nn3|idle*|gpu:h200:2,gpu:a100:4(S:0,1)|n3|a|b\n"
+        "n4|mixed|(null)|10.0.0.14|none\n"
+    )
+    assert [(n.name, n.state, n.flag, n.gres, n.address) for n in nodes] == [
+        ("n1", "idle", "", "gpu:h200:1", "10.0.0.11"),
+        ("n2", "down", "", "gpu:h200:2", "n2.lab"),
+        ("n3", "idle", "*", "gpu:h200:2,gpu:a100:4(S:0,1)", "n3"),
+        ("n4", "mixed", "", "(null)", "10.0.0.14"),
     ]
+    assert nodes[2].reason == "a|b"  # the reason is free text, the last field
+    assert [n.gpus() for n in nodes] == [1, 2, 6, 0]
+    assert [n.gpus("a100") for n in nodes] == [0, 0, 4, 0]
+    assert [n.usable for n in nodes] == [True, False, False, True]
     with pytest.raises(ClusterError):
-        parse_sinfo("n1;id|idle|gpu|none")
+        parse_sinfo("n1;id|idle|gpu|10.0.0.1|none")
+    with pytest.raises(ClusterError):
+        parse_sinfo("n1|idle|gpu|10.0.0.1;id|none")
     assert parse_submitted("123\n") == 123
     assert parse_submitted("124;lab\n") == 124
     with pytest.raises(ClusterError):

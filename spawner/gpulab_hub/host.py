@@ -178,13 +178,13 @@ def ensure_network(dk: Docker, name: str) -> str:
         dk.call(
             "create_network",
             name,
-            driver="bridge",
-            options={"com.docker.network.bridge.enable_icc": "false"},
-            labels={"gpulab.network": "projects"},
+            driver=objects.NETWORK_DRIVER,
+            options=dict(objects.NETWORK_OPTIONS),
+            labels=dict(objects.NETWORK_LABELS),
             check_duplicate=True,
         )
         net = dk.call("inspect_network", name)
-    if net.get("Driver") != "bridge":
+    if net.get("Driver") != objects.NETWORK_DRIVER:
         raise HostError(f"The Docker network {name!r} exists but is not a bridge network.")
     configs = (net.get("IPAM") or {}).get("Config") or []
     gateway = next((c["Gateway"] for c in configs if c.get("Gateway")), "")

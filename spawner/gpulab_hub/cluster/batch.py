@@ -11,6 +11,17 @@ reads the file's minor number, finds that GPU's UUID in the NVIDIA driver's
 ``/proc`` files, and gives the container exactly those GPUs, as
 ``objects.gpu_host_config`` and ``objects.gpu_env`` would for the same UUIDs.
 
+On a cluster whose nodes run Docker engines of their own (``NodeEngine``), the
+script first points ``DOCKER_HOST`` at its node's engine, makes the project
+network there if it is missing (the options of ``host.ensure_network``: one
+source, objects.NETWORK_*), and pulls the image by digest from the cluster's
+registry. With ``publish`` it gives the container's port on the node's cluster
+address (``-p <address>::<port>``, Docker picks the host port) and prints
+``gpulab-ready <address>:<host port>`` once Docker has published it. Lines for the
+hub: ``gpulab-progress: <words>`` (shown while the project starts), ``gpulab: <words>``
+(why the job failed); the container's own output never reaches the job's log
+(only lines the script writes, so a project cannot forge one).
+
 Stopping: ``scancel`` sends TERM to the script, whose trap removes the container
 (``docker run`` alone would leave it running); a job killed outright (SIGKILL, a
 lost step) is cleaned by the Epilog, which removes every container labelled with
@@ -21,6 +32,7 @@ with ``shlex.quote``; environment values reach ``docker run`` through
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -42,6 +54,14 @@ _DOCKER = re.compile(r"[A-Za-z0-9._/-]{1,255}")
 _TIME = re.compile(r"([0-9]{1,3}-)?[0-9]{1,6}(:[0-9]{2}){0,2}")
 _NODE_PATH = re.compile(r"/[A-Za-z0-9._%/-]{0,1023}")
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# DOCKER_HOST of the nodes' engines, "{node}" standing for the node's name.
+_DOCKER_HOST = re.compile(r"unix:///[A-Za-z0-9._/-]{1,200}|tcp://[A-Za-z0-9.-]{1,200}:[0-9]{1,5}")
+_NETWORK = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_DIGEST_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,200}@sha256:[0-9a-f]{64}")
+_NODE_RE = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # Slurm names, as cluster.slurm_name
+READY = "gpulab-ready"
+PROGRESS = "gpulab-progress:"
+FAILURE = "gpulab:"
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,26 @@ class SlurmGpus:
 
 
 @dataclass(frozen=True)
+class NodeEngine:
+    """The Docker engine of the node a job runs on, and what the script asks of it
+    before the container starts."""
+
+    host: str = ""  # DOCKER_HOST, "{node}" for the node's name; "" = the node's default
+    config: str = ""  # folder on the node with Docker's config.json (registry credentials)
+    pull: bool = False  # pull the container's image (a digest reference) first
+    network: bool = False  # make the project network if missing (objects.NETWORK_*)
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """A node's cluster address (Slurm's NodeAddr, as an IP), where the container's port
+    is published for the hub."""
+
+    node: str
+    address: str
+
+
+@dataclass(frozen=True)
 class BatchJob:
     """Everything the batch script depends on."""
 
@@ -73,6 +113,11 @@ class BatchJob:
     container: objects.ContainerSettings
     gpus: SlurmGpus = field(default_factory=SlurmGpus)
     docker: str = "docker"  # the Docker CLI on the nodes (found on SCRIPT_PATH)
+    engine: NodeEngine = field(default_factory=NodeEngine)
+    # Publish the container's port on the node's address (each node the job may get)
+    # and print READY; () publishes nothing (the container is reached some other way).
+    publish: tuple[NodeAddress, ...] = ()
+    ready_timeout: int = 120  # seconds Docker may take to publish the port
 
 
 @dataclass(frozen=True)
@@ -92,6 +137,12 @@ class JobRequest:
 
 def _q(value: str) -> str:
     return shlex.quote(value)
+
+
+def _match_name(value: str, what: str) -> str:
+    if not isinstance(value, str) or _NETWORK.fullmatch(value) is None or ".." in value:
+        raise ClusterError(f"{what} {value!r} cannot go into a batch script")
+    return value
 
 
 def _docker_bin(value: str) -> str:
@@ -209,6 +260,142 @@ def _gpu_block(gpus: SlurmGpus) -> str:
     return out
 
 
+def _docker_host(template: str) -> tuple[str, str]:
+    """What stands before and after the node's name in a DOCKER_HOST template."""
+    before, _, after = template.partition("{node}")
+    example = template.replace("{node}", "node", 1)
+    if _DOCKER_HOST.fullmatch(example) is None or ".." in example or "{" in before + after:
+        raise ClusterError(
+            f"DOCKER_HOST {template!r} cannot go into a batch script: unix:///<path> or "
+            "tcp://<host>:<port>, with {node} for the node's name"
+        )
+    return before, after
+
+
+def _node_block(engine: NodeEngine, on_bad: str) -> str:
+    """Shell that checks the node's name (SLURMD_NODENAME) and points Docker at the
+    node's engine."""
+    out = (
+        "node=${SLURMD_NODENAME:-}\n"
+        f"if [[ ! $node =~ {_NODE_RE} ]]; then\n"
+        f"  {on_bad}\n"
+        "fi\n"
+    )
+    if engine.host:
+        before, after = _docker_host(engine.host)
+        out += f'export DOCKER_HOST={_q(before)}"$node"{_q(after)}\n'
+    return out
+
+
+def _network_block(network: str) -> str:
+    """Shell that makes the project network on the node's engine if missing (as
+    host.ensure_network does here; a concurrent make by another job is fine) and
+    refuses one that is not gpulab's: a bridge with traffic between containers off."""
+    net = _q(objects.check_network(_match_name(network, "Network")))
+    opts = [f"--opt {_q(f'{k}={v}')}" for k, v in sorted(objects.NETWORK_OPTIONS.items())]
+    opts += [f"--label {_q(f'{k}={v}')}" for k, v in sorted(objects.NETWORK_LABELS.items())]
+    fmt = "{{.Driver}}" + "".join(
+        f' {{{{index .Options "{k}"}}}}' for k in sorted(objects.NETWORK_OPTIONS)
+    )
+    options = sorted(objects.NETWORK_OPTIONS.items())
+    want = " ".join([objects.NETWORK_DRIVER, *(v for _, v in options)])
+    return (
+        f"net={net}\n"
+        'if ! "$docker" network inspect "$net" >/dev/null 2>&1; then\n'
+        f'  "$docker" network create --driver {_q(objects.NETWORK_DRIVER)} {" ".join(opts)} '
+        '"$net" >/dev/null 2>&1 || true\n'
+        "fi\n"
+        f'have=$("$docker" network inspect --format {_q(fmt)} "$net" 2>/dev/null || true)\n'
+        f"if [ \"$have\" != {_q(want)} ]; then\n"
+        '  if [ -z "$have" ]; then\n'
+        '    echo "gpulab: the Docker engine of node $node does not answer or cannot make the'
+        ' project network $net; ask the administrator (docs/cluster.md)" >&2\n'
+        "  else\n"
+        '    echo "gpulab: the network $net on node $node is not gpulab\'s (a bridge with'
+        ' traffic between containers off); ask the administrator to remove it" >&2\n'
+        "  fi\n"
+        "  exit 1\n"
+        "fi\n"
+    )
+
+
+def _pull_block(engine: NodeEngine, image: str) -> str:
+    """Shell that pulls the image (a digest reference: what a tag names can change) into
+    the node's engine, with the registry's credentials where the nodes keep them."""
+    if _DIGEST_REF.fullmatch(image) is None:
+        raise ClusterError(f"Image {image!r} is not a reference by digest; nodes pull by digest")
+    config = ""
+    if engine.config:
+        if _NODE_PATH.fullmatch(engine.config) is None or ".." in engine.config:
+            raise ClusterError(f"Folder {engine.config!r} cannot go into a batch script")
+        config = f" --config {_q(engine.config)}"
+    return (
+        f'echo "{PROGRESS} Fetching the project\'s image on node $node"\n'
+        f'if ! pulled=$("$docker"{config} pull -q {_q(image)} 2>&1); then\n'
+        '  echo "gpulab: node $node could not fetch the project\'s image from the cluster\'s'
+        ' registry: $(printf \'%s\\n\' "$pulled" | tail -n 1 | cut -c1-300)" >&2\n'
+        "  exit 1\n"
+        "fi\n"
+    )
+
+
+def _address_cases(publish: tuple[NodeAddress, ...]) -> str:
+    lines = ['case "$node" in']
+    for n in publish:
+        slurm_name(n.node, "Node")
+        try:
+            address = str(ipaddress.IPv4Address(n.address))
+        except ValueError:
+            raise ClusterError(
+                f"Node {n.node}'s cluster address {n.address!r} is not an IPv4 address"
+            ) from None
+        lines.append(f"  {_q(n.node)}) node_addr={address} ;;")
+    lines.append(
+        '  *) echo "gpulab: node $node has no cluster address in gpulab\'s list; ask the'
+        ' administrator (docs/cluster.md)" >&2; exit 1 ;;'
+    )
+    lines.append("esac")
+    return "\n".join(lines) + "\n"
+
+
+def _ready_block(job: BatchJob) -> str:
+    """Shell that waits (bounded) until Docker has published the container's port on the
+    node's address, then prints READY; a container that stops first fails the job with
+    its last lines."""
+    timeout = job.ready_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= 3600:
+        raise ClusterError(f"Ready timeout {timeout!r} must be 1 to 3600 seconds")
+    name = _q(job.container.name)
+    port = f"{int(job.container.port)}/tcp"
+    return (
+        "run_pid=$!\n"
+        "hostport=\n"
+        f"for ((i = 0; i < {timeout * 5}; i++)); do\n"
+        '  if ! kill -0 "$run_pid" 2>/dev/null; then\n'
+        '    echo "gpulab: the project\'s container on node $node stopped before it was ready;'
+        ' its last lines:" >&2\n'
+        "    tail -n 15 -- \"$out\" | cut -c1-300 | sed 's/^/gpulab:   /' >&2\n"
+        "    exit 1\n"
+        "  fi\n"
+        "  while read -r line; do\n"
+        "    if [[ $line =~ ^([0-9.]+):([0-9]{1,5})$ ]] &&\n"
+        '      [ "${BASH_REMATCH[1]}" = "$node_addr" ]; then\n'
+        "      hostport=${BASH_REMATCH[2]}\n"
+        "    fi\n"
+        f'  done < <("$docker" port {name} {port} 2>/dev/null || true)\n'
+        '  if [ -n "$hostport" ]; then break; fi\n'
+        "  sleep 0.2\n"
+        "done\n"
+        'if [ -z "$hostport" ]; then\n'
+        f'  echo "gpulab: Docker on node $node did not publish the project\'s port within'
+        f' {timeout} s" >&2\n'
+        "  exit 1\n"
+        "fi\n"
+        f'echo "{READY} $node_addr:$hostport"\n'
+        'wait "$run_pid"\n'
+    )
+
+
 def docker_run(job: BatchJob) -> DockerRun:
     """The container's ``docker run`` with everything but Slurm's GPUs."""
     cluster = slurm_name(job.cluster, "Cluster")
@@ -229,11 +416,34 @@ def render_script(job: BatchJob) -> str:
         raise ClusterError("A project cannot ask for fewer than no GPUs")
     run = docker_run(job)
     docker = _docker_bin(job.docker)
+    on_node = job.engine != NodeEngine() or bool(job.publish)
+    node = (
+        _node_block(
+            job.engine,
+            'echo "gpulab: this job runs on no node gpulab can name (SLURMD_NODENAME)" >&2;'
+            " exit 1",
+        )
+        if on_node
+        else ""
+    )
+    prepare = _network_block(job.container.network) if job.engine.network else ""
+    prepare += _pull_block(job.engine, run.image) if job.engine.pull else ""
+    publish = ""
+    if job.publish:
+        prepare = _address_cases(job.publish) + prepare
+        prepare += (
+            f'echo "{PROGRESS} Starting the project\'s container on node $node"\n'
+            "out=$(mktemp)  # the container's output: never in the job's log\n"
+            "trap 'gpulab_remove; rm -f -- \"$out\"' EXIT\n"
+        )
+        publish = f'  -p "$node_addr::{int(job.container.port)}" \\\n'
     gpu = _gpu_block(job.gpus)
     pairs = zip(run.options[::2], run.options[1::2], strict=True)
     options = " \\\n  ".join(f"{_q(flag)} {_q(value)}" for flag, value in pairs)
     command = " ".join(_q(a) for a in run.command)
     env = "\n".join(env_lines(run.env))
+    output = ' >"$out" 2>&1' if job.publish else ""
+    after = _ready_block(job) if job.publish else 'wait "$!"\n'
     return (
         "#!/bin/bash\n"
         f"# gpulab: project container {job.container.name} on Slurm cluster {job.cluster}.\n"
@@ -245,25 +455,31 @@ def render_script(job: BatchJob) -> str:
         + _job_id_check(
             'echo "gpulab: this script runs as a Slurm batch job (no SLURM_JOB_ID)" >&2; exit 2'
         )
+        + node
         + _remove_function(job.cluster, docker)
         + "trap 'exit 143' TERM\n"
         "trap 'exit 130' INT\n"
-        "trap gpulab_remove EXIT\n" + gpu + '"$docker" run --rm --env-file /dev/stdin \\\n'
+        "trap gpulab_remove EXIT\n"
+        + gpu
+        + prepare
+        + '"$docker" run --rm --env-file /dev/stdin \\\n'
         f"  {options} \\\n"
         f'  --label "{JOB_LABEL}=$job" \\\n'
-        '  "${gpu_opts[@]}" \\\n'
-        f"  {_q(run.image)} {command} <<'{ENV_END}' &\n"
+        + publish
+        + '  "${gpu_opts[@]}" \\\n'
+        f"  {_q(run.image)} {command} <<'{ENV_END}'{output} &\n"
         f"{env}\n"
-        f"{ENV_END}\n"
-        'wait "$!"\n'
+        f"{ENV_END}\n" + after
     )
 
 
-def render_epilog(cluster: str, docker: str = "docker") -> str:
+def render_epilog(cluster: str, docker: str = "docker", docker_host: str = "") -> str:
     """The cluster's Epilog (slurm.conf ``Epilog=``): removes the containers of the job
-    that just ended. An Epilog that fails drains the node, so this one exits 0."""
+    that just ended, from the node's engine (``docker_host``: the spawner's
+    ``node_docker_host``). An Epilog that fails drains the node, so this one exits 0."""
     cluster = slurm_name(cluster, "Cluster")
     docker = _docker_bin(docker)
+    node = _node_block(NodeEngine(host=docker_host), "exit 0") if docker_host else ""
     return (
         "#!/bin/bash\n"
         f"# gpulab Epilog of Slurm cluster {cluster}: removes the containers a job's batch\n"
@@ -272,6 +488,7 @@ def render_epilog(cluster: str, docker: str = "docker") -> str:
         f"export PATH={SCRIPT_PATH}\n"
         f"docker={_q(docker)}\n"
         + _job_id_check("exit 0")
+        + node
         + _remove_function(cluster, docker)
         + "gpulab_remove\n"
         "exit 0\n"

@@ -22,13 +22,16 @@ SEP = "|"
 # squeue: job id, state, reason, partition, priority, TRES per node, nodes, name (last:
 # the only field that could hold the separator).
 SQUEUE_FORMAT = SEP.join(["%i", "%T", "%r", "%P", "%Q", "%b", "%N", "%j"])
-# sinfo -N: node, state, GRES, reason.
-SINFO_FORMAT = SEP.join(["%N", "%T", "%G", "%E"])
+# sinfo -N: node, state, GRES, address (NodeAddr), reason (last: free text).
+SINFO_FORMAT = SEP.join(["%N", "%T", "%G", "%o", "%E"])
 _JOB_ID = re.compile(r"[0-9]{1,12}")
 _PARSABLE = re.compile(r"([0-9]{1,12})(;[A-Za-z0-9_-]+)?")
 _NODE_STATE = re.compile(r"([a-z_]+)([*~#!%$@^+-]?)")
 _NODELIST = re.compile(r"[A-Za-z0-9_,\[\]-]*")
 _SIGNAL = re.compile(r"[A-Z0-9]{1,8}")
+_NODE_ADDR = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:-]{0,252}")
+# One GRES of sinfo's %G: "gpu:h200:2", "gpu:2", "gpu:a100:4(S:0-1)".
+_GRES_GPU = re.compile(r"gpu(?::([A-Za-z0-9_.-]+))?:([0-9]{1,4})(\([^)]*\))?")
 _STATES = set(reasons.ACTIVE) | set(reasons.ENDED)
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -72,6 +75,16 @@ class Node:
     flag: str  # "*" not responding, "~" powered off, ... ("" for none)
     gres: str
     reason: str
+    address: str = ""  # NodeAddr: where the head reaches the node (an IP or a host name)
+
+    def gpus(self, gpu_type: str = "") -> int:
+        """GPUs this node has in its GRES (of ``gpu_type``; "" for any type)."""
+        return gpu_count(self.gres, gpu_type)
+
+    @property
+    def usable(self) -> bool:
+        """Up and taking jobs (idle, mixed or allocated; not down, drained, failing)."""
+        return self.state in ("idle", "mixed", "allocated", "completing") and self.flag in ("", "+")
 
 
 @dataclass(frozen=True)
@@ -115,16 +128,28 @@ def parse_sinfo(text: str) -> list[Node]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split(SEP, 3)
-        if len(fields) != 4:
+        fields = line.split(SEP, 4)
+        if len(fields) != 5:
             raise ClusterError(f"sinfo printed a line gpulab cannot read: {line!r}")
-        name, state, gres, reason = fields
+        name, state, gres, address, reason = fields
         m = _NODE_STATE.fullmatch(state)
-        if m is None:
+        if m is None or (address and _NODE_ADDR.fullmatch(address) is None):
             raise ClusterError(f"sinfo printed a line gpulab cannot read: {line!r}")
         slurm_name(name, "Node")
-        nodes.setdefault(name, Node(name, m.group(1), m.group(2), gres, reason))
+        nodes.setdefault(name, Node(name, m.group(1), m.group(2), gres, reason, address))
     return list(nodes.values())
+
+
+def gpu_count(gres: str, gpu_type: str = "") -> int:
+    """GPUs in a GRES string as sinfo prints it ("gpu:h200:2,gpu:a100:1(S:0)"), of
+    ``gpu_type`` ("" for any). Parts that are not GPUs are skipped; a GPU part that
+    does not parse counts nothing (never a guess)."""
+    total = 0
+    for m in re.finditer(r"(?:^|,)(gpu[^,(]*(?:\([^)]*\))?)", gres):
+        part = _GRES_GPU.fullmatch(m.group(1))
+        if part and (not gpu_type or part.group(1) == gpu_type):
+            total += int(part.group(2))
+    return total
 
 
 def parse_submitted(text: str) -> int:

@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 # Networks a project container or build must never join: "host" shares the host's
 # network namespace (its loopback traffic included), "none" leaves the hub no way in.
 REFUSED_NETWORKS = ("host", "none")
+# The project network, wherever an engine makes it (host.ensure_network on this
+# machine, a Slurm job's script on its node: cluster/batch.py): a bridge with traffic
+# between containers off, so a project reaches the hub and, through NAT, the package
+# index, but never another project.
+NETWORK_DRIVER = "bridge"
+NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
+NETWORK_LABELS = {"gpulab.network": "projects"}
 
 # The shared data root: ``datasets`` is filled by the admin and read-only for all;
 # ``models`` and ``outputs`` hold one folder per user (``<sub>/<user>``), mounted
