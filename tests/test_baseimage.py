@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpulab_hub.images import base as baseimage
+from gpulab_hub.images import userwheel
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")
@@ -122,3 +123,52 @@ def test_project_and_hub_dockerfiles_pass_hadolint(template, tmp_path):
     hadolint = Path(sys.executable).with_name("hadolint")
     done = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def fake_tree(root: Path) -> Path:
+    src = root / "extensions"
+    for name, text in {
+        "pyproject.toml": "[project]\n",
+        "gpulab_jupyter/__init__.py": "X = 1\n",
+        "gpulab_jupyter/labextension/static/style.js": "/* built */\n",
+    }.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    return src
+
+
+def test_the_user_wheel_is_built_once_per_content_of_its_sources(tmp_path):
+    """`gpulab up` reuses the wheel its base image installs while extensions/ is
+    unchanged, and builds it again after any change to what the wheel packs."""
+    src, cache, builds = fake_tree(tmp_path), tmp_path / "cache", []
+
+    def build(tree: Path, out: Path) -> None:
+        builds.append(tree)
+        text = (tree / "gpulab_jupyter" / "__init__.py").read_text()
+        (out / "gpulab_jupyter-0.1.0-py3-none-any.whl").write_text(text)
+
+    first = userwheel.cached(src, cache, build)
+    (src / "gpulab_jupyter" / "__pycache__").mkdir()
+    (src / "gpulab_jupyter" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
+    (src / "node_modules").mkdir()
+    (src / "node_modules" / "dep.js").write_text("")
+    again = userwheel.cached(src, cache, build)
+    assert len(builds) == 1 and again == first and first[0].read_text() == "X = 1\n"
+    for changed in ("gpulab_jupyter/__init__.py", "gpulab_jupyter/labextension/static/style.js"):
+        (src / changed).write_text("X = 2\n")
+        assert userwheel.cached(src, cache, build) != first
+    (src / "gpulab_jupyter" / "jobs.py").write_text("")  # a new file counts too
+    newest = userwheel.cached(src, cache, build)
+    assert len(builds) == 4 and newest[0].read_text() == "X = 2\n"
+
+
+def test_a_failed_user_wheel_build_leaves_nothing_to_reuse(tmp_path):
+    src, cache = fake_tree(tmp_path), tmp_path / "cache"
+
+    def fails(tree: Path, out: Path) -> None:
+        (out / "gpulab_jupyter-0.1.0-py3-none-any.whl").write_text("half")
+        raise userwheel.WheelError("building the gpulab-jupyter wheel failed: no jlpm")
+
+    with pytest.raises(userwheel.WheelError, match="no jlpm"):
+        userwheel.cached(src, cache, fails)
+    assert [p for p in cache.rglob("*") if p.is_file()] == []

@@ -12,7 +12,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import requests.exceptions
 
 from gpulab_hub import images, pidfile
 from gpulab_hub.images import base as baseimage
+from gpulab_hub.images import userwheel
 from gpulab_hub.projects import objects
 
 # The local Debian image (no registry): what the base image needs, so its build skips
@@ -278,15 +278,16 @@ def ensure_local_debian(dk: Docker, name: str, cache_dir: Path, log=print) -> st
 
 
 def user_wheels(repo_dir: Path, out_dir: Path) -> list[Path]:
-    """Build the user-side distribution (extensions/) into a wheel."""
+    """The user-side distribution (extensions/) as a wheel in ``out_dir``: built once
+    per content of its sources (kept in this machine's cache), copied from there."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("gpulab_jupyter-*.whl"):
+    for old in out_dir.glob(userwheel.PATTERN):
         old.unlink()
-    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir)]
-    done = subprocess.run(cmd + [str(repo_dir / "extensions")], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise HostError("building the gpulab-jupyter wheel failed:\n" + done.stderr[-2000:])
-    return sorted(out_dir.glob("gpulab_jupyter-*.whl"))
+    try:
+        wheels = userwheel.cached(repo_dir / "extensions", cache_dir() / "wheels")
+    except (userwheel.WheelError, OSError) as e:
+        raise HostError(str(e)) from e
+    return [Path(shutil.copy2(w, out_dir / w.name)) for w in wheels]
 
 
 def ensure_base_image(
