@@ -378,13 +378,7 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
                 )
             finally:
                 self._build_log_url = await self._run(self.build_log_url)
-            await self._reserve_gpus(opts)
-            self._emit(80, "Starting the project's container")
-            try:
-                return await super().start()
-            except Exception:
-                await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
-                raise
+            return await self._launch(opts)
         except allocator.AllocationError as e:
             raise SpawnError(str(e), reason="gpus", status_code=409) from e
         except images.BuildError as e:
@@ -413,6 +407,18 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
                 reason="docker",
                 status_code=503,
             ) from e
+
+    async def _launch(self, opts: dict):
+        """Run the prepared image (``self.image``) with the validated options: GPUs from
+        this machine's allocator, the container on this machine's engine. Returns
+        (ip, port). The Slurm spawner (cluster/spawner.py) submits a job instead."""
+        await self._reserve_gpus(opts)
+        self._emit(80, "Starting the project's container")
+        try:
+            return await super().start()
+        except Exception:
+            await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+            raise
 
     async def _reserve_gpus(self, opts: dict) -> None:
         inv = await self._run(gpu_spawner.cached_inventory)

@@ -33,6 +33,7 @@ with ``shlex.quote``; environment values reach ``docker run`` through
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import shlex
 from dataclasses import dataclass, field, replace
@@ -81,6 +82,7 @@ class SlurmGpus:
     nodes: tuple[NodeGpus, ...] = ()
     isolation: str = objects.RUNTIME  # or objects.DEVICES (explicit /dev/nvidia* nodes)
     nvidia_proc: str = NVIDIA_PROC  # the driver's per-GPU "information" files
+    dev_dir: str = "/dev"  # the node's folder of the control devices (isolation "devices")
     driver_dir: str = objects.GpuAssignment.driver_dir
     alloc_conf: str = objects.GpuAssignment.alloc_conf
 
@@ -191,7 +193,7 @@ def _gpu_block(gpus: SlurmGpus) -> str:
         return "gpu_opts=()\n"
     if gpus.isolation not in (objects.RUNTIME, objects.DEVICES):
         raise ClusterError(f"GPU isolation {gpus.isolation!r} cannot give a container GPUs")
-    for path in (gpus.nvidia_proc, gpus.driver_dir):
+    for path in (gpus.nvidia_proc, gpus.driver_dir, gpus.dev_dir):
         if _DEVICE_FILE.fullmatch(path) is None or ".." in path:
             raise ClusterError(f"Folder {path!r} cannot go into a batch script")
     if any(c in gpus.alloc_conf for c in "\n\r\0"):
@@ -249,7 +251,10 @@ def _gpu_block(gpus: SlurmGpus) -> str:
             f'\\"capabilities={caps}\\"")\n'
         )
     else:
-        controls = " ".join(f"--device {_q(f'{d}:{d}:rwm')}" for d in objects.CONTROL_DEVICES)
+        controls = " ".join(
+            "--device " + _q(f"{gpus.dev_dir}/{os.path.basename(d)}:{d}:rwm")
+            for d in objects.CONTROL_DEVICES
+        )
         drv = gpus.driver_dir
         out += f"gpu_opts+=({controls} -v {_q(f'{drv}:{drv}:ro')})\n"
         out += f"gpu_opts+=(-e {_q(f'LD_LIBRARY_PATH={drv}/lib64')})\n"
