@@ -6,6 +6,7 @@ again does no harm. Docker calls go through :meth:`Docker.call`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import select
 import shutil
@@ -243,12 +244,14 @@ def ensure_local_debian(dk: Docker, name: str, cache_dir: Path, log=print) -> st
     """A Debian bookworm image made locally (debootstrap), for hosts with no registry.
 
     The root file system is kept as a tarball in ``cache_dir``, so making the
-    image again (after ``docker rmi``) takes seconds.
+    image again (after ``docker rmi``) takes seconds. Its name carries the package
+    list: a tarball made before a package was added is never taken for one with it.
     """
     if images.image_id(dk.call, name):
         return name
     repo, _, tag = name.rpartition(":")
-    tarball = cache_dir / "debian-bookworm-rootfs.tar"
+    packages = hashlib.sha256(",".join(DEBIAN_PACKAGES).encode()).hexdigest()[:12]
+    tarball = cache_dir / f"debian-bookworm-rootfs-{packages}.tar"
     if not tarball.exists():
         debootstrap = shutil.which("debootstrap")
         if not debootstrap:
@@ -270,9 +273,15 @@ def ensure_local_debian(dk: Docker, name: str, cache_dir: Path, log=print) -> st
             if done.returncode != 0:
                 tail = "\n".join(done.stdout.splitlines()[-10:])
                 raise HostError(f"debootstrap failed:\n{tail}")
-            partial = tarball.with_suffix(".partial")
-            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True)
-            partial.rename(tarball)
+            # A name of its own, renamed into place whole: two set-ups at once never
+            # write into one file, nor read half of one.
+            fd, partial = tempfile.mkstemp(prefix=".rootfs-", suffix=".partial", dir=cache_dir)
+            os.close(fd)
+            try:
+                subprocess.run(["tar", "-C", str(rootfs), "-cf", partial, "."], check=True)
+                os.replace(partial, tarball)
+            finally:
+                Path(partial).unlink(missing_ok=True)
     dk.call("import_image", src=str(tarball), repository=repo, tag=tag)
     return name
 
