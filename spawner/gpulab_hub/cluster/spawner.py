@@ -28,6 +28,7 @@ from traitlets import default
 
 from gpulab_hub.cluster import ClusterError, batch, gres_type, registry, slurm_name, watch
 from gpulab_hub.cluster.joblog import JobLog
+from gpulab_hub.cluster.jobsettings import MultiNodeJobSettings
 from gpulab_hub.cluster.settings import ClusterSettings
 from gpulab_hub.cluster.slurm import Node, Slurm
 from gpulab_hub.projects import objects, options, project_name
@@ -70,7 +71,7 @@ def node_ipv4(node: Node) -> str | None:
     return infos[0][4][0] if infos else None
 
 
-class ProjectSlurmSpawner(ClusterSettings, ProjectSpawner):
+class ProjectSlurmSpawner(MultiNodeJobSettings, ClusterSettings, ProjectSpawner):
     """Spawn each project (named server) as a Slurm job running its container."""
 
     job_id: int | None = None
