@@ -27,6 +27,41 @@ the namespaces, the interface, the folder), starts everything and waits until si
 shows every node idle; ``stop`` ends every process it started (by the PID and start
 time it recorded) and every process left in its node namespaces, then removes the
 namespaces, the interface and the folder.
+
+Docker (``engines=True``, the default; tests/cluster_engines.py has the details):
+each node runs its own Docker engine (a containerd and a dockerd of the kit's own,
+in the node's network and UTS namespaces, ``--userns-remap=default``, its data and
+exec roots under ``<root>/<node>/``), and a registry (Debian's ``docker-registry``)
+carries images from this machine's engine to the nodes. The API other tests use:
+
+- ``kit.node_docker_host(node)``: ``"unix://<root>/<node>/docker.sock"``, the node's
+  engine; ``kit.node_docker_host_template`` is the same with ``{node}`` (the form of
+  the spawner's ``node_docker_host`` setting); ``kit.node_engine(node)``: gpulab's
+  Docker client for it.
+- ``kit.registry``: ``127.0.0.1:<port>``, read-write, where this machine's engine
+  pushes; ``kit.registry_for_nodes``: ``<host address>:<port>``, the same storage,
+  read-only, password required (what the node engines pull from; they list it as an
+  insecure registry).
+- ``kit.node_docker_config``: a folder holding a Docker ``config.json`` with that
+  password (``docker --config <folder> pull ...`` on a node).
+- ``kit.node_docker_cli``: a script standing in for the Docker CLI in batch scripts
+  and Epilogs: it runs ``docker`` against the engine of ``$SLURMD_NODENAME`` with
+  that config (until the batch script sets DOCKER_HOST itself).
+- ``kit.host_address``: this host's address on the fabric (the controller's, the
+  registry's for nodes); ``kit.node_address(node)``: a node's.
+- ``kit.push(image)``: tags ``<prefix>/...:tag`` of this machine's engine into
+  ``kit.registry``, pushes it, and returns ``(reference for the nodes by digest,
+  seconds)``: ``<registry_for_nodes>/<repo>@sha256:...``.
+- ``kit.engine_seconds``: how long the node engines took to answer.
+- ``tiny_image_tar(path)`` and ``http_answer(port, text)``: an 11 MB root file system
+  (sleep, perl) to import as an image, and a command for it that answers HTTP.
+
+Stop removes every container on the node engines, ends the dockerds, containerds and
+registries, untags what ``push`` tagged on this machine's engine (never anything
+else there: that engine is never stopped or cleaned), unmounts what the engines
+mounted under the folder and removes it. A crashed run's engines, their containers
+(children of their shims), shim sockets, mounts and registry tags are removed by
+the next start of the same prefix.
 """
 
 from __future__ import annotations
@@ -46,6 +81,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cluster_engines
+from cluster_engines import KitError, NodeEngines, free_port
+
 from gpulab_hub import host, pidfile
 from gpulab_hub.cluster.batch import NodeGpus
 from gpulab_hub.cluster.slurm import DEFAULT_PATH, Slurm
@@ -53,10 +91,7 @@ from gpulab_hub.cluster.slurm import DEFAULT_PATH, Slurm
 GPU_MAJOR = 195  # the NVIDIA driver's character-device major; no driver here: ENXIO
 GPU_TYPE = "h200"
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "nsenter", "unshare", "ip")
-
-
-class KitError(Exception):
-    pass
+ENGINE_PROGRAMS = ("containerd", "dockerd", "docker", "docker-registry")
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -64,12 +99,6 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and done.returncode != 0:
         raise KitError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
     return done
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -89,7 +118,7 @@ class KitNode:
     uuids: dict[int, str] = field(default_factory=dict)  # minor -> fake UUID
 
 
-class SlurmKit:
+class SlurmKit(NodeEngines):
     """One test cluster. Use as a context manager (start, yield, stop)."""
 
     def __init__(
@@ -102,6 +131,7 @@ class SlurmKit:
         def_mem_per_cpu_mb: int = 256,
         root: Path | None = None,
         idle_timeout: float = 30,
+        engines: bool = True,
     ):
         if not re.fullmatch(r"gpulab[a-z0-9]{0,20}", prefix):
             raise KitError(f"test prefix {prefix!r}: 'gpulab' and up to 20 letters or digits")
@@ -125,6 +155,10 @@ class SlurmKit:
         self.idle_timeout = idle_timeout
         self.ctld_port = self.slurmd_port = 0
         self._procs: dict[str, subprocess.Popen] = {}
+        self.engines = engines
+        self.registry_port = self.node_registry_port = 0
+        self.engine_seconds = 0.0
+        self._main: host.Docker | None = None
 
     # --- paths -----------------------------------------------------------------------
 
@@ -169,11 +203,12 @@ class SlurmKit:
         self.stop()
 
     def start(self) -> None:
-        missing = [c for c in PROGRAMS if shutil.which(c, path=DEFAULT_PATH) is None]
+        wanted = PROGRAMS + (ENGINE_PROGRAMS if self.engines else ())
+        missing = [c for c in wanted if shutil.which(c, path=DEFAULT_PATH) is None]
         if missing:
             raise KitError(
                 f"{', '.join(missing)} not installed: `scripts/setup.sh test` installs "
-                "Debian's slurm-wlm and munge"
+                "Debian's slurm-wlm, munge, docker.io and docker-registry"
             )
         self.clean_leftovers()
         for sub in ("etc", "state", "log", "ns", "pids", "dev", "out"):
@@ -184,17 +219,11 @@ class SlurmKit:
             self._write_config()
             self._start_munge()
             self._make_network()
+            if self.engines:
+                self._start_engines()
             self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
             for n in self.nodes:
-                self._start(
-                    n.name,
-                    [
-                        "nsenter",
-                        f"--net={self.ns(n.name, 'net')}",
-                        f"--uts={self.ns(n.name, 'uts')}",
-                        "slurmd", "-D", "-f", str(self.conf),
-                    ],
-                )  # fmt: skip
+                self._start(n.name, [*self._in_node(n), "slurmd", "-D", "-f", str(self.conf)])
             self.wait_idle()
         except BaseException:
             self.stop()
@@ -204,8 +233,9 @@ class SlurmKit:
         """Everything the kit started ends; its namespaces, interface and folder go."""
         for n in self.nodes:
             self._stop_started(n.name)
+        self._stop_engines()
         self._kill_in_namespaces()
-        for name in ("slurmctld", "munged"):
+        for name in ("registry-ro", "registry-rw", "slurmctld", "munged"):
             self._stop_started(name)
         self.clean_leftovers()
 
@@ -221,7 +251,8 @@ class SlurmKit:
     # --- leftovers -------------------------------------------------------------------
 
     def _ours(self) -> list[int]:
-        """PIDs whose command line names the kit's folder or that run in its namespaces."""
+        """PIDs whose command line names the kit's folder or that run in its namespaces,
+        and their descendants (a node engine's containers are its shims' children)."""
         wanted = str(self.root).encode()
         namespaces = set()
         for f in (self.root / "ns").glob("*-net") if (self.root / "ns").is_dir() else ():
@@ -241,21 +272,26 @@ class SlurmKit:
                 continue
             if (st.st_dev, st.st_ino) in namespaces:
                 found.append(int(entry.name))
-        return found
+        return _with_descendants(found)
 
     def _kill_in_namespaces(self) -> None:
+        seen: dict[int, pidfile.Identity] = {}
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = [p for p in self._ours() if pidfile.identity(p) is not None]
-            if not pids:
-                return
-            for pid in pids:
+            # Found afresh each round, and kept from the round before: a container's
+            # first process ignores TERM and is no shim's child once its shim is gone.
+            for pid in self._ours():
                 ident = pidfile.identity(pid)
                 if ident is not None:
-                    _kill(pid, sig)
+                    seen.setdefault(pid, ident)
+            live = [p for p, ident in seen.items() if pidfile.identity(p) == ident]
+            if not live:
+                return
+            for pid in live:
+                _kill(pid, sig)
             # TERM lets a job's script run its trap; slurmstepd waits for KILL.
             deadline = time.monotonic() + 2
             while time.monotonic() < deadline and any(
-                pidfile.identity(p) is not None for p in pids
+                pidfile.identity(p) == seen[p] for p in live
             ):
                 time.sleep(0.1)
 
@@ -263,9 +299,12 @@ class SlurmKit:
         """Remove what a run of this prefix left: processes, namespaces, interface, folder."""
         if self.root.exists():
             self._kill_in_namespaces()
-            for f in sorted((self.root / "ns").glob("*")) if (self.root / "ns").is_dir() else ():
-                if _is_nsfs(f):
-                    _run("umount", str(f), check=False)
+            for sock in cluster_engines.shim_sockets(self.root):
+                cluster_engines.remove_file(sock)
+            # Overlays under the engines' data roots, their network namespaces, ours.
+            cluster_engines.unmount_under(self.root)
+        if self.engines:
+            cluster_engines.remove_registry_tags(self.main_engine, self.prefix)
         # The interface goes with the fabric namespace (its veth peer), a moment later.
         _run("ip", "link", "del", self.host_if, check=False)
         deadline = time.monotonic() + 5
@@ -310,7 +349,7 @@ class SlurmKit:
             n.files = tuple(files)
 
     def _write_config(self) -> None:
-        self.ctld_port, self.slurmd_port = _free_port(), _free_port()
+        self.ctld_port, self.slurmd_port = free_port(), free_port()
         r = self.root
         lines = [
             f"ClusterName={self.cluster}",
@@ -380,6 +419,9 @@ class SlurmKit:
         self._procs[name] = proc
         if not pidfile.write(self.root / "pids" / f"{name}.pid", proc.pid):
             raise KitError(f"{name} exited at once:\n{self.logs()}")
+
+    def _in_node(self, n: KitNode) -> list[str]:
+        return ["nsenter", f"--net={self.ns(n.name, 'net')}", f"--uts={self.ns(n.name, 'uts')}"]
 
     def _start_munge(self) -> None:
         d = self.root / "munge"
@@ -468,6 +510,26 @@ def _is_nsfs(path: Path) -> bool:
         return False
 
 
+def _with_descendants(pids: list[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(pids), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found and child != os.getpid():
+                found.add(child)
+                todo.append(child)
+    return sorted(found)
+
+
 def _kill(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -487,14 +549,34 @@ def daemons_left(kit: SlurmKit) -> list[str]:
 
 
 def tiny_image_tar(path: Path) -> Path:
-    """A root file system holding only /bin/sleep and the libraries it links (a few
-    MB): enough for a container that runs until it is stopped."""
-    sleep = shutil.which("sleep")
-    libs = re.findall(r"(/\S+\.so[.\d]*)", _run("ldd", sleep).stdout)
+    """A root file system holding only /bin/sleep, perl with Debian's perl-base modules,
+    and the libraries they link (about 11 MB): enough for a container that runs until
+    it is stopped, or that answers HTTP (``http_answer``)."""
+    programs = [shutil.which("sleep"), shutil.which("perl")]
+    libs = re.findall(r"(/\S+\.so[.\d]*)", _run("ldd", *programs).stdout)
+    inc = _run("perl", "-e", 'print join("\\n", @INC)').stdout.split()
+    modules = [d for d in inc if d.endswith("/perl-base") and Path(d).is_dir()]
     with tarfile.open(path, "w") as tar:
-        for f in [sleep, *libs]:
+        for f in [*programs, *sorted(set(libs))]:
             real = os.path.realpath(f)
             tar.add(real, arcname=f.lstrip("/"))
             if real != f:
                 tar.add(real, arcname=real.lstrip("/"))
+        for d in modules:
+            tar.add(d, arcname=d.lstrip("/"))
     return path
+
+
+def http_answer(port: int, text: str) -> list[str]:
+    """A container command (for ``tiny_image_tar``'s image) that answers every HTTP
+    request on ``port`` with 200 and ``text``."""
+    if not re.fullmatch(r"[A-Za-z0-9 .,:_-]{1,200}", text):
+        raise KitError(f"http_answer text {text!r}: letters, digits and . , : _ - only")
+    return [
+        "perl", "-MIO::Socket::INET", "-e",
+        f"my $s = IO::Socket::INET->new(LocalPort => {int(port)}, Listen => 8, ReuseAddr => 1)"
+        ' or die "listen: $!"; while (my $c = $s->accept) {'
+        " while (my $l = <$c>) { last if $l =~ /^\\r?\\n$/ }"
+        ' print $c "HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n'
+        f'{text}\\n"; close $c }}',
+    ]  # fmt: skip

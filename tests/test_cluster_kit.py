@@ -1,23 +1,28 @@
 """A real Slurm cluster (tests/cluster_kit.py: munged, slurmctld, two slurmd nodes in
-namespaces of their own, dummy GPUs as GRES) running what gpulab hands it.
+namespaces of their own, dummy GPUs as GRES, a Docker engine on each node, a
+registry) running what gpulab hands it.
 
 - GPU jobs get Slurm's allocation; gpulab's batch script turns Slurm's GRES index
   into the device at that position on the node (not the device with that minor).
 - With every GPU taken, a job waits and gpulab's client says why in a user's words.
-- A project container started by gpulab's batch script through the real Docker
-  engine is gone after ``scancel`` (the script's trap: the Epilog is a no-op then),
-  and after the job's batch step is killed outright (SIGKILL to its process group:
-  only the Epilog can remove it; without it the container survives, which is
-  checked first).
-- When the cluster stops, no daemon of it is left (pgrep).
-
-The two nodes share this machine's Docker engine (docs/cluster.md: a limitation).
+- A project container started by gpulab's batch script on its node's own engine is
+  gone after ``scancel`` (the script's trap: the Epilog is a no-op then), and after
+  the job's batch step is killed outright (SIGKILL to its process group: only the
+  Epilog can remove it; without it the container survives, which is checked first).
+- Images reach the nodes through the registry: pushed by this machine's engine (the
+  hub's), pulled by digest on a node with the password, run there and only there; a
+  tag pushed again does not change what a digest gives; the nodes' registry refuses
+  anonymous pulls and every push. A container on a node answers HTTP on a port
+  published on the node's address, and reaches this host's address.
+- When the cluster stops, no daemon, engine, registry or container of it is left,
+  and this machine's engine still runs with nothing of the kit tagged in it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +30,9 @@ import time
 from pathlib import Path
 
 import pytest
-from cluster_kit import SlurmKit, daemons_left, tiny_image_tar
+import requests
+from cluster_engines import mounts_under, shim_sockets
+from cluster_kit import SlurmKit, daemons_left, http_answer, tiny_image_tar
 from conftest import PREFIX
 
 from gpulab_hub import host, pidfile
@@ -64,38 +71,113 @@ def wait_for(what: str, check, timeout: float = 20, every: float = 0.2):
         time.sleep(every)
 
 
+# Processes of containers the tests start on node engines: none may outlive the kit.
+CONTAINER_PIDS: list[pidfile.Identity] = []
+
+
 @pytest.fixture(scope="module")
-def cluster():
-    kit = SlurmKit(PREFIX, epilog=batch.render_epilog(PREFIX))
+def cluster(docker_engine):
+    kit = SlurmKit(PREFIX)
+    kit.epilog = batch.render_epilog(kit.cluster, kit.node_docker_cli)
+    engines_before = main_dockerds()
     started = time.monotonic()
     with kit:
-        print(f"\ncluster up in {time.monotonic() - started:.2f} s")
+        print(
+            f"\ncluster up in {time.monotonic() - started:.2f} s "
+            f"(its two node engines and the registry: {kit.engine_seconds:.2f} s)"
+        )
         yield kit
+        kept = {t for t in main_tags(docker_engine) if t.startswith(f"{PREFIX}/")}
     left = daemons_left(kit)
     assert left == [], f"daemons outlived the test cluster: {left}"
+    alive = [p.describe() for p in CONTAINER_PIDS if pidfile.identity(p.pid) == p]
+    assert alive == [], f"node containers outlived the test cluster: {alive}"
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(kit.root) not in mounts
     assert subprocess.run(["ip", "link", "show", kit.host_if], capture_output=True).returncode
     assert not kit.root.exists()
+    # This machine's engine: the same dockerd still answers, no tag of the kit's
+    # registry is left in it, and no job container ever ran there.
+    assert engines_before and main_dockerds() == engines_before and docker_engine.reachable()
+    tags = main_tags(docker_engine)
+    assert [t for t in tags if t.startswith(f"{kit.registry}/")] == []
+    assert kept <= tags  # the images it pushed are still there
+    boxes = docker_engine.call(
+        "containers", all=True, filters={"label": f"gpulab.slurm.cluster={kit.cluster}"}
+    )
+    assert boxes == []
 
 
-def test_the_cluster_comes_up_with_both_nodes_idle(cluster):
+def main_tags(dk) -> set[str]:
+    """Every tag and digest reference on this machine's engine."""
+    images = dk.call("images")
+    return {r for i in images for r in (i.get("RepoTags") or []) + (i.get("RepoDigests") or [])}
+
+
+def main_dockerds() -> set[pidfile.Identity]:
+    """This machine's dockerd processes: those in this network namespace (node
+    engines, this kit's and other test runs', live in their nodes' namespaces)."""
+    here = os.stat("/proc/self/ns/net").st_ino
+    found = set()
+    for p in Path("/proc").iterdir():
+        ident = pidfile.identity(int(p.name)) if p.name.isdigit() else None
+        if ident and ident.cmdline and Path(ident.cmdline[0]).name == "dockerd":
+            try:
+                if os.stat(p / "ns" / "net").st_ino == here:
+                    found.add(ident)
+            except OSError:
+                continue
+    return found
+
+
+def node_docker(kit, node: str, *args: str, config: str | None = None, check: bool = True):
+    """The Docker CLI against a node's engine, with the registry's password."""
+    argv = ["docker", "-H", kit.node_docker_host(node),
+            "--config", config or kit.node_docker_config, *args]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} on {node} failed: {done.stderr}")
+    return done
+
+
+def test_the_cluster_comes_up_with_both_nodes_idle(cluster, docker_engine):
     nodes = cluster.slurm().nodes()
     print("sinfo:", [(n.name, n.state, n.gres) for n in nodes])
     assert [(n.name, n.state, n.flag, n.gres) for n in nodes] == [
         (f"{PREFIX}-n1", "idle", "", "gpu:h200:1"),
         (f"{PREFIX}-n2", "idle", "", "gpu:h200:2"),
     ]
+    # Each node has an engine of its own, in the node's namespaces (its host name is
+    # the node's), remapping users as this machine's engine does, trusting the registry.
+    roots = {docker_engine.call("info")["DockerRootDir"]}
+    for n in cluster.nodes:
+        info = cluster.node_engine(n.name).call("info")
+        print(n.name, "engine:", cluster.node_docker_host(n.name), info["DockerRootDir"])
+        assert info["Name"] == n.name
+        assert info["DockerRootDir"].startswith(f"{cluster.root}/{n.name}/")
+        assert "name=userns" in info["SecurityOptions"]
+        assert info["RegistryConfig"]["IndexConfigs"][cluster.registry_for_nodes]["Secure"] is False
+        roots.add(info["DockerRootDir"])
+    assert len(roots) == 3
 
 
-def test_a_crashed_runs_leftovers_are_removed_by_the_next_start():
+def test_a_crashed_runs_leftovers_are_removed_by_the_next_start(docker_engine):
     prefix = f"{PREFIX}crash"
+    try:
+        crash_and_recover(docker_engine, prefix)
+    finally:
+        for img in docker_engine.call("images", name=f"{prefix}/sleep"):
+            docker_engine.call("remove_image", img["Id"], force=True)
+
+
+def crash_and_recover(docker_engine, prefix: str) -> None:
     child = subprocess.Popen(
         [sys.executable, "-c", CRASHING_RUN.format(prefix=prefix)],
         cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert child.stdout.readline().strip() == "up"
+        up, box_pid = child.stdout.readline().split()
+        assert up == "up"
         kit = SlurmKit(prefix)
         client = kit.slurm()
         job = client.submit(
@@ -106,21 +188,47 @@ def test_a_crashed_runs_leftovers_are_removed_by_the_next_start():
         child.kill()  # the run crashes: no stop, everything it started is left
         child.wait()
     left = [line.split()[1] for line in daemons_left(kit)]
-    print("left by the crash:", left)
-    daemons = sorted(
-        Path(c).name for c in left if Path(c).name in ("munged", "slurmctld", "slurmd")
-    )
-    assert daemons == ["munged", "slurmctld", "slurmd", "slurmd"]
+    print("left by the crash:", sorted(Path(c).name for c in left))
+    daemons = sorted(Path(c).name for c in left if Path(c).name in DAEMONS)
+    assert daemons == [
+        "containerd", "containerd", "docker-registry", "docker-registry",
+        "dockerd", "dockerd", "munged", "slurmctld", "slurmd", "slurmd",
+    ]  # fmt: skip
+    box = pidfile.identity(int(box_pid))  # the container on node 1, a shim's child
+    assert box is not None
+    sockets = shim_sockets(kit.root)
+    assert len(sockets) == 1 and sockets[0].exists()
+    assert any("/overlay2/" in m for m in mounts_under(kit.root))
+    assert any(t.startswith("127.0.0.1:") and f"/{prefix}/" in t for t in main_tags(docker_engine))
+
     with kit:
         assert [n.state for n in kit.slurm().nodes()] == ["idle", "idle"]
         assert pidfile.identity(script) is None  # the old job's script went too
-    assert daemons_left(kit) == []
+        assert pidfile.identity(box.pid) != box  # and the old container
+        assert not sockets[0].exists()
+        assert kit.node_engine(kit.nodes[0].name).call("containers", all=True) == []
+    assert daemons_left(kit) == [] and mounts_under(kit.root) == []
+    assert [t for t in main_tags(docker_engine) if f"/{prefix}/" in t] == []
 
 
+DAEMONS = {"containerd", "docker-registry", "dockerd", "munged", "slurmctld", "slurmd"}
+
+# The crashed run: a cluster, an image pushed from this machine's engine and pulled on
+# node 1 by digest, a container running there; then it prints the container's PID.
 CRASHING_RUN = """
-import time, cluster_kit
-cluster_kit.SlurmKit({prefix!r}).start()
-print("up", flush=True)
+import subprocess, time, cluster_kit
+kit = cluster_kit.SlurmKit({prefix!r})
+kit.start()
+tar = cluster_kit.tiny_image_tar(kit.root / "rootfs.tar")
+kit.main_engine.call("import_image", src=str(tar), repository={prefix!r} + "/sleep", tag="latest")
+ref, _ = kit.push({prefix!r} + "/sleep:latest")
+node = kit.nodes[0].name
+subprocess.run(["docker", "-H", kit.node_docker_host(node), "--config", kit.node_docker_config,
+                "pull", ref], check=True, capture_output=True)
+engine = kit.node_engine(node)
+box = engine.call("create_container", ref, ["sleep", "300"])
+engine.call("start", box["Id"])
+print("up", engine.call("inspect_container", box["Id"])["State"]["Pid"], flush=True)
 time.sleep(120)
 """
 
@@ -162,11 +270,16 @@ def test_gpu_jobs_get_their_devices_and_a_full_cluster_says_why_it_waits(cluster
     options = batch.sbatch_args(request)
     ids = [client.submit(script, [*options, f"--nodelist={node}"]) for node in (n1, n2, n2)]
     wait_for("three GPU jobs running", lambda: running(client, ids))
+    def recorded(job: int) -> str:
+        # The shell makes the file at once; python writes its one line at exit.
+        f = work / f"{job}.json"
+        return f.read_text() if f.exists() else ""
+
     seen = wait_for(
         "each job's docker run",
         lambda: (
-            all((work / f"{j}.json").exists() for j in ids)
-            and [json.loads((work / f"{j}.json").read_text()) for j in ids]
+            all(recorded(j).endswith("\n") for j in ids)
+            and [json.loads(recorded(j)) for j in ids]
         ),
     )
     by_index = {}
@@ -216,24 +329,28 @@ def test_gpu_jobs_get_their_devices_and_a_full_cluster_says_why_it_waits(cluster
     wait_for("the queue to empty", lambda: not client.queue(), timeout=30)
 
 
-# --- a real project container through the real Docker engine ------------------------
+# --- a real project container on its node's own Docker engine ------------------------
 
 
 @pytest.fixture(scope="module")
-def sleeper(docker_engine, tmp_path_factory):
-    """A tiny image (sleep and its libraries), the project network, data folders."""
+def sleeper(cluster, docker_engine, tmp_path_factory):
+    """A tiny image (sleep, perl and their libraries) built on this machine's engine,
+    pushed, pulled by digest on both nodes; the project network on both; data folders."""
     work = tmp_path_factory.mktemp("project")
     name = f"{PREFIX}/slurm-sleep:latest"
     tar = tiny_image_tar(work / "rootfs.tar")
     docker_engine.call("import_image", src=str(tar), repository=name.split(":")[0], tag="latest")
-    host.ensure_network(docker_engine, f"{PREFIX}-net")
+    ref, _ = cluster.push(name)
+    for n in cluster.nodes:
+        node_docker(cluster, n.name, "pull", ref)
+        host.ensure_network(cluster.node_engine(n.name), f"{PREFIX}-net")
     (work / "project").mkdir()
     for sub in ("datasets", "models/alice", "outputs/alice"):
         (work / "data" / sub).mkdir(parents=True)
-    return name, work
+    return ref, work
 
 
-def project_job(cluster, sleeper, name: str) -> tuple[str, list[str]]:
+def project_job(cluster, sleeper, name: str, node: str) -> tuple[str, list[str]]:
     image, work = sleeper
     settings = objects.ContainerSettings(
         name=f"{PREFIX}-{name}", image=image, command=["sleep", "300"],
@@ -243,12 +360,13 @@ def project_job(cluster, sleeper, name: str) -> tuple[str, list[str]]:
         owner="alice", labels={"gpulab.instance": PREFIX, "gpulab.owner": "alice"},
         pids_limit=256, mem_limit=64 * 2**20, cpu_limit=0.5,
     )  # fmt: skip
-    script = batch.render_script(batch.BatchJob(cluster.cluster, settings))
+    job = batch.BatchJob(cluster.cluster, settings, docker=cluster.node_docker_cli)
+    script = batch.render_script(job)
     out = cluster.root / "out" / f"{name}-%j.out"
     options = batch.sbatch_args(
         batch.JobRequest(name=f"{PREFIX}-{name}", mem_mb=128, output=str(out))
     )
-    return script, options
+    return script, [*options, f"--nodelist={node}"]
 
 
 def job_containers(dk, cluster, job_id: int) -> list[dict]:
@@ -256,10 +374,12 @@ def job_containers(dk, cluster, job_id: int) -> list[dict]:
     return dk.call("containers", all=True, filters={"label": labels})
 
 
-def start_project(dk, cluster, sleeper, name: str) -> tuple[int, dict]:
-    script, options = project_job(cluster, sleeper, name)
+def start_project(cluster, sleeper, name: str, node: str) -> tuple[int, dict, object]:
+    """Submit a project's job pinned to ``node``; (job id, its container, node engine)."""
+    script, options = project_job(cluster, sleeper, name, node)
     client = cluster.slurm()
     job_id = client.submit(script, options)
+    dk = cluster.node_engine(node)
 
     def up():
         boxes = [c for c in job_containers(dk, cluster, job_id) if c["State"] == "running"]
@@ -271,7 +391,9 @@ def start_project(dk, cluster, sleeper, name: str) -> tuple[int, dict]:
 
     wait_for(f"job {job_id}'s container to run", up, timeout=30)
     (c,) = job_containers(dk, cluster, job_id)
-    return job_id, dk.call("inspect_container", c["Id"])
+    box = dk.call("inspect_container", c["Id"])
+    CONTAINER_PIDS.append(pidfile.identity(box["State"]["Pid"]))
+    return job_id, box, dk
 
 
 def kill_batch_step(cluster, job_id: int) -> None:
@@ -299,8 +421,9 @@ def job_ended(client, job_id: int) -> bool:
 def test_scancel_stops_and_removes_the_container_through_the_trap(cluster, docker_engine, sleeper):
     cluster.epilog_path.write_text(NOOP_EPILOG)  # the trap alone
     client = cluster.slurm()
-    job_id, box = start_project(docker_engine, cluster, sleeper, "trap")
-    # The one-machine protections, applied by the real engine.
+    n2 = cluster.nodes[1].name
+    job_id, box, dk = start_project(cluster, sleeper, "trap", n2)
+    # The one-machine protections, applied by the node's engine.
     hc = box["HostConfig"]
     assert (hc["CapDrop"], hc["SecurityOpt"], hc["PidsLimit"]) == (
         ["ALL"], ["no-new-privileges"], 256,
@@ -312,34 +435,157 @@ def test_scancel_stops_and_removes_the_container_through_the_trap(cluster, docke
     )
     assert box["Config"]["User"] == "1000:100"
     assert "JUPYTERHUB_API_TOKEN=s3cret-token" in box["Config"]["Env"]
+    assert box["Image"] == dk.call("inspect_image", sleeper[0])["Id"]  # the pushed digest
+    # On the node's engine only: neither this machine's engine nor node 1's has it.
+    assert job_containers(docker_engine, cluster, job_id) == []
+    assert job_containers(cluster.node_engine(cluster.nodes[0].name), cluster, job_id) == []
     print("running:", client.status(job_id).words, box["Name"])
 
     started = time.monotonic()
     client.cancel(job_id)
-    wait_for("the container to go", lambda: not job_containers(docker_engine, cluster, job_id))
+    wait_for("the container to go", lambda: not job_containers(dk, cluster, job_id))
     print(f"container gone {time.monotonic() - started:.2f} s after scancel")
     wait_for("the job to end", lambda: job_ended(client, job_id))
 
 
-def test_a_job_killed_outright_leaves_its_container_to_the_epilog(cluster, docker_engine, sleeper):
+def test_a_job_killed_outright_leaves_its_container_to_the_epilog(cluster, sleeper):
     client = cluster.slurm()
+    n1 = cluster.nodes[0].name
     # Without gpulab's Epilog, SIGKILL leaves the container running: the pitfall.
     cluster.epilog_path.write_text(NOOP_EPILOG)
-    job_id, _ = start_project(docker_engine, cluster, sleeper, "orphan")
+    job_id, _, dk = start_project(cluster, sleeper, "orphan", n1)
     kill_batch_step(cluster, job_id)
     wait_for("the killed job to end", lambda: job_ended(client, job_id))
     time.sleep(1)
-    orphans = job_containers(docker_engine, cluster, job_id)
+    orphans = job_containers(dk, cluster, job_id)
     assert [c["State"] for c in orphans] == ["running"]
     for c in orphans:
-        docker_engine.call("remove_container", c["Id"], force=True)
+        dk.call("remove_container", c["Id"], force=True)
 
-    # With it, the same kill leaves nothing.
-    cluster.epilog_path.write_text(batch.render_epilog(cluster.cluster))
-    job_id, _ = start_project(docker_engine, cluster, sleeper, "killed")
+    # With it (running the node's engine's CLI), the same kill leaves nothing.
+    cluster.epilog_path.write_text(batch.render_epilog(cluster.cluster, cluster.node_docker_cli))
+    job_id, _, dk = start_project(cluster, sleeper, "killed", n1)
     started = time.monotonic()
     kill_batch_step(cluster, job_id)
     wait_for("the Epilog to remove the container",
-             lambda: not job_containers(docker_engine, cluster, job_id))  # fmt: skip
+             lambda: not job_containers(dk, cluster, job_id))  # fmt: skip
     print(f"container gone {time.monotonic() - started:.2f} s after the SIGKILL")
     wait_for("the job to end", lambda: job_ended(client, job_id))
+
+
+# --- images through the registry, ports published on a node ---------------------------
+
+
+def image_ids(dk) -> set[str]:
+    return {i["Id"] for i in dk.call("images", all=True)}
+
+
+def test_an_image_pushed_by_this_machines_engine_runs_on_a_node_by_digest(
+    cluster, docker_engine, local_debian
+):
+    n1, n2 = (n.name for n in cluster.nodes)
+    size = docker_engine.call("inspect_image", local_debian)["Size"]
+    ref, pushed = cluster.push(local_debian)
+    assert re.fullmatch(
+        rf"{re.escape(cluster.registry_for_nodes)}/{PREFIX}/debian@sha256:[0-9a-f]{{64}}", ref
+    )
+    started = time.monotonic()
+    node_docker(cluster, n2, "pull", ref)
+    pulled = time.monotonic() - started
+    ran = node_docker(cluster, n2, "run", "--rm", ref, "cat", "/etc/debian_version")
+    print(
+        f"image distribution ({local_debian}, {size / 1e6:.0f} MB): pushed in {pushed:.1f} s, "
+        f"pulled on a fresh node in {pulled:.1f} s; it runs there: Debian {ran.stdout.strip()}"
+    )
+    assert re.fullmatch(r"12\.\d+", ran.stdout.strip())
+    on_n2 = cluster.node_engine(n2).call("inspect_image", ref)["Id"]
+    assert on_n2 in image_ids(cluster.node_engine(n2))
+    assert on_n2 not in image_ids(cluster.node_engine(n1))  # each node has its own engine
+
+
+def test_a_digest_keeps_what_was_pushed_when_the_tag_is_pushed_again(
+    cluster, docker_engine, sleeper
+):
+    n1 = cluster.nodes[0].name
+    tar = sleeper[1] / "rootfs.tar"
+    repo = f"{PREFIX}/kit-retag"
+    refs = {}
+    for build in ("first", "second"):
+        docker_engine.call("import_image", src=str(tar), repository=repo, tag="v1",
+                           changes=[f"LABEL gpulab.kit.build={build}"])  # fmt: skip
+        refs[build], _ = cluster.push(f"{repo}:v1")
+    assert refs["first"] != refs["second"]
+
+    def build_of(ref: str) -> str:
+        node_docker(cluster, n1, "pull", ref)
+        labels = cluster.node_engine(n1).call("inspect_image", ref)["Config"]["Labels"]
+        return labels["gpulab.kit.build"]
+
+    tag = f"{cluster.registry_for_nodes}/{repo}:v1"
+    assert (build_of(refs["first"]), build_of(tag)) == ("first", "second")
+
+
+def test_the_nodes_registry_wants_the_password_and_takes_no_push(
+    cluster, docker_engine, sleeper, tmp_path
+):
+    n2 = cluster.nodes[1].name
+    repo = f"{PREFIX}/kit-private"
+    docker_engine.call("import_image", src=str(sleeper[1] / "rootfs.tar"), repository=repo,
+                       tag="v1", changes=["LABEL gpulab.kit.build=private"])  # fmt: skip
+    ref, _ = cluster.push(f"{repo}:v1")
+    digest = ref.split("@")[1]
+    # A pull with no password: refused; with the kit's config.json: done.
+    anonymous = node_docker(cluster, n2, "pull", ref, config=str(tmp_path), check=False)
+    print("anonymous pull:", anonymous.stderr.strip())
+    assert anonymous.returncode != 0 and "no basic auth credentials" in anonymous.stderr
+    url = f"http://{cluster.registry_for_nodes}/v2/{repo}/manifests/{digest}"
+    assert requests.get(url, timeout=10).status_code == 401
+    node_docker(cluster, n2, "pull", ref)
+    # A push with the password: refused, and nothing new in the registry.
+    intruder = f"{cluster.registry_for_nodes}/{PREFIX}/intruder:x"
+    node_docker(cluster, n2, "tag", ref, intruder)
+    push = node_docker(cluster, n2, "push", intruder, check=False)
+    print("push to the nodes' registry:", push.stderr.strip())
+    assert push.returncode != 0
+    listed = requests.get(f"http://{cluster.registry}/v2/{PREFIX}/intruder/tags/list", timeout=10)
+    assert listed.status_code == 404
+
+
+def test_a_container_published_on_a_node_answers_from_this_host(cluster, sleeper):
+    n1 = cluster.nodes[0].name
+    address = cluster.node_address(n1)
+    dk = cluster.node_engine(n1)
+    box = dk.call(
+        "create_container", sleeper[0], http_answer(8080, f"hello from {n1}"),
+        name=f"{PREFIX}-web", ports=[8080],
+        host_config=dk.call("create_host_config", port_bindings={8080: (address,)},
+                            network_mode=f"{PREFIX}-net"),
+    )  # fmt: skip
+    dk.call("start", box["Id"])
+    seen = dk.call("inspect_container", box["Id"])
+    CONTAINER_PIDS.append(pidfile.identity(seen["State"]["Pid"]))
+    (published,) = seen["NetworkSettings"]["Ports"]["8080/tcp"]
+    url = f"http://{published['HostIp']}:{published['HostPort']}/"
+    assert published["HostIp"] == address
+
+    def answer():
+        try:
+            return requests.get(url, timeout=2)
+        except requests.exceptions.ConnectionError:
+            return None
+
+    reply = wait_for(f"{url} to answer", answer, timeout=10)
+    print(f"{url} -> {reply.status_code} {reply.text.strip()!r}")
+    assert (reply.status_code, reply.text) == (200, f"hello from {n1}\n")
+    # And the container reaches this host's address on the fabric (the registry there).
+    reach = node_docker(cluster, n1, "exec", box["Id"], "perl", "-MIO::Socket::INET", "-e",
+                        REACH.format(address=cluster.registry_for_nodes))  # fmt: skip
+    print("from the container:", reach.stdout.strip())
+    assert re.match(r"HTTP/1\.[01] 401 Unauthorized", reach.stdout)
+
+
+# Perl in the container: one HTTP request to the nodes' registry, its status line.
+REACH = (
+    'my $c = IO::Socket::INET->new(PeerAddr => "{address}", Timeout => 5) or die "connect: $!";'
+    ' print $c "GET /v2/ HTTP/1.0\\r\\n\\r\\n"; print scalar <$c>;'
+)
