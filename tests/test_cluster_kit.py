@@ -187,8 +187,14 @@ def crash_and_recover(docker_engine, prefix: str) -> None:
     finally:
         child.kill()  # the run crashes: no stop, everything it started is left
         child.wait()
-    left = [line.split()[1] for line in daemons_left(kit)]
+    lines = daemons_left(kit)
+    left = [line.split()[1] for line in lines]
     print("left by the crash:", sorted(Path(c).name for c in left))
+    # The container's shim belongs to node 1's own containerd, in a namespace of its
+    # own: never to this machine's containerd or its "moby" namespace.
+    (shim,) = [line for line in lines if "containerd-shim" in line]
+    n1 = kit.nodes[0].name
+    assert f" -namespace {n1} " in shim and f" -address {kit.root}/{n1}/containerd.sock" in shim
     daemons = sorted(Path(c).name for c in left if Path(c).name in DAEMONS)
     assert daemons == [
         "containerd", "containerd", "docker-registry", "docker-registry",
