@@ -64,13 +64,17 @@ class HubSettings:
         return self.records_dir / SECRETS
 
 
-def from_config(config, spawner_class=None) -> HubSettings:
-    """The settings a hub with this (traitlets) configuration uses: its spawner's
-    traits (``JupyterHub.spawner_class``, gpulab's ProjectSpawner)."""
+def spawner_of(config, spawner_class=None):
+    """The hub's spawner (``JupyterHub.spawner_class``, gpulab's ProjectSpawner by
+    default) with this (traitlets) configuration: its traits are the settings."""
     if spawner_class is None:
         name = config.JupyterHub.get("spawner_class", "gpulab_hub.spawner.ProjectSpawner")
         spawner_class = import_item(name) if isinstance(name, str) else name
-    sp = spawner_class(config=config)
+    return spawner_class(config=config)
+
+
+def from_spawner(sp) -> HubSettings:
+    """The settings of a spawner made by :func:`spawner_of`."""
     return HubSettings(
         records_dir=Path(sp.records_dir),
         projects_root=Path(sp.projects_root),
@@ -82,6 +86,12 @@ def from_config(config, spawner_class=None) -> HubSettings:
         prefix=sp.prefix,
         network=sp.network_name,
     )
+
+
+def from_config(config, spawner_class=None) -> HubSettings:
+    """The settings a hub with this (traitlets) configuration uses: its spawner's
+    traits (``JupyterHub.spawner_class``, gpulab's ProjectSpawner)."""
+    return from_spawner(spawner_of(config, spawner_class))
 
 
 def of_handler(handler) -> HubSettings:
@@ -103,9 +113,9 @@ def config_file() -> Path:
     return Path.cwd() / "jupyterhub_config.py"
 
 
-def load(config_file: Path) -> HubSettings:
-    """The settings of the hub that ``config_file`` (its jupyterhub_config.py)
-    configures, read as the hub reads it, with this process's environment."""
+def read_config(config_file: Path):
+    """The (traitlets) configuration ``config_file`` (the hub's jupyterhub_config.py)
+    gives, read as the hub reads it, with this process's environment."""
     from traitlets.config.loader import PyFileConfigLoader
 
     # The command never listens for containers: spare the config file asking Docker
@@ -116,9 +126,14 @@ def load(config_file: Path) -> HubSettings:
     umask = os.umask(0o077)  # the config file makes the hub's umask; keep this process's
     try:
         loader = PyFileConfigLoader(config_file.name, path=str(config_file.parent))
-        config = loader.load_config()
+        return loader.load_config()
     finally:
         os.umask(umask)
         if placeholder:
             del os.environ["GPULAB_HUB_IP"]
-    return from_config(config)
+
+
+def load(config_file: Path) -> HubSettings:
+    """The settings of the hub that ``config_file`` (its jupyterhub_config.py)
+    configures, read as the hub reads it, with this process's environment."""
+    return from_config(read_config(config_file))

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpulab_hub import host, hubsettings, images, jsonfile
-from gpulab_hub.doctor import cuda, docker_checks, gpu, project, protections, resources
+from gpulab_hub.doctor import cluster, cuda, docker_checks, gpu, project, protections, resources
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, exit_code
 from gpulab_hub.hubsettings import HubSettings
 from gpulab_hub.images import project as projectimage
@@ -29,6 +29,7 @@ class Options:
     project: str | None = None  # USER/PROJECT
     cpu_only: bool = False  # this host is meant to have no GPU
     image: str | None = None  # image for the GPU test container (default: the base image)
+    probe_jobs: bool = True  # on a Slurm cluster: a short probe job on each idle node
 
 
 def report_path(hub: HubSettings) -> Path:
@@ -164,7 +165,9 @@ def docker_findings(dk, info, hub: HubSettings, environ, opts, inv) -> list[Find
 def run(environ, opts: Options) -> tuple[list[Finding], dict]:
     """Every finding, and the report (with when, where, the exit code) to save."""
     started = time.monotonic()
-    hub = hubsettings.load(hubsettings.config_file())
+    spawner = hubsettings.spawner_of(hubsettings.read_config(hubsettings.config_file()))
+    hub = hubsettings.from_spawner(spawner)
+    on_cluster = cluster.settings_of(spawner)
     inv = gpu.inventory()
     proc_version = _read("/proc/version")
     wsl = resources.is_wsl2(proc_version, environ)
@@ -210,11 +213,16 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
                     "Check `docker info` and the engine's log, then run again.",
                 )
             )
+    if on_cluster is not None:
+        findings += cluster.findings(
+            on_cluster, hub.prefix, dk if info is not None else None, probe=opts.probe_jobs
+        )
     report = {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "project": opts.project,
         "cpu_only": opts.cpu_only,
+        "cluster": on_cluster.cluster_name if on_cluster is not None else None,
         "exit_code": exit_code(findings),
         "duration_s": round(time.monotonic() - started, 1),
         "findings": [f.to_dict() for f in findings],
