@@ -19,12 +19,12 @@ class GPULabExtension(ExtensionApp):
     def initialize_settings(self):
         from .activity import ActivityReporter
         from .jobs.cli import project_dir
-        from .jobs.local import LocalEngine
+        from .jobs.cluster import engine_for
 
         self.sampler = GPUSampler(parent=self)
         self.settings["gpulab_sampler"] = self.sampler
         self.sampler.start()  # NVML starts on the sampler's thread, not here
-        self.jobs = LocalEngine(project_dir())
+        self.jobs = engine_for(project_dir())  # the cluster's where the spawner says so
         self.settings["gpulab_jobs"] = self.jobs
         self.activity = ActivityReporter(
             self.serverapp.web_app.settings, self.jobs, self.sampler, parent=self

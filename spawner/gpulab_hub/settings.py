@@ -133,6 +133,11 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # Owners rename stopped projects at /hub/gpulab/rename/<project>; owners and collaborators
     # read a project's latest build log at /hub/gpulab/build-log/<owner>/<project>.
     # Where each page finds projects and records: the hub's own configuration (hubsettings.py).
+    # Project servers on a Slurm cluster submit multi-node jobs through the hub's API
+    # /hub/api/gpulab/cluster/jobs/<owner>/<project> (cluster/jobsapi.py; on one machine
+    # it lists none and refuses a submit).
+    from gpulab_hub.cluster import jobsapi
+
     c.JupyterHub.extra_handlers = (
         doctor.hub_handlers()
         + sharing.hub_handlers(
@@ -140,6 +145,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
         )
         + rename.hub_handlers()
         + buildlog.hub_handlers()
+        + jobsapi.hub_handlers()
     )
     # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
     c.JupyterHub.template_paths = [

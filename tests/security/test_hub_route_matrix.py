@@ -18,6 +18,7 @@ as the roles that may).
 from __future__ import annotations
 
 import pytest
+import requests
 from hub_routes import (
     CHANGES,
     OTHER,
@@ -34,6 +35,7 @@ from hub_routes import (
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 
 U, P = OWNER, PROJECT
+JOB = "20261123-141502-a1b2"
 # pattern: (sample path, {method: statuses}); statuses of "get" for every role, of a
 # change for anonymous, other, viewer and collaborator.
 EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
@@ -320,6 +322,21 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         f"/hub/api/gpulab/secrets/{U}/{P}",
         {"get": "403 403 403 200 200 403"},
     ),
+    # Multi-node jobs on a Slurm cluster (cluster/jobsapi.py): the project server's own
+    # token, owners and collaborators submit and stop, viewers read, others get 404. This
+    # hub runs on one machine: its list is empty and a submit is 409; no job exists.
+    "/hub/api/gpulab/cluster/jobs/([^/]+)/([^/]+)": (
+        f"/hub/api/gpulab/cluster/jobs/{U}/{P}",
+        {"get": "403 404 200 200 200 404", "post": "403 404 403 409 . ."},
+    ),
+    "/hub/api/gpulab/cluster/jobs/([^/]+)/([^/]+)/([0-9]{8}-[0-9]{6}-[a-z0-9]{4})": (
+        f"/hub/api/gpulab/cluster/jobs/{U}/{P}/{JOB}",
+        {"get": "403 404 404 404 404 404"},
+    ),
+    "/hub/api/gpulab/cluster/jobs/([^/]+)/([^/]+)/([0-9]{8}-[0-9]{6}-[a-z0-9]{4})/stop": (
+        f"/hub/api/gpulab/cluster/jobs/{U}/{P}/{JOB}/stop",
+        {"post": "403 404 403 404 . ."},
+    ),
     "/hub/logo": ("/hub/logo", {"get": "200 200 200 200 200 200"}),
     "/hub/api/(.*)": ("/hub/api/nothing", {}),
     # /user/<owner> (no default server behind it): the hub adds the slash
@@ -411,6 +428,33 @@ def test_no_change_from_a_browser_session_without_xsrf(people, method):
     # Refused (403), or an error before any change (JupyterHub's removed token API: 404, 500)
     wrong = [(j[0], j[1], j[2], s) for j, s in zip(jobs, got, strict=True) if s < 400]
     assert not wrong, f"a change without XSRF not refused: {wrong}"
+
+
+def test_a_project_servers_own_token_reaches_its_own_projects_jobs_only(people, docker_engine):
+    """The token in a project's container ($JUPYTERHUB_API_TOKEN, the owner's, which
+    everyone who runs code there can read) asks the cluster jobs API for its own project
+    only: another project of the same owner, or someone else's, is not there for it."""
+    (box,) = docker_engine.call(
+        "containers", filters={"label": [f"gpulab.owner={OWNER}", f"gpulab.project={P}"]}
+    )
+    env = docker_engine.call("inspect_container", box["Id"])["Config"]["Env"]
+    token = next(e.split("=", 1)[1] for e in env if e.startswith("JUPYTERHUB_API_TOKEN="))
+    assert "GPULAB_JOBS_ENGINE=cluster" not in env  # one machine: jobs run in the container
+
+    def ask(method: str, path: str, body=None):
+        r = requests.request(
+            method, f"{people.base}/hub/api/gpulab/cluster/jobs/{path}", json=body,
+            headers={"Authorization": f"token {token}"}, timeout=20,
+        )  # fmt: skip
+        return r.status_code, r.json()
+
+    assert ask("GET", f"{U}/{P}") == (200, {"jobs": [], "cluster": False})
+    status, answer = ask("POST", f"{U}/{P}", {"id": JOB, "script": "t.py", "nodes": 2})
+    assert status == 409 and "multi-node jobs need gpulab on a Slurm cluster" in answer["message"]
+    assert ask("GET", f"{U}/{P}/{JOB}")[0] == 404
+    for elsewhere in (f"{U}/{RENAMED}", f"{VIEWER}/{P}", f"{U}/nothing"):
+        assert ask("GET", elsewhere)[0] == 404, elsewhere
+        assert ask("POST", elsewhere, {})[0] == 404, elsewhere
 
 
 # --- gpulab's changes, made by the roles that may (run last: they change shares) -----

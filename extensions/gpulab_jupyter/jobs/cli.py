@@ -14,6 +14,7 @@ from gpulab_jupyter.jobs.model import FINISHED, JobError, JobRecord, JobRequest
 USAGE_EXAMPLES = """examples:
   gpulab-job run train.py --epochs 3
   gpulab-job run --gpus all --precision auto train.py   (torchrun, one process per GPU)
+  gpulab-job run --nodes 2 --gpus-per-node 4 train.py   (on a Slurm cluster: 2 machines)
   gpulab-job run analysis.ipynb                         (executed copy next to it)
   gpulab-job list
   gpulab-job logs -f 20261123-141502-a1b2
@@ -44,6 +45,12 @@ def parser(prog: str = "gpulab-job", raise_errors: bool = False) -> argparse.Arg
     run = sub.add_parser("run", help="start a job")
     run.add_argument("--gpus", default="", help="'all': torchrun, one process per GPU")
     run.add_argument("--precision", default="", help="auto, bf16, fp16 or fp32")
+    run.add_argument(
+        "--nodes", type=int, default=0, help="on a Slurm cluster: torchrun on this many machines"
+    )
+    run.add_argument(
+        "--gpus-per-node", type=int, default=0, help="with --nodes: GPUs of each machine"
+    )
     run.add_argument("--name", default="", help="a name to show in lists")
     run.add_argument("--follow", "-f", action="store_true", help="then follow its output")
     run.add_argument("target", help="a .py script or .ipynb notebook in the project")
@@ -61,6 +68,8 @@ def describe(r: JobRecord) -> str:
     req = r.request
     what = req.get("name") or " ".join([req.get("target", ""), *req.get("args", ())])
     gpus = f" --gpus {req['gpus']}" if req.get("gpus") else ""
+    if req.get("nodes"):
+        gpus += f" --nodes {req['nodes']} --gpus-per-node {req.get('gpus_per_node', 0)}"
     tail = f" ({r.message})" if r.message else ""
     return f"{r.id}  {r.state:<9} {_duration(r.elapsed):>8}  {what}{gpus}{tail}"
 
@@ -73,10 +82,11 @@ def _duration(seconds: float) -> str:
 def follow(engine, job_id: str, out=None, poll_s: float = 0.5) -> JobRecord:
     """Print the job's output as it comes, until it ends."""
     out = out or sys.stdout
+    read = getattr(engine, "stream", None) or engine.logs  # text that only grows
     sent = 0
     while True:
         record = engine.status(job_id)
-        text = engine.logs(job_id, tail_bytes=1 << 30)
+        text = read(job_id, tail_bytes=1 << 30)
         out.write(text[sent:])
         out.flush()
         sent = len(text)
@@ -85,21 +95,27 @@ def follow(engine, job_id: str, out=None, poll_s: float = 0.5) -> JobRecord:
         time.sleep(poll_s)
 
 
+def request(args) -> JobRequest:
+    """The request ``run``'s words make."""
+    return JobRequest(
+        target=args.target,
+        args=tuple(args.args),
+        gpus=args.gpus,
+        precision=args.precision,
+        name=args.name,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+    )
+
+
 def main(argv: list[str] | None = None, engine=None) -> int:
-    from gpulab_jupyter.jobs.local import LocalEngine
+    from gpulab_jupyter.jobs.cluster import engine_for
 
     args = parser().parse_args(argv)
-    engine = engine or LocalEngine(project_dir())
+    engine = engine or engine_for(project_dir())
     try:
         if args.command == "run":
-            req = JobRequest(
-                target=args.target,
-                args=tuple(args.args),
-                gpus=args.gpus,
-                precision=args.precision,
-                name=args.name,
-            )
-            record = engine.start(req)
+            record = engine.start(request(args))
             print(f"Started job {record.id}: output in jobs/{record.id}/output.log")
             if record.output:
                 print(f"The executed notebook will be {record.output}")

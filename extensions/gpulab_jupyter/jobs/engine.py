@@ -12,8 +12,8 @@ from gpulab_jupyter.jobs.model import JobRecord, JobRequest
 
 
 class Engine(Protocol):
-    """Where jobs run. Today: this container (``LocalEngine``); a cluster engine
-    (Slurm) implements the same five calls."""
+    """Where jobs run: this container (``LocalEngine``), or on gpulab's Slurm cluster
+    also several nodes (``ClusterEngine``); both implement these five calls."""
 
     def start(self, req: JobRequest, extra_env: Mapping[str, str] | None = None) -> JobRecord:
         """``extra_env``: added to the job's environment (the starter's secrets)."""

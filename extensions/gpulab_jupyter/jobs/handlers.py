@@ -96,9 +96,12 @@ class JobsHandler(_JobsHandler):
         target, gpus, precision, name = fields
         if not all(isinstance(v, str) for v in (target, gpus, precision, name)):
             raise tornado.web.HTTPError(400, "target, gpus, precision and name are strings.")
+        nodes, per_node = body.get("nodes", 0), body.get("gpus_per_node", 0)
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (nodes, per_node)):
+            raise tornado.web.HTTPError(400, "nodes and gpus_per_node are whole numbers.")
         record = await self.call(
             self.engine.start,
-            JobRequest(target, tuple(args), gpus, precision, name),
+            JobRequest(target, tuple(args), gpus, precision, name, nodes, per_node),
             self.secrets_env(),
         )
         self.set_header(

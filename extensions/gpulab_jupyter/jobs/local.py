@@ -31,6 +31,10 @@ from gpulab_jupyter.jobs.supervise import STOP_GRACE_S
 
 LIST_MAX = 200
 START_WAIT_S = 10.0
+ONE_MACHINE = (
+    "--nodes starts a job on several machines of a Slurm cluster, and this project runs "
+    "on one machine. Run it without --nodes (--gpus all uses every GPU of this project)."
+)
 
 
 class LocalEngine:
@@ -58,6 +62,8 @@ class LocalEngine:
         """Start ``req``; its processes get this process's environment plus
         ``extra_env`` (the starter's secrets, when the jobs API starts it)."""
         req = check_request(req, self.project)
+        if req.nodes:
+            raise JobError(ONE_MACHINE)
         job_id = new_id()
         output = ""
         if req.kind == "notebook":

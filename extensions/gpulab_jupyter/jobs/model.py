@@ -19,6 +19,7 @@ STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
 FINISHED = ("succeeded", "failed", "stopped", "lost")
 MAX_ARGS = 256
 MAX_ARG_LEN = 4096
+MAX_NODES = 99
 RECORD_MAX_BYTES = 256 * 1024
 
 
@@ -35,6 +36,8 @@ class JobRequest:
     gpus: str = ""  # "" (the project's GPUs, one process), "all" (torchrun), or a count
     precision: str = ""
     name: str = ""
+    nodes: int = 0  # 0: this container; N: a multi-node job on the cluster (torchrun)
+    gpus_per_node: int = 0  # GPUs on each node of a multi-node job (0: CPUs only)
 
     @property
     def kind(self) -> str:
@@ -93,8 +96,37 @@ def check_request(req: JobRequest, project: Path) -> JobRequest:
         raise JobError("A notebook job takes no arguments (use a script for that).")
     if req.kind == "notebook" and req.gpus == "all":
         raise JobError("--gpus all starts one process per GPU: that needs a script.")
+    check_nodes(req)
     resolve_target(project, req.target)
     return req
+
+
+def _count(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NODES:
+        raise JobError(f"{what} must be a whole number from 1 to {MAX_NODES}.")
+    return value
+
+
+def check_nodes(req: JobRequest) -> None:
+    """A multi-node request (``--nodes``, ``--gpus-per-node``) that makes sense."""
+    nodes = _count(req.nodes, "--nodes")
+    gpus = _count(req.gpus_per_node, "--gpus-per-node")
+    if not nodes:
+        if gpus:
+            raise JobError(
+                "--gpus-per-node goes with --nodes (a job on several machines); for the "
+                "GPUs of this project use --gpus."
+            )
+        return
+    if req.kind == "notebook":
+        raise JobError("A multi-node job runs a Python script with torchrun, not a notebook.")
+    if req.gpus:
+        raise JobError("With --nodes, say the GPUs of each node with --gpus-per-node, not --gpus.")
+    if req.precision:
+        raise JobError(
+            "--precision is not offered for multi-node jobs yet: set the precision in the "
+            "script (the GPUs' compute capability tells which)."
+        )
 
 
 def resolve_target(project: Path, target: str) -> Path:

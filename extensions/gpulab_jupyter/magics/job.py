@@ -28,20 +28,16 @@ def _row(r: JobRecord) -> tuple[str, str]:
 
 def gpu_job(line: str, engine=None) -> None:
     from gpulab_jupyter.jobs import cli
-    from gpulab_jupyter.jobs.local import LocalEngine
+    from gpulab_jupyter.jobs.cluster import engine_for
 
     try:
         words = shlex.split(line)
     except ValueError as e:
         raise JobError(f"%gpu_job: {e}") from None
     args = cli.parser("%gpu_job", raise_errors=True).parse_args(words)
-    engine = engine or LocalEngine(cli.project_dir())
+    engine = engine or engine_for(cli.project_dir())
     if args.command == "run":
-        from gpulab_jupyter.jobs.model import JobRequest
-
-        record = engine.start(
-            JobRequest(args.target, tuple(args.args), args.gpus, args.precision, args.name)
-        )
+        record = engine.start(cli.request(args))
         text = (
             f"Started job {record.id} ({record.state}). It keeps running when you close "
             f"this tab. Output: jobs/{record.id}/output.log. "
