@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from gpulab_hub.accounts.auth import GpulabAuthenticator
+from gpulab_hub.cluster.spawner import ProjectSlurmSpawner
 from gpulab_hub.projects.deletion import GpulabDeletion
 from gpulab_hub.settings import DEFAULTS
 from gpulab_hub.spawner import ProjectSpawner
@@ -17,8 +18,18 @@ from gpulab_hub.spawner import ProjectSpawner
 OUT = Path(__file__).with_name("reference.md")
 
 
+# Classes listed below another gpulab class they extend: only what they add is listed.
+EXTENDS = {ProjectSlurmSpawner: ProjectSpawner}
+
+
 def gpulab_traits(cls) -> dict:
-    """The settings gpulab adds to a class: its own and its gpulab mixins'."""
+    """The settings gpulab adds to a class: its own and its gpulab mixins' (for a class
+    that extends another listed one, those it adds or redefines)."""
+    if cls in EXTENDS:
+        base = EXTENDS[cls].class_traits(config=True)
+        return {
+            n: t for n, t in cls.class_traits(config=True).items() if base.get(n) is not t
+        }
     inherited = {}
     for base in cls.__mro__[1:]:
         if not base.__module__.startswith("gpulab_hub") and hasattr(base, "class_traits"):
@@ -50,7 +61,7 @@ def render() -> str:
     ]
     lines += [f"| `{k}` | `{v}` |" for k, v in DEFAULTS.items()]
     lines.append("")
-    for cls in (ProjectSpawner, GpulabAuthenticator, GpulabDeletion):
+    for cls in (ProjectSpawner, ProjectSlurmSpawner, GpulabAuthenticator, GpulabDeletion):
         lines += trait_lines(cls)
     return "\n".join(lines)
 

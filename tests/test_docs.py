@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from gpulab_hub.accounts.auth import GpulabAuthenticator
+from gpulab_hub.cluster.spawner import ProjectSlurmSpawner
 from gpulab_hub.spawner import ProjectSpawner
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -18,7 +19,7 @@ def test_reference_is_generated_from_the_code():
     )
 
 
-@pytest.mark.parametrize("cls", [ProjectSpawner, GpulabAuthenticator])
+@pytest.mark.parametrize("cls", [ProjectSpawner, ProjectSlurmSpawner, GpulabAuthenticator])
 def test_every_setting_says_its_default_and_gives_an_example(cls):
     gen = runpy.run_path(str(DOCS / "generate_reference.py"))
     for name, trait in gen["gpulab_traits"](cls).items():

@@ -88,7 +88,7 @@ hostport=
 for ((i = 0; i < 600; i++)); do
   if ! kill -0 "$run_pid" 2>/dev/null; then
     echo "gpulab: the project's container on node $node stopped before it was ready; its last lines:" >&2
-    tail -n 15 -- "$out" | cut -c1-300 | sed 's/^/gpulab:   /' >&2
+    tail -n 15 -- "$out" | cut -c1-600 | sed 's/^/gpulab:   /' >&2
     exit 1
   fi
   while read -r line; do

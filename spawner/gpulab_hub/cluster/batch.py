@@ -379,7 +379,7 @@ def _ready_block(job: BatchJob) -> str:
         '  if ! kill -0 "$run_pid" 2>/dev/null; then\n'
         '    echo "gpulab: the project\'s container on node $node stopped before it was ready;'
         ' its last lines:" >&2\n'
-        "    tail -n 15 -- \"$out\" | cut -c1-300 | sed 's/^/gpulab:   /' >&2\n"
+        "    tail -n 15 -- \"$out\" | cut -c1-600 | sed 's/^/gpulab:   /' >&2\n"
         "    exit 1\n"
         "  fi\n"
         "  while read -r line; do\n"

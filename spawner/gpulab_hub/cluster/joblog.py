@@ -29,7 +29,7 @@ from gpulab_hub.images.project import plain_text
 
 MAX_BYTES = 1 << 20  # of one job's output, in all
 CHUNK = 64 << 10  # read at once
-MAX_LINE = 300  # characters of one line kept
+MAX_LINE = 600  # characters of one line kept (Docker's errors are long)
 _READY = re.compile(re.escape(READY) + r" ([0-9.]{7,15}):([0-9]{1,5})")
 
 

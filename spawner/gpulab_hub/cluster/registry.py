@@ -45,9 +45,10 @@ def node_reference(registry_for_nodes: str, image: str, digest: str) -> str:
 
 
 class PushProgress:
-    """Push events -> a line for the spawn page, at most every ``every`` seconds."""
+    """Push events -> a line for the spawn page, at most every ``every`` seconds (the
+    megabytes sent of the layers the registry does not have yet)."""
 
-    def __init__(self, emit: Callable[[str], None], every: float = 1.0, clock=time.monotonic):
+    def __init__(self, emit: Callable[[str], None], every: float = 3.0, clock=time.monotonic):
         self.emit, self.every, self.clock = emit, every, clock
         self.layers: dict[str, tuple[int, int]] = {}  # layer -> (bytes sent, size)
         self.last = 0.0

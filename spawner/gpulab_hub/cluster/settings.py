@@ -69,7 +69,8 @@ class ClusterSettings(HasTraits):
         config=True,
         help="""How the nodes' engines give containers their GPUs: "runtime" (the
         NVIDIA container runtime or CDI, by UUID) or "devices" (the /dev/nvidia* files,
-        the control devices of ``node_dev_dir`` and ``driver_dir`` mounted read-only).
+        the control devices of ``node_dev_dir`` and ``driver_dir`` mounted read-only;
+        with user remapping, Docker takes each GPU from /dev/nvidia<minor> on the node).
         "auto" means "runtime" on a cluster (the hub cannot see the nodes' engines).
         Default: auto. Example: ``c.ProjectSlurmSpawner.gpu_isolation = "devices"``""",
     )
@@ -78,8 +79,10 @@ class ClusterSettings(HasTraits):
         config=True,
         help="""Folder on the nodes holding the NVIDIA control devices (nvidiactl,
         nvidia-uvm, nvidia-uvm-tools) that ``gpu_isolation = "devices"`` gives GPU
-        containers, at /dev in the container. Default: /dev.
-        Example: ``c.ProjectSlurmSpawner.node_dev_dir = "/dev"``""",
+        containers, at /dev in the container. Keep /dev where the nodes' engines remap
+        users (gpulab's default): Docker then takes each device from the path the
+        container sees, whatever path it is given.
+        Default: /dev. Example: ``c.ProjectSlurmSpawner.node_dev_dir = "/dev"``""",
     )
     node_nvidia_proc = Unicode(
         NVIDIA_PROC,

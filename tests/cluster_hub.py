@@ -1,0 +1,77 @@
+"""A gpulab hub whose projects run on the test cluster (tests/cluster_kit.py) through
+ProjectSlurmSpawner: gpulab's own jupyterhub_config.py plus the lines an administrator
+adds below it (docs/cluster.md shows the same lines), started the way ``gpulab up``
+starts a hub (same command, folder, environment and umask), with its API on the
+cluster address of this machine (GPULAB_HUB_IP), where containers on the nodes reach
+it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cluster_kit import SlurmKit
+from conftest import REPO, Hub, hub_env
+
+from gpulab_hub import cli, host, hubfiles, pidfile, settings
+
+ADMIN_PASSWORD = "cluster-admin-Passw0rd"
+
+
+def admin_lines(kit: SlurmKit, **spawner) -> str:
+    """What an administrator adds to jupyterhub_config.py for this cluster."""
+    values = {
+        "slurm_conf": str(kit.conf),
+        "cluster_name": kit.cluster,
+        "registry": kit.registry,
+        "registry_for_nodes": kit.registry_for_nodes,
+        "node_docker_host": kit.node_docker_host_template,
+        "node_docker_config": kit.node_docker_config,
+        "node_gpus": {n.name: list(n.files) for n in kit.nodes},
+        "gpu_type": "h200",
+        **spawner,
+    }
+    lines = ['c.JupyterHub.spawner_class = "gpulab_hub.cluster.spawner.ProjectSlurmSpawner"']
+    lines += [f"c.ProjectSlurmSpawner.{k} = {v!r}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def start(home: Path, kit: SlurmKit, **spawner) -> tuple[Hub, subprocess.Popen]:
+    """The hub, running (as ``gpulab up`` would run it with these lines added)."""
+    config = home / "jupyterhub_config.py"
+    config.write_text(
+        "# gpulab's configuration, then the cluster's lines (docs/cluster.md)\n"
+        f"load_subconfig({str(REPO / 'jupyterhub_config.py')!r})\n" + admin_lines(kit, **spawner)
+    )
+    env = hub_env(home, GPULAB_HUB_IP=kit.host_address, GPULAB_ADMIN_PASSWORD=ADMIN_PASSWORD)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    p = settings.paths(home)
+    p["hub"].mkdir(parents=True, exist_ok=True)
+    host.ensure_data_root(p["data"])
+    p["projects"].mkdir(exist_ok=True)
+    log_path = p["hub"] / "hub.log"
+    umask = os.umask(hubfiles.UMASK)
+    try:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+                cwd=p["hub"], env=env, stdout=log, stderr=log, start_new_session=True,
+            )  # fmt: skip
+    finally:
+        os.umask(umask)
+    pidfile.write(p["hub"] / cli.HUB_PIDFILE, proc.pid)
+    url = env["GPULAB_BIND_URL"]
+    try:
+        cli.wait_for_hub(url, proc, log_path)
+    except host.HostError:
+        stop(proc)
+        raise
+    return Hub(url, home, env, ADMIN_PASSWORD, ""), proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    host.stop_pid(proc.pid, timeout=20)
+    proc.wait(timeout=30)

@@ -1,0 +1,348 @@
+"""Projects on a Slurm cluster, as their users see them: a real hub whose spawner is
+ProjectSlurmSpawner (tests/cluster_hub.py), on a real Slurm cluster whose two nodes
+run Docker engines of their own and pull images from a registry (tests/cluster_kit.py:
+node 1 has one GPU, node 2 two, listed nvidia3 then nvidia2; the GPUs are dummy device
+files, so the containers see them but cannot compute).
+
+- Two projects start through Slurm and get the GPUs Slurm gave them: "wide" asks for
+  2 (node 2: nvidia3 and nvidia2), "one" for 1 (node 1: nvidia0); inside each
+  container, its /dev/nvidia* files and CUDA_VISIBLE_DEVICES (the UUIDs) are its own,
+  never the other's. "one" runs code through the hub (the hub reaches the node, the
+  container reaches the hub).
+- A third waits: its spawn page says "waiting for a GPU" (the hub's progress stream,
+  and Chromium: test-output/cluster-spawn-waiting.png); stopping "one" through the
+  hub leaves no container of it on any node, and the third starts on the GPU it freed.
+- ``scancel`` of a project's job, and SIGKILL to a job's batch step, leave no container
+  on any node engine (the trap; the Epilog).
+
+Printed: spawn-to-ready through Slurm (the first start, whose image goes to the
+registry and to a fresh node; the first start on the second node; a start on a node
+that has the image) against the same image on the one-machine session hub, and
+queue-to-running latency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import cluster_hub
+import pytest
+from browser_kit import SHOTS
+from cluster_kit import SlurmKit
+from conftest import PREFIX
+from playwright.sync_api import expect
+from security.people import log_in_admin, make_user, password
+
+from gpulab_hub.cluster import batch
+
+pytestmark = pytest.mark.docker
+
+USER = "ana"
+FIGURES: dict[str, float] = {}
+
+
+def wait_for(what: str, check, timeout: float = 60, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+
+
+# A node's /dev as a GPU node has it: the essentials, its GPUs at /dev/nvidia<minor>, the
+# driver's control devices (the kit's GPUs are device files with no driver behind them).
+NODE_DEV = """set -e
+mount -t tmpfs -o mode=755,size=1m gpulab-node-dev /dev
+for d in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+  IFS=: read -r name major minor <<< "$d"; mknod -m 666 "/dev/$name" c "$major" "$minor"
+done
+mkdir /dev/pts /dev/shm && mount -t tmpfs -o mode=1777 gpulab-node-shm /dev/shm
+ln -s /proc/self/fd /dev/fd
+for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${i%%:*}" "/dev/${i#*:}"; done
+for m in "$@"; do mknod -m 666 "/dev/nvidia$m" c 195 "$m"; done
+mknod -m 666 /dev/nvidiactl c 195 255
+mknod -m 666 /dev/nvidia-uvm c 195 254
+mknod -m 666 /dev/nvidia-uvm-tools c 195 253
+"""
+
+
+class GpuNodesKit(SlurmKit):
+    """The kit with each node's daemons (slurmd, containerd, dockerd) in a mount namespace
+    of the node's own whose /dev has the node's GPUs, as a real node's has: a Docker
+    engine that remaps users makes a container's device from the path the container
+    sees (/dev/nvidia3), never from the path given (the kit's device files), so the
+    node must have it there. (To move into tests/cluster_kit.py.)"""
+
+    def _in_node(self, n) -> list[str]:
+        mnt = self.ns(n.name, "mnt")
+        if not mnt.exists():
+            mnt.touch()
+            minors = [str(m) for m in n.minors]
+            subprocess.run(
+                ["unshare", f"--mount={mnt}", "--propagation", "private",
+                 "bash", "-c", NODE_DEV, "node-dev", *minors],
+                check=True, capture_output=True, timeout=30,
+            )  # fmt: skip
+        return [*super()._in_node(n), f"--mount={mnt}"]
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_engine):
+    kit = GpuNodesKit(PREFIX, mem_mb=4096)
+    kit.epilog = batch.render_epilog(kit.cluster, docker_host=kit.node_docker_host_template)
+    with kit:
+        yield kit
+
+
+@pytest.fixture(scope="module")
+def slurm_hub(hub, cluster, tmp_path_factory):
+    """The cluster's hub (the session ``hub`` has built the base image and is the
+    one-machine comparison)."""
+    driver = cluster.root / "driver"  # the driver's libraries on the nodes: none here
+    (driver / "lib64").mkdir(parents=True)
+    h, proc = cluster_hub.start(
+        tmp_path_factory.mktemp("gpulab-slurm-home"), cluster,
+        gpu_isolation="devices", driver_dir=str(driver),
+        node_nvidia_proc=str(cluster.nvidia_proc), mem_mb=768, cpus=1, queue_timeout=600.0,
+    )  # fmt: skip
+    yield h
+    cluster_hub.stop(proc)
+
+
+@pytest.fixture(scope="module")
+def ana(slurm_hub):
+    return make_user(slurm_hub, log_in_admin(slurm_hub), USER)
+
+
+@pytest.fixture(autouse=True)
+def logs_on_failure(request, cluster):
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        home = request.getfixturevalue("slurm_hub").home
+        print("\n----- cluster hub log (last 60 lines)")
+        print("\n".join((home / "hub" / "hub.log").read_text().splitlines()[-60:]))
+        for log in sorted((home / "hub" / "projects" / "cluster-jobs").glob("*.log")):
+            print(f"----- {log.name}\n{log.read_text()[-2000:]}")
+        print(cluster.logs())
+
+
+# --- driving the hub as the spawn page does ---------------------------------------------
+
+
+def start(user, project: str, gpus: int) -> float:
+    r = user.api("POST", f"/hub/api/users/{user.name}/servers/{project}", json={"gpus": gpus})
+    assert r.status_code in (201, 202), r.text
+    return time.monotonic()
+
+
+def follow(user, project: str, until=None, timeout: float = 600) -> list[tuple[float, dict]]:
+    """The start's progress events, as the spawn page receives them, with their arrival
+    times: until ``until(event)``, else to the end of the stream (the project ready)."""
+    r = user.api("GET", f"/hub/api/users/{user.name}/servers/{project}/progress",
+                 stream=True, timeout=timeout)  # fmt: skip
+    events = []
+    try:
+        for line in r.iter_lines():
+            if not line.startswith(b"data:"):
+                continue
+            event = json.loads(line[5:])
+            events.append((time.monotonic(), event))
+            assert not event.get("failed"), f"{project} did not start: {event.get('message')}"
+            if until and until(event):
+                return events
+    finally:
+        r.close()
+    assert events and events[-1][1].get("ready"), f"{project}: {events}"
+    return events
+
+
+def messages(events) -> list[str]:
+    return [e.get("message", "") for _, e in events]
+
+
+def job_of(cluster: SlurmKit, project: str):
+    name = f"{PREFIX}-{USER}--{project}"
+    (job,) = [j for j in cluster.slurm().queue() if j.name == name]
+    return job
+
+
+def node_boxes(cluster: SlurmKit, project: str | None = None) -> dict[str, list[dict]]:
+    """The project containers (of ``project``, else all of this cluster) on each node."""
+    labels = [f"gpulab.slurm.cluster={cluster.cluster}"]
+    if project:
+        labels.append(f"gpulab.project={project}")
+    return {
+        n.name: cluster.node_engine(n.name).call("containers", all=True, filters={"label": labels})
+        for n in cluster.nodes
+    }
+
+
+def inside(cluster: SlurmKit, node: str, box: dict) -> tuple[list[str], str]:
+    """(/dev/nvidia<N> files, CUDA_VISIBLE_DEVICES) inside a running container."""
+    dk = cluster.node_engine(node)
+    script = 'ls /dev; echo "cuda=$CUDA_VISIBLE_DEVICES"'
+    ex = dk.call("exec_create", box["Id"], ["sh", "-c", script])
+    out = dk.call("exec_start", ex["Id"]).decode().split()
+    gpus = sorted(d for d in out if re.fullmatch(r"nvidia[0-9]+", d))
+    cuda = next(w for w in out if w.startswith("cuda=")).removeprefix("cuda=")
+    return gpus, cuda
+
+
+def only_box(cluster: SlurmKit, project: str) -> tuple[str, dict]:
+    found = [(node, b) for node, boxes in node_boxes(cluster, project).items() for b in boxes]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# --- the tests --------------------------------------------------------------------------
+
+
+def test_two_projects_get_the_gpus_slurm_gave_them_never_the_same(
+    hub, cluster, slurm_hub, ana
+):
+    n1, n2 = (n.name for n in cluster.nodes)
+    uuids = {n.name: n.uuids for n in cluster.nodes}
+
+    t0 = start(ana, "wide", 2)
+    wide = follow(ana, "wide")
+    FIGURES["slurm_first"] = wide[-1][0] - t0
+    said = messages(wide)
+    print("\nwide's spawn page:", *said, sep="\n  ")
+    assert "Sending the image to the cluster's registry" in said
+    assert any(m.startswith(f"Running on node {n2}") for m in said)
+    pushed = next(m for m in said if m.startswith("The image is in the cluster's registry"))
+    FIGURES["push"] = float(re.search(r"\((\d+) s\)", pushed).group(1))  # the hub's count
+    at = {e.get("message", ""): t for t, e in wide}  # live events: the node's steps
+    FIGURES["pull_fresh_node"] = (
+        at[f"Starting the project's container on node {n2}"]
+        - at[f"Fetching the project's image on node {n2}"]
+    )
+
+    t0 = start(ana, "one", 1)
+    FIGURES["slurm_fresh_node"] = follow(ana, "one")[-1][0] - t0
+
+    node, box = only_box(cluster, "wide")
+    assert node == n2
+    assert inside(cluster, node, box) == (
+        ["nvidia2", "nvidia3"], f"{uuids[n2][3]},{uuids[n2][2]}"  # Slurm's order: 0, 1
+    )
+    node, box = only_box(cluster, "one")
+    assert node == n1
+    assert inside(cluster, node, box) == (["nvidia0"], uuids[n1][0])
+    # The hub reaches the container on its node, and the container the hub (its kernel
+    # was authorized by the hub's API): the project's own code sees its own GPU.
+    code = ("import os; print(sorted(d for d in os.listdir('/dev') if d[6:].isdigit() and "
+            "d.startswith('nvidia')), os.environ['CUDA_VISIBLE_DEVICES'])")  # fmt: skip
+    assert ana.execute("one", code).split() == ["['nvidia0']", uuids[n1][0]]
+
+    # The same image on one machine (the session hub), for comparison.
+    other = make_user(hub, log_in_admin(hub), "slurmcmp")
+    t0 = time.monotonic()
+    other.start_project("one")
+    FIGURES["one_machine"] = time.monotonic() - t0
+    other.stop_project("one")
+
+
+def test_a_third_project_waits_with_the_reason_then_starts_when_one_stops(
+    cluster, slurm_hub, ana, browser
+):
+    n1 = cluster.nodes[0].name
+    start(ana, "third", 1)
+    waiting = follow(ana, "third", until=lambda e: "waiting for a GPU" in e.get("message", ""))
+    print("\nthird's spawn page:", *messages(waiting), sep="\n  ")
+    job = job_of(cluster, "third")
+    assert (job.state, job.reason) == ("PENDING", "Resources")
+    assert waiting[-1][1]["message"] == (
+        f"In the cluster's queue (Slurm job {job.id}): waiting for a GPU: next in line"
+    )
+
+    # What the user sees: the queue's words, kept in view on the spawn page.
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.goto(f"{slurm_hub.url}/hub/login")
+    page.get_by_label("Username").fill(USER)
+    page.get_by_label("Password").fill(password(USER))
+    page.get_by_role("button", name="Sign In").click()
+    page.wait_for_url(re.compile(r"/hub/(home|spawn)"))
+    page.goto(f"{slurm_hub.url}/hub/spawn-pending/{USER}/third")
+    note = page.locator("#gpulab-start-note")
+    expect(note).to_contain_text("waiting for a GPU: next in line", timeout=20_000)
+    expect(page.locator("#progress-message")).to_contain_text("waiting for a GPU")
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=SHOTS / "cluster-spawn-waiting.png", full_page=True)
+    context.close()
+
+    # "one" stops through the hub: its job ends and no container of it is left anywhere.
+    one_job = job_of(cluster, "one").id
+    stop_asked = time.monotonic()
+    ana.stop_project("one")
+    FIGURES["stop"] = time.monotonic() - stop_asked
+    assert all(boxes == [] for boxes in node_boxes(cluster, "one").values())
+    assert one_job not in {j.id for j in cluster.slurm().queue()}
+    wait_for("the waiting job to run", lambda: job_of(cluster, "third").state == "RUNNING",
+             every=0.1)  # fmt: skip
+    running = time.monotonic()
+    FIGURES["queue_to_running"] = running - stop_asked
+    FIGURES["slurm_warm_node"] = follow(ana, "third")[-1][0] - running
+    node, box = only_box(cluster, "third")
+    assert node == n1
+    assert inside(cluster, node, box) == (["nvidia0"], cluster.nodes[0].uuids[0])
+
+
+def batch_step(cluster: SlurmKit, job_id: int) -> int:
+    """The PID of a running job's batch script (slurmstepd runs it on the node)."""
+    script = f"/job{job_id:05d}/slurm_script".encode()
+    for p in Path("/proc").iterdir():
+        try:
+            cmd = (p / "cmdline").read_bytes() if p.name.isdigit() else b""
+        except OSError:
+            continue
+        if script in cmd and str(cluster.root).encode() in cmd:
+            return int(p.name)
+    raise AssertionError(f"job {job_id}'s batch script is not running")
+
+
+def test_scancel_and_a_killed_step_leave_no_container_on_any_node(cluster, slurm_hub, ana):
+    # scancel (an admin, or the job's time limit): the script's trap removes the container.
+    job = job_of(cluster, "third")
+    cluster.slurm().cancel(job.id)
+    wait_for("third's container to go", lambda: not any(node_boxes(cluster, "third").values()))
+    # SIGKILL to the batch step (its process group: the script and the Docker CLI), as
+    # the OOM killer would: no trap runs; the cluster's Epilog removes the container.
+    job = job_of(cluster, "wide")
+    assert any(node_boxes(cluster, "wide").values())
+    os.killpg(os.getpgid(batch_step(cluster, job.id)), signal.SIGKILL)
+    wait_for("wide's container to go", lambda: not any(node_boxes(cluster, "wide").values()))
+    # The hub takes both projects as stopped (poll: their jobs ended): stopping them is
+    # at once, and they are gone from the user's list.
+    for project in ("third", "wide"):
+        started = time.monotonic()
+        ana.stop_project(project, timeout=30)
+        assert time.monotonic() - started < 10
+    assert node_boxes(cluster) == {n.name: [] for n in cluster.nodes}
+    print_figures()
+
+
+def print_figures() -> None:
+    f = FIGURES
+    print(
+        "\nspawn-to-ready of the same image (769 MB):"
+        f"\n  one machine (the session hub):                       {f['one_machine']:5.1f} s"
+        f"\n  Slurm, first start (push, then pull on a fresh node): {f['slurm_first']:5.1f} s"
+        f"\n    of which the push to the registry:                  {f['push']:5.0f} s"
+        f"\n    and the pull on the fresh node:                     {f['pull_fresh_node']:5.1f} s"
+        f"\n  Slurm, first start on the other node (its pull):      {f['slurm_fresh_node']:5.1f} s"
+        f"\n  Slurm, on a node that has the image (RUNNING->ready): {f['slurm_warm_node']:5.1f} s"
+        f"\nqueue-to-running: the user stops a project -> the waiting job RUNNING: "
+        f"{f['queue_to_running']:.1f} s (the stop itself: {f['stop']:.1f} s)"
+    )
