@@ -178,7 +178,8 @@ def test_impossible_jobs_are_refused(change):
 def test_the_job_network_gives_its_range_minus_the_gateway():
     assert NET.assignable() == ["10.0.0.128", "10.0.0.129", "10.0.0.130", "10.0.0.131"]
     whole = multinode.JobNetwork("n", "eth0", "10.0.0.0/30")
-    assert whole.assignable() == ["10.0.0.2"]  # .1 is Docker's gateway, .0/.3 the ends
+    assert whole.assignable() == ["10.0.0.2"]  # .1 is the gateway, .0/.3 the ends
+    assert whole.checked().gateway == "10.0.0.1"  # always named: Docker would take .2
     gw = multinode.JobNetwork("n", "eth0", "10.0.0.0/29", gateway="10.0.0.6")
     assert gw.assignable() == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"]
 
@@ -204,7 +205,7 @@ fi
 python3 -c 'import json, sys; print(json.dumps({"argv": sys.argv[1:]}))' "${args[@]}" >> "$log"
 case "$1 $2" in
   "network inspect")
-    if [ "$3" = --format ]; then echo "macvlan eth0 10.0.0.0/24"; fi ;;
+    if [ "$3" = --format ]; then echo "macvlan eth0 10.0.0.0/24 10.0.0.128/30 10.0.0.1"; fi ;;
   "pull -q") echo sha256:ab ;;
   "ps -aq") echo c0ffee ;;
 esac

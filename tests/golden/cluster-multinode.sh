@@ -86,14 +86,14 @@ addresses=(10.0.0.129 10.0.0.130)
 address=${addresses[rank]}
 jobnet=gpulab-jobnet
 if ! "$docker" network inspect "$jobnet" >/dev/null 2>&1; then
-  "$docker" network create --driver macvlan --subnet 10.0.0.0/24 --ip-range 10.0.0.128/30 --opt parent=eth0 --label gpulab.network=jobs --label gpulab.slurm.cluster=lab "$jobnet" >/dev/null 2>&1 || true
+  "$docker" network create --driver macvlan --subnet 10.0.0.0/24 --ip-range 10.0.0.128/30 --gateway 10.0.0.1 --opt parent=eth0 --label gpulab.network=jobs --label gpulab.slurm.cluster=lab "$jobnet" >/dev/null 2>&1 || true
 fi
-have=$("$docker" network inspect --format '{{.Driver}} {{index .Options "parent"}}{{range .IPAM.Config}} {{.Subnet}}{{end}}' "$jobnet" 2>/dev/null || true)
-if [ "$have" != 'macvlan eth0 10.0.0.0/24' ]; then
+have=$("$docker" network inspect --format '{{.Driver}} {{index .Options "parent"}}{{range .IPAM.Config}} {{.Subnet}} {{.IPRange}} {{.Gateway}}{{end}}' "$jobnet" 2>/dev/null || true)
+if [ "$have" != 'macvlan eth0 10.0.0.0/24 10.0.0.128/30 10.0.0.1' ]; then
   if [ -z "$have" ]; then
     echo "gpulab: node $node cannot make the job network $jobnet (macvlan on eth0); ask the administrator (docs/cluster.md)" >&2
   else
-    echo "gpulab: the network $jobnet on node $node is not the job network gpulab makes (macvlan eth0 10.0.0.0/24); ask the administrator to remove it" >&2
+    echo "gpulab: the network $jobnet on node $node is not the job network gpulab makes (macvlan eth0 10.0.0.0/24 10.0.0.128/30 10.0.0.1); ask the administrator to remove it" >&2
   fi
   exit 1
 fi

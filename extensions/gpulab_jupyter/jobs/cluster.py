@@ -45,6 +45,7 @@ CLUSTER = "cluster"
 TIMEOUT_S = 30.0
 ANSWER_MAX_BYTES = 1024 * 1024
 WAITING = ("PENDING", "CONFIGURING")
+STOP_WAIT_S = 60.0
 # What _record knows of the hub's view of a job, besides the view itself.
 ASK, MISSING, UNREACHABLE = "ask", "missing", "unreachable"
 
@@ -231,7 +232,14 @@ class ClusterEngine:
         if record.state in FINISHED:
             return record
         self.hub.stop(job_id)
-        return self._record(job_id)
+        # Until Slurm has ended it on every node (each task's trap removes its container;
+        # the Epilog runs before the job leaves COMPLETING), bounded.
+        deadline = time.monotonic() + STOP_WAIT_S
+        record = self._record(job_id)
+        while record.state not in FINISHED and time.monotonic() < deadline:
+            time.sleep(0.5)
+            record = self._record(job_id)
+        return record
 
     def rerun(self, job_id: str, extra_env: Mapping[str, str] | None = None) -> JobRecord:
         request = self.status(job_id).request

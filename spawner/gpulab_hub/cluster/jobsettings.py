@@ -56,9 +56,10 @@ class MultiNodeJobSettings(HasTraits):
     job_network_gateway = Unicode(
         "",
         config=True,
-        help="""The job network's gateway, where the cluster network has one (job
-        containers then reach beyond it). Default: "" (none; Docker keeps the subnet's
-        first address). Example: ``c.ProjectSlurmSpawner.job_network_gateway = "10.42.0.1"``""",
+        help="""The job network's gateway: job containers' default route (what lies
+        beyond the cluster network they reach through it, if it routes them). Never
+        given to a container. Default: "" (the subnet's first address).
+        Example: ``c.ProjectSlurmSpawner.job_network_gateway = "10.42.0.1"``""",
     )
     job_network_name = Unicode(
         "",

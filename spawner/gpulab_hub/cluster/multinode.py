@@ -106,7 +106,7 @@ class JobNetwork:
     parent: str  # the nodes' cluster interface ("eth0", "bond0.42")
     subnet: str  # "10.20.0.0/16": the cluster network's
     ip_range: str = ""  # where gpulab assigns job addresses ("" = the whole subnet)
-    gateway: str = ""  # "" = none (Docker then keeps the subnet's first address)
+    gateway: str = ""  # "" = the subnet's first address (given to Docker explicitly)
 
     def checked(self) -> JobNetwork:
         """This network, or ClusterError naming the setting that is wrong."""
@@ -117,6 +117,9 @@ class JobNetwork:
         ip_range = _network(self.ip_range or self.subnet, "job_network_range")
         if not ip_range.subnet_of(subnet):
             raise ClusterError(f"job_network_range {ip_range} is not inside {subnet}")
+        # Docker takes a network's gateway from its --ip-range when none is given (an
+        # address gpulab assigns): always name one.
+        gateway = next(subnet.hosts())
         if self.gateway:
             try:
                 gateway = ipaddress.IPv4Address(self.gateway)
@@ -124,14 +127,14 @@ class JobNetwork:
                 raise ClusterError(f"job_network_gateway {self.gateway!r} is no address") from None
             if gateway not in subnet:
                 raise ClusterError(f"job_network_gateway {gateway} is not in {subnet}")
-        return replace(self, subnet=str(subnet), ip_range=str(ip_range))
+        return replace(self, subnet=str(subnet), ip_range=str(ip_range), gateway=str(gateway))
 
     def assignable(self) -> list[str]:
         """The addresses gpulab may give job containers, in order."""
         net = self.checked()
         subnet = ipaddress.IPv4Network(net.subnet)
         skip = {subnet.network_address, subnet.broadcast_address}
-        skip.add(ipaddress.IPv4Address(net.gateway) if net.gateway else next(subnet.hosts()))
+        skip.add(ipaddress.IPv4Address(net.gateway))
         return [str(a) for a in ipaddress.IPv4Network(net.ip_range) if a not in skip]
 
 
@@ -277,13 +280,16 @@ def _network_block(net: JobNetwork, cluster: str) -> str:
         "--driver macvlan",
         f"--subnet {_q(net.subnet)}",
         f"--ip-range {_q(net.ip_range)}",
-        *([f"--gateway {_q(net.gateway)}"] if net.gateway else []),
+        f"--gateway {_q(net.gateway)}",
         f"--opt {_q('parent=' + net.parent)}",
         f"--label {_q(f'{NETWORK_LABEL}={NETWORK_KIND}')}",
         f"--label {_q(f'{CLUSTER_LABEL}={cluster}')}",
     ]
-    fmt = '{{.Driver}} {{index .Options "parent"}}{{range .IPAM.Config}} {{.Subnet}}{{end}}'
-    want = f"macvlan {net.parent} {net.subnet}"
+    fmt = (
+        '{{.Driver}} {{index .Options "parent"}}'
+        "{{range .IPAM.Config}} {{.Subnet}} {{.IPRange}} {{.Gateway}}{{end}}"
+    )
+    want = f"macvlan {net.parent} {net.subnet} {net.ip_range} {net.gateway}"
     return (
         f"jobnet={_q(net.name)}\n"
         'if ! "$docker" network inspect "$jobnet" >/dev/null 2>&1; then\n'
