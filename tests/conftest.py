@@ -106,28 +106,77 @@ def hub_env(home: Path, **extra) -> dict:
     return env
 
 
-def start_hub(home: Path, env: dict) -> Hub:
-    up = subprocess.run([GPULAB, "up"], env=env, capture_output=True, text=True, timeout=900)
-    if up.returncode != 0:
-        log = home / "hub" / "hub.log"
-        raise AssertionError(
-            f"gpulab up failed:\n{up.stdout}\n{up.stderr}\n"
-            + (log.read_text()[-3000:] if log.exists() else "")
+class HubLaunch:
+    """`gpulab up` running in the background; :meth:`hub` waits for it."""
+
+    def __init__(self, home: Path, env: dict):
+        self.home, self.env = home, env
+        self.proc = subprocess.Popen(
+            [GPULAB, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-    m = re.search(r"with the password (\S+)", up.stdout)
-    password = m.group(1) if m else env.get("GPULAB_ADMIN_PASSWORD", "")
-    url = env["GPULAB_BIND_URL"]
-    return Hub(url, home, env, password, up.stdout)
+        self._hub: Hub | None = None
+
+    def hub(self, timeout: float = 900) -> Hub:
+        if self._hub is None:
+            try:
+                out, err = self.proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                out, err = self.proc.communicate()
+            if self.proc.returncode != 0:
+                log = self.home / "hub" / "hub.log"
+                raise AssertionError(
+                    f"gpulab up failed:\n{out}\n{err}\n"
+                    + (log.read_text()[-3000:] if log.exists() else "")
+                )
+            m = re.search(r"with the password (\S+)", out)
+            password = m.group(1) if m else self.env.get("GPULAB_ADMIN_PASSWORD", "")
+            self._hub = Hub(self.env["GPULAB_BIND_URL"], self.home, self.env, password, out)
+        return self._hub
+
+    def wait(self) -> None:
+        """Until `gpulab up` has ended (its base image built), whether or not it worked."""
+        self.proc.wait()
+
+
+# The session hub's `gpulab up`, started as the session starts (session_hub_launch).
+_EARLY: list[HubLaunch] = []
+
+
+def start_hub(home: Path, env: dict) -> Hub:
+    # After the session hub's `gpulab up`: it builds the base image every hub uses, and
+    # two builds of one image at once would each take the whole time.
+    for launch in _EARLY:
+        launch.wait()
+    return HubLaunch(home, env).hub()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_hub_launch(request, tmp_path_factory):
+    """Starts the session hub's `gpulab up` in the background as the session starts,
+    when a test of this run uses that hub: its first base-image build (minutes) runs
+    while the tests that need no Docker engine run (they come first: see
+    pytest_collection_modifyitems). `gpulab down` at the end of the session."""
+    if not any("hub" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    request.getfixturevalue("docker_engine")  # test objects of an earlier run removed first
+    home = tmp_path_factory.mktemp("gpulab-home")
+    launch = HubLaunch(home, hub_env(home))
+    _EARLY.append(launch)
+    yield launch
+    if launch.proc.poll() is None:  # the run ended before any test used the hub
+        launch.proc.terminate()
+    launch.wait()
+    down = subprocess.run([GPULAB, "down"], env=launch.env, capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
 
 
 @pytest.fixture(scope="session")
-def hub(docker_engine, tmp_path_factory):
+def hub(docker_engine, session_hub_launch):
     """A hub started by `gpulab up` on 127.0.0.1, stopped by `gpulab down`."""
-    home = tmp_path_factory.mktemp("gpulab-home")
-    h = start_hub(home, hub_env(home))
-    yield h
-    down = h.gpulab("down")
-    assert down.returncode == 0, down.stderr
+    assert session_hub_launch is not None, "name `hub` in the test's arguments, not by request"
+    return session_hub_launch.hub()
 
 
 @pytest.fixture
@@ -148,9 +197,13 @@ def local_debian(docker_engine) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu`-marked tests, with the reason shown, where this machine has no NVIDIA GPU."""
+    """Modules that need no Docker engine run first, while the session hub's first
+    base-image build runs (session_hub_launch); the others keep their order. Skip
+    `gpu`-marked tests, with the reason shown, where this machine has no NVIDIA GPU."""
     import shutil
 
+    docker_modules = {item.module for item in items if "docker_engine" in item.fixturenames}
+    items.sort(key=lambda item: item.module in docker_modules)  # stable: order kept within
     if Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi"):
         return
     skip = pytest.mark.skip(reason="no NVIDIA GPU here (no /dev/nvidiactl, no nvidia-smi)")
