@@ -121,6 +121,21 @@ def build_wheels(sources: list[Path], wheelhouse: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+def backend_wheels(sources: list[Path], wheelhouse: Path) -> None:
+    """The wheels build_wheels makes, made by calling each package's own backend here
+    (BACKEND's build_wheel, as pip calls it), without a pip run and build environment
+    per package: for tests where installing them is the point, not building them."""
+    import importlib.util
+
+    for n, src in enumerate(sources):
+        spec = importlib.util.spec_from_file_location(
+            f"gpulab_test_backend_{n}", src / "gpulab_test_backend.py"
+        )
+        backend = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(backend)
+        backend.build_wheel(str(wheelhouse))
+
+
 def build_wheel(src: Path, wheelhouse: Path) -> Path:
     build_wheels([src], wheelhouse)
     cfg = json.loads((src / "pkg.json").read_text())

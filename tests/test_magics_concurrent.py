@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from magics_kit import build_wheels, make_package, make_venv, new_dockerfile, pip_env
+from magics_kit import backend_wheels, make_package, make_venv, new_dockerfile, pip_env
 
 from gpulab_jupyter.magics import dockerfile as df
 
@@ -17,7 +17,7 @@ def test_twenty_concurrent_installs_record_twenty_lines(tmp_path):
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     names = [f"tiny-c{i:02d}" for i in range(N)]
-    build_wheels(
+    backend_wheels(
         [make_package(tmp_path / "src", n, "1.0", {f"{n.replace('-', '_')}.py": "C = 1\n"})
          for n in names],
         wheelhouse,
