@@ -10,8 +10,10 @@ files, so the containers see them but cannot compute).
   never the other's. "one" runs code through the hub (the hub reaches the node, the
   container reaches the hub).
 - A third waits: its spawn page says "waiting for a GPU" (the hub's progress stream,
-  and Chromium: test-output/cluster-spawn-waiting.png); stopping "one" through the
-  hub leaves no container of it on any node, and the third starts on the GPU it freed.
+  and Chromium: test-output/cluster-spawn-waiting.png); a fourth waits "1 job
+  ahead" and is stopped while it waits (its job leaves the queue); stopping "one"
+  through the hub leaves no container of it on any node, and the third starts on
+  the GPU it freed.
 - ``scancel`` of a project's job, and SIGKILL to a job's batch step, leave no container
   on any node engine (the trap; the Epilog).
 
@@ -35,6 +37,7 @@ import cluster_hub
 import pytest
 from browser_kit import SHOTS
 from cluster_kit import SlurmKit
+from cluster_multinode_kit import TorchSite, job_network, two_node_job
 from conftest import PREFIX
 from playwright.sync_api import expect
 from security.people import log_in_admin, make_user, password
@@ -96,7 +99,13 @@ class GpuNodesKit(SlurmKit):
 
 
 @pytest.fixture(scope="module")
-def cluster(docker_engine):
+def torch_site(tmp_path_factory):
+    """torch for the multi-node job's containers, unpacked while the rest runs."""
+    return TorchSite(tmp_path_factory.mktemp("torch") / "site")
+
+
+@pytest.fixture(scope="module")
+def cluster(docker_engine, torch_site):
     kit = GpuNodesKit(PREFIX, mem_mb=4096)
     kit.epilog = batch.render_epilog(kit.cluster, docker_host=kit.node_docker_host_template)
     with kit:
@@ -113,6 +122,7 @@ def slurm_hub(hub, cluster, tmp_path_factory):
         tmp_path_factory.mktemp("gpulab-slurm-home"), cluster,
         gpu_isolation="devices", driver_dir=str(driver),
         node_nvidia_proc=str(cluster.nvidia_proc), mem_mb=768, cpus=1, queue_timeout=600.0,
+        **job_network(cluster),
     )  # fmt: skip
     yield h
     cluster_hub.stop(proc)
@@ -140,9 +150,11 @@ def logs_on_failure(request, cluster):
 
 
 def start(user, project: str, gpus: int) -> float:
+    """Ask the hub to start the project (as the spawn form does); when it was asked."""
+    asked = time.monotonic()
     r = user.api("POST", f"/hub/api/users/{user.name}/servers/{project}", json={"gpus": gpus})
     assert r.status_code in (201, 202), r.text
-    return time.monotonic()
+    return asked
 
 
 def follow(user, project: str, until=None, timeout: float = 600) -> list[tuple[float, dict]]:
@@ -282,6 +294,16 @@ def test_a_third_project_waits_with_the_reason_then_starts_when_one_stops(
     page.screenshot(path=SHOTS / "cluster-spawn-waiting.png", full_page=True)
     context.close()
 
+    # A fourth waits behind it, and its user gives up ("Stop starting" on the spawn
+    # page): its job leaves the queue, and the third is still next in line.
+    start(ana, "fourth", 1)
+    behind = follow(ana, "fourth", until=lambda e: "waiting for a GPU" in e.get("message", ""))
+    fourth = job_of(cluster, "fourth")
+    assert behind[-1][1]["message"].endswith("waiting for a GPU: 1 job ahead")
+    ana.stop_project("fourth")
+    gone = {j.id: j.state for j in cluster.slurm().queue()}
+    assert fourth.id not in gone and gone[job.id] == "PENDING"
+
     # "one" stops through the hub: its job ends and no container of it is left anywhere.
     one_job = job_of(cluster, "one").id
     stop_asked = time.monotonic()
@@ -331,6 +353,19 @@ def test_scancel_and_a_killed_step_leave_no_container_on_any_node(cluster, slurm
         assert time.monotonic() - started < 10
     assert node_boxes(cluster) == {n.name: [] for n in cluster.nodes}
     print_figures()
+
+
+def test_a_two_node_torchrun_job_through_gpu_job(
+    cluster, slurm_hub, ana, docker_engine, torch_site
+):
+    """``%gpu_job run --follow --nodes 2 --gpus-per-node 0 train.py`` in a kernel of a
+    project with torch in its folder: each node's output (WORLD_SIZE 2, ranks 0 and 1 at
+    the hub's addresses, the all_reduce across both), "succeeded" in ``gpulab-job list``,
+    more nodes than allowed refused in words, a stopped job leaving no container
+    (cluster_multinode_kit.two_node_job; docs/cluster.md, "Multi-node jobs")."""
+    took = two_node_job(cluster, slurm_hub, ana, docker_engine, torch_site)
+    print("\nthe multi-node job's steps:", *(f"{k}: {v:.1f} s" for k, v in took.items()),
+          sep="\n  ")  # fmt: skip
 
 
 def print_figures() -> None:
