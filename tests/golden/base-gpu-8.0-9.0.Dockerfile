@@ -78,10 +78,14 @@ USER 1000:100
 # makes edits live for everyone in a shared project (gpulab keeps it read-only for
 # viewers: gpulab_jupyter/collab.py). jupyter-server-proxy serves TensorBoard inside
 # JupyterLab (only to those who may run code: gpulab_jupyter/authorizer.py).
+# rfc3987-syntax (jsonschema's optional IRI format checks, pulled in by jupyter-events)
+# builds a grammar parser each time a Jupyter server starts: about 2 s of every project
+# start on a small host, for checks no Jupyter event schema uses. It is left out.
 RUN python3 -m venv /opt/gpulab/venv \
  && pip install --no-cache-dir jupyterhub==6.1.1 jupyterlab==4.6.6 \
       jupyter-collaboration==5.0.4 jupyter-server-proxy==4.6.0 tensorboard==2.21.0 \
       /opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl \
+ && pip uninstall -y rfc3987-syntax \
  && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_proxy, tensorboard, gpulab_jupyter"
 
 # IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
