@@ -449,3 +449,18 @@ def test_a_jobs_failure_lines_reach_the_api_without_the_containers_words(site):
     assert seen["failure"] == [
         "node gpu-02 could not fetch the project's image from the cluster's registry: x"
     ]
+
+
+def test_the_record_keeps_a_projects_newest_ended_jobs_and_their_output(site, monkeypatch):
+    s, fake, record = site
+    monkeypatch.setattr(jobs, "KEEP_ENDED_PER_PROJECT", 1)
+    ids = [f"20261123-14150{i}-a1b2" for i in range(3)]
+    first = jobs.submit(s, record, project_ref(), multinode.TrainRequest(ids[0], "t.py", (), 1))
+    jobs.output_file(s.log_dir, first["slurm_job"]).write_text("gpulab: first\n")
+    fake.states[first["slurm_job"]] = "COMPLETED"
+    second = jobs.submit(s, record, project_ref(), multinode.TrainRequest(ids[1], "t.py", (), 1))
+    fake.states[second["slurm_job"]] = "FAILED"
+    jobs.submit(s, record, project_ref(), multinode.TrainRequest(ids[2], "t.py", (), 1))
+    listed = [j["id"] for j in jobs.project_jobs(s, record, "alice", "vision")]
+    assert listed == [ids[2], ids[1]]  # the oldest ended one went, with its output file
+    assert not jobs.output_file(s.log_dir, first["slurm_job"]).exists()

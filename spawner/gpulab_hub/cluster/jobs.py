@@ -128,11 +128,19 @@ def _refresh(slurm: Slurm, jobs: dict) -> None:
             entry["ended"] = now
 
 
-def _prune(jobs: dict, owner: str, project: str) -> None:
+def output_file(log_dir: Path, slurm_id: int | str) -> Path:
+    """A job's output file (sbatch's ``--output``; the batch script's own lines)."""
+    return Path(log_dir) / f"job-{int(slurm_id)}.out"
+
+
+def _prune(jobs: dict, owner: str, project: str, log_dir: Path) -> None:
+    """The project's oldest ended jobs beyond KEEP_ENDED_PER_PROJECT, and their output
+    files, go."""
     mine = [k for k, e in jobs.items() if (e["owner"], e["project"]) == (owner, project)]
     ended = sorted((k for k in mine if jobs[k].get("ended")), key=lambda k: jobs[k]["ended"])
     for key in ended[:-KEEP_ENDED_PER_PROJECT]:
         del jobs[key]
+        output_file(log_dir, key).unlink(missing_ok=True)
 
 
 def free_addresses(network: JobNetwork, jobs: dict, count: int) -> tuple[str, ...]:
@@ -151,6 +159,7 @@ def free_addresses(network: JobNetwork, jobs: dict, count: int) -> tuple[str, ..
 def submit(site: Site, record: JobsRecord, project: ProjectRef, req: TrainRequest) -> dict:
     """Submit ``req`` as a multi-node Slurm job; the job as ``view`` shows it."""
     req = check_request(req, site.limits)
+    site.log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     gpus = replace(site.gpus, count=req.gpus_per_node)
     container = job_container(site, project, req)
     with record.locked():
@@ -180,7 +189,7 @@ def submit(site: Site, record: JobsRecord, project: ProjectRef, req: TrainReques
             gpu_type=site.gpus.type if req.gpus_per_node else "",
             partition=site.partition,
             time_limit=site.time_limit,
-            output=str(site.log_dir / "job-%j.out"),
+            output=str(site.log_dir / "job-%j.out"),  # output_file's name
         )
         slurm_id = site.slurm.submit(render_script(job), sbatch_args(job, request))
         jobs[str(slurm_id)] = {
@@ -200,7 +209,7 @@ def submit(site: Site, record: JobsRecord, project: ProjectRef, req: TrainReques
             "ended": None,
             "stop_requested": False,
         }
-        _prune(jobs, project.owner, project.name)
+        _prune(jobs, project.owner, project.name, site.log_dir)
         record._write(jobs)
         entry = jobs[str(slurm_id)]
     return view(site, slurm_id, entry)
@@ -272,7 +281,7 @@ def output_lines(path: Path) -> tuple[list[str], str]:
 
 def view(site: Site, slurm_id: int, entry: dict) -> dict:
     """A job as the API answers it."""
-    failures, progress = output_lines(site.log_dir / f"job-{slurm_id}.out")
+    failures, progress = output_lines(output_file(site.log_dir, slurm_id))
     return {
         "id": entry["job"],
         "slurm_job": slurm_id,
