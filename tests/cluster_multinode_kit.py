@@ -118,6 +118,10 @@ class TorchSite:
         except BaseException as e:  # noqa: BLE001 (handed to the test that waits)
             self.error = e
 
+    def finish(self) -> None:
+        """Wait for the thread, whatever it did (a module's end)."""
+        self._thread.join(900)
+
     def wait(self, timeout: float = 600) -> Path:
         self._thread.join(timeout)
         if self.error is not None:

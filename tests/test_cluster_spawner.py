@@ -100,8 +100,11 @@ class GpuNodesKit(SlurmKit):
 
 @pytest.fixture(scope="module")
 def torch_site(tmp_path_factory):
-    """torch for the multi-node job's containers, unpacked while the rest runs."""
-    return TorchSite(tmp_path_factory.mktemp("torch") / "site")
+    """torch for the multi-node job's containers, unpacked while the rest runs (and
+    waited for at the end, so no unpacking outlives the module)."""
+    site = TorchSite(tmp_path_factory.mktemp("torch") / "site")
+    yield site
+    site.finish()
 
 
 @pytest.fixture(scope="module")
