@@ -29,6 +29,7 @@ from gpulab_hub import host
 from gpulab_hub.cluster.batch import (
     BatchJob,
     JobRequest,
+    NodeEngine,
     SlurmGpus,
     render_epilog,
     render_script,
@@ -201,6 +202,7 @@ def project_job(kit, tmp: Path, name: str, command: list[str], gpus: int, env=No
             nvidia_proc=str(NVIDIA_PROC),
         ),
         docker=docker_wrapper(tmp),
+        engine=NodeEngine(network=True),  # the node checks (or makes) the project network
     )
     log = tmp / f"{name}.log"
     req = JobRequest(name=f"{PREFIX}-{name}", mem_mb=20000, cpus=4, gpus=gpus,
