@@ -179,6 +179,30 @@ def hub(docker_engine, session_hub_launch):
     return session_hub_launch.hub()
 
 
+# The second hub's login rules: locked after 3 wrong passwords, for 6 s.
+SECOND_HUB_LOCK_AFTER, SECOND_HUB_LOCK_SECONDS = 3, 6
+
+
+@pytest.fixture(scope="session")
+def second_hub(docker_engine, tmp_path_factory):
+    """A hub for what the session hub must not have: accounts deleted, logins locked after
+    SECOND_HUB_LOCK_AFTER wrong passwords for SECOND_HUB_LOCK_SECONDS, public links on;
+    containers of their own prefix (<prefix>acct). One hub for the modules that need
+    these (security/test_accounts.py, test_public_links.py): a hub costs ~15 s."""
+    home = tmp_path_factory.mktemp("gpulab-second-home")
+    env = hub_env(
+        home,
+        GPULAB_CONTAINER_PREFIX=PREFIX + "acct",
+        GPULAB_LOGIN_ATTEMPTS=str(SECOND_HUB_LOCK_AFTER),
+        GPULAB_LOGIN_LOCKOUT_SECONDS=str(SECOND_HUB_LOCK_SECONDS),
+        GPULAB_PUBLIC_LINKS="1",
+    )
+    h = start_hub(home, env)
+    yield h
+    down = h.gpulab("down")
+    assert down.returncode == 0, down.stderr
+
+
 @pytest.fixture
 def show_logs_on_failure(request, docker_engine, hub):
     """Print the hub log tail and the test containers' logs when the test fails."""

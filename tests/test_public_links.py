@@ -13,7 +13,6 @@ from urllib.parse import quote
 
 import pytest
 import requests
-from conftest import PREFIX, hub_env, start_hub
 from hubclient import HubUser
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
@@ -100,15 +99,10 @@ def anonymous(base: str, path: str) -> requests.Response:
 
 
 @pytest.fixture(scope="module")
-def pubhub(hub, tmp_path_factory):
-    """A second hub, with public links on (and containers of its own prefix)."""
-    home = tmp_path_factory.mktemp("gpulab-public-home")
-    h = start_hub(
-        home, hub_env(home, GPULAB_PUBLIC_LINKS="1", GPULAB_CONTAINER_PREFIX=PREFIX + "pub")
-    )
-    yield h
-    down = h.gpulab("down")
-    assert down.returncode == 0, down.stderr
+def pubhub(second_hub):
+    """A second hub, with public links on (and containers of its own prefix): the one
+    security/test_accounts.py uses too (conftest.second_hub)."""
+    return second_hub
 
 
 @pytest.fixture(scope="module")

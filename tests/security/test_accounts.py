@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import PREFIX, hub_env, start_hub
+from conftest import PREFIX, SECOND_HUB_LOCK_AFTER, SECOND_HUB_LOCK_SECONDS
 from hubclient import HubUser
 from people import password, share_by_link
 from traitlets.config import Config
@@ -25,24 +25,14 @@ from gpulab_hub import accounts, settings
 
 pytestmark = [pytest.mark.docker]
 
-LOCK_AFTER, LOCK_SECONDS = 3, 6
+LOCK_AFTER, LOCK_SECONDS = SECOND_HUB_LOCK_AFTER, SECOND_HUB_LOCK_SECONDS
 
 
 @pytest.fixture(scope="module")
-def acct_hub(docker_engine, tmp_path_factory):
-    """A hub of its own (users are deleted here; lockout made short), public links on."""
-    home = tmp_path_factory.mktemp("gpulab-accounts-home")
-    env = hub_env(
-        home,
-        GPULAB_CONTAINER_PREFIX=PREFIX + "acct",
-        GPULAB_LOGIN_ATTEMPTS=str(LOCK_AFTER),
-        GPULAB_LOGIN_LOCKOUT_SECONDS=str(LOCK_SECONDS),
-        GPULAB_PUBLIC_LINKS="1",
-    )
-    h = start_hub(home, env)
-    yield h
-    down = h.gpulab("down")
-    assert down.returncode == 0, down.stderr
+def acct_hub(second_hub):
+    """A hub other than the session's (users are deleted here; lockout made short), public
+    links on; test_public_links.py uses it too (conftest.second_hub)."""
+    return second_hub
 
 
 @pytest.fixture(scope="module")
