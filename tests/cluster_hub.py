@@ -4,6 +4,11 @@ adds below it (docs/cluster.md shows the same lines), started the way ``gpulab u
 starts a hub (same command, folder, environment and umask), with its API on the
 cluster address of this machine (GPULAB_HUB_IP), where containers on the nodes reach
 it.
+
+It is a gpulab of its own beside the session hub: its own prefix (PREFIX, the session
+hub's followed by "slurm": ``gpulab down`` on it must leave the session hub's
+containers alone), the session hub's images and network (GPULAB_NETWORK: its builds
+join it). ``gpulab(hub, ...)`` runs the gpulab command for it.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import sys
 from pathlib import Path
 
 from cluster_kit import SlurmKit
+from conftest import PREFIX as SESSION_PREFIX
 from conftest import REPO, Hub, hub_env
 
 from gpulab_hub import cli, host, hubfiles, pidfile, settings
 
 ADMIN_PASSWORD = "cluster-admin-Passw0rd"
+PREFIX = f"{SESSION_PREFIX}slurm"  # GPULAB_CONTAINER_PREFIX: its projects' job names
 
 
 def admin_lines(kit: SlurmKit, **spawner) -> str:
@@ -46,7 +53,10 @@ def start(home: Path, kit: SlurmKit, **spawner) -> tuple[Hub, subprocess.Popen]:
         "# gpulab's configuration, then the cluster's lines (docs/cluster.md)\n"
         f"load_subconfig({str(REPO / 'jupyterhub_config.py')!r})\n" + admin_lines(kit, **spawner)
     )
-    env = hub_env(home, GPULAB_HUB_IP=kit.host_address, GPULAB_ADMIN_PASSWORD=ADMIN_PASSWORD)
+    env = hub_env(
+        home, GPULAB_HUB_IP=kit.host_address, GPULAB_ADMIN_PASSWORD=ADMIN_PASSWORD,
+        GPULAB_CONTAINER_PREFIX=PREFIX, GPULAB_NETWORK=f"{SESSION_PREFIX}-net",
+    )  # fmt: skip
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     p = settings.paths(home)
     p["hub"].mkdir(parents=True, exist_ok=True)
@@ -75,3 +85,19 @@ def start(home: Path, kit: SlurmKit, **spawner) -> tuple[Hub, subprocess.Popen]:
 def stop(proc: subprocess.Popen) -> None:
     host.stop_pid(proc.pid, timeout=20)
     proc.wait(timeout=30)
+
+
+# The gpulab command, with the hub's jupyterhub_config.py from its home (the command
+# reads the checkout's; everything else is the command's own code).
+_GPULAB = (
+    "import sys; from pathlib import Path; from gpulab_hub import cli, hubsettings; "
+    "hubsettings.config_file = lambda: Path(sys.argv[1]); sys.exit(cli.main(sys.argv[2:]))"
+)
+
+
+def gpulab(hub: Hub, *args: str) -> subprocess.Popen:
+    """``gpulab <args>`` for this hub, as its administrator runs it (its environment),
+    started: ``.communicate()`` gives its output."""
+    config = str(hub.home / "jupyterhub_config.py")
+    return subprocess.Popen([sys.executable, "-c", _GPULAB, config, *args], env=hub.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip

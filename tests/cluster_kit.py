@@ -32,7 +32,15 @@ Docker (``engines=True``, the default; tests/cluster_engines.py has the details)
 each node runs its own Docker engine (a containerd and a dockerd of the kit's own,
 in the node's network and UTS namespaces, ``--userns-remap=default``, its data and
 exec roots under ``<root>/<node>/``), and a registry (Debian's ``docker-registry``)
-carries images from this machine's engine to the nodes. The API other tests use:
+carries images from this machine's engine to the nodes. With engines, each node's
+daemons (slurmd, containerd, dockerd) also run in a mount namespace of the node's own
+(``<root>/ns/<node>-mnt``, private propagation) whose /dev is the node's: the
+essentials, the node's GPUs at ``/dev/nvidia<minor>`` and the driver's control devices,
+as a real GPU node has them. An engine that remaps users makes a container's device
+from the path the container sees (``/dev/nvidia3``), never from the path it is given
+(the kit's device files), so the node must have it there. The engines' overlay and
+network-namespace mounts live in that namespace (``node_mounts``), and go with it.
+The API other tests use:
 
 - ``kit.node_docker_host(node)``: ``"unix://<root>/<node>/docker.sock"``, the node's
   engine; ``kit.node_docker_host_template`` is the same with ``{node}`` (the form of
@@ -55,6 +63,7 @@ carries images from this machine's engine to the nodes. The API other tests use:
 - ``kit.engine_seconds``: how long the node engines took to answer.
 - ``tiny_image_tar(path)`` and ``http_answer(port, text)``: an 11 MB root file system
   (sleep, perl) to import as an image, and a command for it that answers HTTP.
+- ``wait_for(what, check)``: ``check()``'s first true value, polled (bounded).
 
 Stop removes every container on the node engines, ends the dockerds, containerds and
 registries, untags what ``push`` tagged on this machine's engine (never anything
@@ -92,6 +101,24 @@ GPU_MAJOR = 195  # the NVIDIA driver's character-device major; no driver here: E
 GPU_TYPE = "h200"
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo", "nsenter", "unshare", "ip")
 ENGINE_PROGRAMS = ("containerd", "dockerd", "docker", "docker-registry")
+
+# A node's /dev as a GPU node has it (run in the node's new mount namespace, the node's
+# minors as arguments): the essentials a container's engine binds from its host's /dev,
+# the GPUs at /dev/nvidia<minor>, the driver's control devices (the kit's GPUs are device
+# files with no driver behind them).
+NODE_DEV = f"""set -e
+mount -t tmpfs -o mode=755,size=1m gpulab-node-dev /dev
+for d in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+  IFS=: read -r name major minor <<< "$d"; mknod -m 666 "/dev/$name" c "$major" "$minor"
+done
+mkdir /dev/pts /dev/shm && mount -t tmpfs -o mode=1777 gpulab-node-shm /dev/shm
+ln -s /proc/self/fd /dev/fd
+for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${{i%%:*}}" "/dev/${{i#*:}}"; done
+for m in "$@"; do mknod -m 666 "/dev/nvidia$m" c {GPU_MAJOR} "$m"; done
+mknod -m 666 /dev/nvidiactl c {GPU_MAJOR} 255
+mknod -m 666 /dev/nvidia-uvm c {GPU_MAJOR} 254
+mknod -m 666 /dev/nvidia-uvm-tools c {GPU_MAJOR} 253
+"""
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -220,6 +247,7 @@ class SlurmKit(NodeEngines):
             self._start_munge()
             self._make_network()
             if self.engines:
+                self._make_node_dev()
                 self._start_engines()
             self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
             for n in self.nodes:
@@ -421,7 +449,24 @@ class SlurmKit(NodeEngines):
             raise KitError(f"{name} exited at once:\n{self.logs()}")
 
     def _in_node(self, n: KitNode) -> list[str]:
-        return ["nsenter", f"--net={self.ns(n.name, 'net')}", f"--uts={self.ns(n.name, 'uts')}"]
+        """nsenter into the node's namespaces (with engines, its mount namespace too)."""
+        argv = ["nsenter", f"--net={self.ns(n.name, 'net')}", f"--uts={self.ns(n.name, 'uts')}"]
+        return [*argv, f"--mount={self.ns(n.name, 'mnt')}"] if self.engines else argv
+
+    def _make_node_dev(self) -> None:
+        """Each node's mount namespace, its /dev the node's (NODE_DEV)."""
+        for n in self.nodes:
+            mnt = self.ns(n.name, "mnt")
+            mnt.touch()
+            _run("unshare", f"--mount={mnt}", "--propagation", "private",
+                 "bash", "-c", NODE_DEV, "node-dev", *(str(m) for m in n.minors))  # fmt: skip
+
+    def node_mounts(self, node: str) -> list[str]:
+        """Mount points in a node's mount namespace (with engines) under the kit's folder."""
+        mnt = self.ns(self.node(node).name, "mnt")
+        done = _run("nsenter", f"--mount={mnt}", "cat", "/proc/self/mountinfo")
+        inside = f"{self.root}/"
+        return [p for p in (x.split()[4] for x in done.stdout.splitlines()) if p.startswith(inside)]
 
     def _start_munge(self) -> None:
         d = self.root / "munge"
@@ -499,6 +544,19 @@ class SlurmKit(NodeEngines):
         """The tails of every daemon's log, for failure messages."""
         files = sorted((self.root / "log").glob("*")) if (self.root / "log").is_dir() else []
         return "\n".join(_tail(f) for f in files) or "(no logs)"
+
+
+def wait_for(what: str, check, timeout: float = 60, every: float = 0.2):
+    """``check()``'s first true value, asked every ``every`` seconds; AssertionError
+    naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
 
 
 def _is_nsfs(path: Path) -> bool:

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import requests
 from cluster_engines import mounts_under, shim_sockets
-from cluster_kit import SlurmKit, daemons_left, http_answer, tiny_image_tar
+from cluster_kit import SlurmKit, daemons_left, http_answer, tiny_image_tar, wait_for
 from conftest import PREFIX
 
 from gpulab_hub import host, pidfile
@@ -58,17 +58,6 @@ EOF
 fi
 exit 0
 """
-
-
-def wait_for(what: str, check, timeout: float = 20, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
 
 
 # Processes of containers the tests start on node engines: none may outlive the kit.
@@ -158,6 +147,14 @@ def test_the_cluster_comes_up_with_both_nodes_idle(cluster, docker_engine):
         assert "name=userns" in info["SecurityOptions"]
         assert info["RegistryConfig"]["IndexConfigs"][cluster.registry_for_nodes]["Secure"] is False
         roots.add(info["DockerRootDir"])
+        # Its daemons see the node's /dev: its own GPUs at /dev/nvidia<minor>, as on a
+        # GPU node (an engine that remaps users takes a device from that path).
+        ls = ["nsenter", f"--mount={cluster.ns(n.name, 'mnt')}", "ls", "/dev"]
+        dev = subprocess.run(ls, capture_output=True, text=True, check=True).stdout.split()
+        assert [d for d in dev if re.fullmatch(r"nvidia[0-9]+", d)] == sorted(
+            f"nvidia{m}" for m in n.minors
+        )
+        assert {"null", "urandom", "nvidiactl", "nvidia-uvm"} <= set(dev)
     assert len(roots) == 3
 
 
@@ -204,7 +201,9 @@ def crash_and_recover(docker_engine, prefix: str) -> None:
     assert box is not None
     sockets = shim_sockets(kit.root)
     assert len(sockets) == 1 and sockets[0].exists()
-    assert any("/overlay2/" in m for m in mounts_under(kit.root))
+    # The container's overlay is mounted in node 1's mount namespace (kept by its file).
+    assert any("/overlay2/" in m for m in kit.node_mounts(n1))
+    node_mnt = os.stat(kit.ns(n1, "mnt")).st_ino
     assert any(t.startswith("127.0.0.1:") and f"/{prefix}/" in t for t in main_tags(docker_engine))
 
     with kit:
@@ -214,7 +213,22 @@ def crash_and_recover(docker_engine, prefix: str) -> None:
         assert not sockets[0].exists()
         assert kit.node_engine(kit.nodes[0].name).call("containers", all=True) == []
     assert daemons_left(kit) == [] and mounts_under(kit.root) == []
+    # No process is left in node 1's old mount namespace and nothing keeps it: it is
+    # gone, and the overlay mounted in it with it.
+    assert in_mount_namespace(node_mnt) == []
     assert [t for t in main_tags(docker_engine) if f"/{prefix}/" in t] == []
+
+
+def in_mount_namespace(inode: int) -> list[int]:
+    """PIDs of the processes in the mount namespace of that inode."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and os.stat(p / "ns" / "mnt").st_ino == inode:
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
 
 
 DAEMONS = {"containerd", "docker-registry", "dockerd", "munged", "slurmctld", "slurmd"}

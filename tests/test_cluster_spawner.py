@@ -29,14 +29,13 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import cluster_hub
 import pytest
 from browser_kit import SHOTS
-from cluster_kit import SlurmKit
+from cluster_kit import SlurmKit, wait_for
 from cluster_multinode_kit import TorchSite, job_network, two_node_job
 from conftest import PREFIX
 from playwright.sync_api import expect
@@ -50,54 +49,6 @@ USER = "ana"
 FIGURES: dict[str, float] = {}
 
 
-def wait_for(what: str, check, timeout: float = 60, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
-
-
-# A node's /dev as a GPU node has it: the essentials, its GPUs at /dev/nvidia<minor>, the
-# driver's control devices (the kit's GPUs are device files with no driver behind them).
-NODE_DEV = """set -e
-mount -t tmpfs -o mode=755,size=1m gpulab-node-dev /dev
-for d in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
-  IFS=: read -r name major minor <<< "$d"; mknod -m 666 "/dev/$name" c "$major" "$minor"
-done
-mkdir /dev/pts /dev/shm && mount -t tmpfs -o mode=1777 gpulab-node-shm /dev/shm
-ln -s /proc/self/fd /dev/fd
-for i in 0:stdin 1:stdout 2:stderr; do ln -s "/proc/self/fd/${i%%:*}" "/dev/${i#*:}"; done
-for m in "$@"; do mknod -m 666 "/dev/nvidia$m" c 195 "$m"; done
-mknod -m 666 /dev/nvidiactl c 195 255
-mknod -m 666 /dev/nvidia-uvm c 195 254
-mknod -m 666 /dev/nvidia-uvm-tools c 195 253
-"""
-
-
-class GpuNodesKit(SlurmKit):
-    """The kit with each node's daemons (slurmd, containerd, dockerd) in a mount namespace
-    of the node's own whose /dev has the node's GPUs, as a real node's has: a Docker
-    engine that remaps users makes a container's device from the path the container
-    sees (/dev/nvidia3), never from the path given (the kit's device files), so the
-    node must have it there. (To move into tests/cluster_kit.py.)"""
-
-    def _in_node(self, n) -> list[str]:
-        mnt = self.ns(n.name, "mnt")
-        if not mnt.exists():
-            mnt.touch()
-            minors = [str(m) for m in n.minors]
-            subprocess.run(
-                ["unshare", f"--mount={mnt}", "--propagation", "private",
-                 "bash", "-c", NODE_DEV, "node-dev", *minors],
-                check=True, capture_output=True, timeout=30,
-            )  # fmt: skip
-        return [*super()._in_node(n), f"--mount={mnt}"]
-
-
 @pytest.fixture(scope="module")
 def torch_site(tmp_path_factory):
     """torch for the multi-node job's containers, unpacked while the rest runs (and
@@ -109,7 +60,7 @@ def torch_site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(docker_engine, torch_site):
-    kit = GpuNodesKit(PREFIX, mem_mb=4096)
+    kit = SlurmKit(PREFIX, mem_mb=4096)
     kit.epilog = batch.render_epilog(kit.cluster, docker_host=kit.node_docker_host_template)
     with kit:
         yield kit
@@ -186,7 +137,7 @@ def messages(events) -> list[str]:
 
 
 def job_of(cluster: SlurmKit, project: str):
-    name = f"{PREFIX}-{USER}--{project}"
+    name = f"{cluster_hub.PREFIX}-{USER}--{project}"
     (job,) = [j for j in cluster.slurm().queue() if j.name == name]
     return job
 
@@ -384,3 +335,45 @@ def print_figures() -> None:
         f"\nqueue-to-running: the user stops a project -> the waiting job RUNNING: "
         f"{f['queue_to_running']:.1f} s (the stop itself: {f['stop']:.1f} s)"
     )
+
+
+def test_gpulab_down_cancels_the_hubs_project_jobs_and_no_others(cluster, slurm_hub, ana):
+    """Last (it stops this module's hub): ``gpulab status`` lists a running project's job
+    with its node, and ``gpulab down`` cancels it, saying so, leaving no container on any
+    node engine; a job of another gpulab on the cluster (prefix ``<hub's>-lab2``), with
+    the same user and project names, runs on."""
+    t0 = start(ana, "last", 1)
+    follow(ana, "last", until=lambda e: e.get("message", "").startswith("Running on node"))
+    status = cluster_hub.gpulab(slurm_hub, "status")  # while the container starts
+    other = cluster.slurm().submit(
+        "#!/bin/sh\nsleep 300\n",
+        ["--parsable", "--mem=64M", "--output=/dev/null",
+         f"--job-name={cluster_hub.PREFIX}-lab2-{USER}--last"],
+    )  # fmt: skip
+    follow(ana, "last")
+    took = {"the project's start": time.monotonic() - t0}
+    job = job_of(cluster, "last")
+    node, _ = only_box(cluster, "last")
+    out, err = status.communicate(timeout=120)
+    print("\ngpulab status:\n" + out + err)
+    assert status.returncode == 0
+    assert f"  {USER}/last: RUNNING, running on node {node} (Slurm job {job.id})" in (
+        out.splitlines()
+    )
+    assert "cluster: 1 job(s) of this hub" in out
+
+    t0 = time.monotonic()
+    down = cluster_hub.gpulab(slurm_hub, "down")
+    out, err = down.communicate(timeout=180)
+    took["gpulab down"] = time.monotonic() - t0
+    print("gpulab down:\n" + out + err)
+    assert down.returncode == 0 and err == ""
+    assert out.splitlines()[:2] == [
+        "Stopped the hub.",
+        f"Stopped project {USER}/last on the cluster (Slurm job {job.id})",
+    ]
+    left = {j.id for j in cluster.slurm().queue()}
+    assert job.id not in left and other in left
+    assert node_boxes(cluster) == {n.name: [] for n in cluster.nodes}
+    cluster.slurm().cancel(other)
+    print(*(f"{k}: {v:.1f} s" for k, v in took.items()), sep="\n")

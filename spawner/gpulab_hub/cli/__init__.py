@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 import requests
 
 from gpulab_hub import host, hubfiles, hubsettings, pidfile, settings, ssh
+from gpulab_hub.cli import cluster as cli_cluster
 from gpulab_hub.cli import gpus as cli_gpus
 from gpulab_hub.cli import images as cli_images
 from gpulab_hub.doctor.cli import add_parser as add_doctor_parser
@@ -146,11 +147,15 @@ def cmd_down(args, environ) -> int:
     s = settings.site(environ)
     hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
     hub, stale = hub_process(hub_dir)
+    spawner = cli_cluster.hub_spawner()
+    uid = cli_cluster.hub_user(hub)
     if hub and host.stop_pid(hub.pid, expect=hub):
         print("Stopped the hub.")
     elif stale:
         print(f"The hub's PID file was stale, so nothing was signalled: {stale}.")
     (hub_dir / HUB_PIDFILE).unlink(missing_ok=True)
+    if cli_cluster.on_cluster(spawner):
+        cli_cluster.stop_jobs(spawner, uid)
     dk = host.Docker()
     if dk.reachable():
         label = f"{INSTANCE_LABEL}={s['GPULAB_CONTAINER_PREFIX']}"
@@ -164,9 +169,14 @@ def cmd_down(args, environ) -> int:
 def cmd_status(args, environ) -> int:
     s = settings.site(environ)
     hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
-    pid = hub_pid(hub_dir)
+    hub, _ = hub_process(hub_dir)
+    pid = hub.pid if hub else None
     url = local_url(s["GPULAB_BIND_URL"])
     print(f"hub: running (pid {pid}) at {url}" if pid else "hub: stopped")
+    answered = True
+    spawner = cli_cluster.hub_spawner()
+    if cli_cluster.on_cluster(spawner):
+        answered = cli_cluster.show_jobs(spawner, cli_cluster.hub_user(hub))
     dk = host.Docker()
     if not dk.reachable():
         print("docker: not reachable")
@@ -176,7 +186,7 @@ def cmd_status(args, environ) -> int:
     for c in dk.call("containers", all=True, filters={"label": label}):
         labels = c["Labels"]
         print(f"  {labels.get('gpulab.owner')}/{labels.get('gpulab.project')}: {c['Status']}")
-    return 0
+    return 1 if pid and not answered else 0
 
 
 def main(argv=None) -> int:
@@ -185,10 +195,12 @@ def main(argv=None) -> int:
     up = sub.add_parser("up", help="set up what is missing and start the hub")
     up.add_argument("--foreground", action="store_true", help="run the hub in this terminal")
     up.set_defaults(fn=cmd_up)
-    sub.add_parser("down", help="stop the hub and every project container").set_defaults(
-        fn=cmd_down
-    )
-    sub.add_parser("status", help="show the hub and project containers").set_defaults(fn=cmd_status)
+    sub.add_parser(
+        "down", help="stop the hub and every project container (on a Slurm cluster: its jobs)"
+    ).set_defaults(fn=cmd_down)
+    sub.add_parser(
+        "status", help="show the hub and project containers (on a Slurm cluster: its jobs)"
+    ).set_defaults(fn=cmd_status)
     add_doctor_parser(sub)
     cli_images.add_parsers(sub)
     cli_gpus.add_parser(sub)

@@ -39,6 +39,7 @@ from gpulab_hub.projects import objects
 RECORD = "cluster-jobs.json"
 KEEP_ENDED_PER_PROJECT = 200
 OUTPUT_TAIL_BYTES = 16384
+JOB_NAME_MAX = 128  # the longest --job-name batch.sbatch_args takes
 _LABEL = re.compile(r"^\s*[0-9]{1,4}: ")  # srun --label's "<task>: "
 
 
@@ -92,6 +93,12 @@ def record_of(records_dir: Path) -> JobsRecord:
     return JobsRecord(Path(records_dir) / RECORD)
 
 
+def container_name(project_container: str, job_id: str) -> str:
+    """The container name of a project's multi-node job (``<project's container>-job-<id>``);
+    its Slurm job is named the same, cut to JOB_NAME_MAX characters."""
+    return f"{project_container}-job-{job_id}"
+
+
 def job_container(site: Site, project: ProjectRef, req: TrainRequest) -> objects.ContainerSettings:
     """The job's container: the project's, with the job's name, image, environment and
     limits, on the job network (no GPUs named: Slurm decides them on each node)."""
@@ -101,7 +108,7 @@ def job_container(site: Site, project: ProjectRef, req: TrainRequest) -> objects
     )
     return replace(
         base,
-        name=f"{base.name}-job-{req.job_id}",
+        name=container_name(base.name, req.job_id),
         image=project.image,
         command=[],
         env=env,
@@ -182,7 +189,7 @@ def submit(site: Site, record: JobsRecord, project: ProjectRef, req: TrainReques
             master_port=site.master_port,
         )
         request = batch.JobRequest(
-            name=container.name[:128],
+            name=container.name[:JOB_NAME_MAX],
             mem_mb=site.mem_mb,
             cpus=site.cpus,
             gpus=req.gpus_per_node,

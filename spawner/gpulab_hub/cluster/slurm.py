@@ -260,10 +260,13 @@ class Slurm:
             args.append("--full")
         self._checked("scancel", *args, str(int(job_id)))
 
-    def queue(self, partition: str = "") -> list[Job]:
+    def queue(self, partition: str = "", user: int | None = None) -> list[Job]:
+        """squeue's jobs that have not ended (of ``partition``, of the user id ``user``)."""
         args = ["--noheader", f"--format={SQUEUE_FORMAT}"]
         if partition:
             args.append(f"--partition={slurm_name(partition, 'Partition')}")
+        if user is not None:
+            args.append(f"--user={int(user)}")
         return parse_squeue(self._checked("squeue", *args))
 
     def job(self, job_id: int) -> Job | None:
