@@ -63,6 +63,19 @@ def test_defaults_give_a_working_single_machine_hub():
                     "/gpulab/build-log/([^/]+)(?:/([^/]+))?",
                     "gpulab_hub.projects.buildlog.BuildLogHandler",
                 ),
+                # multi-node jobs on a Slurm cluster, asked for by project servers
+                (
+                    "/api/gpulab/cluster/jobs/([^/]+)/([^/]+)",
+                    "gpulab_hub.cluster.jobsapi.ProjectJobsHandler",
+                ),
+                (
+                    "/api/gpulab/cluster/jobs/([^/]+)/([^/]+)/([0-9]{8}-[0-9]{6}-[a-z0-9]{4})",
+                    "gpulab_hub.cluster.jobsapi.JobHandler",
+                ),
+                (
+                    "/api/gpulab/cluster/jobs/([^/]+)/([^/]+)/([0-9]{8}-[0-9]{6}-[a-z0-9]{4})/stop",
+                    "gpulab_hub.cluster.jobsapi.StopHandler",
+                ),
                 # SSH: each user's keys and how to connect; what the gateway may let in
                 (
                     "/gpulab/ssh",
