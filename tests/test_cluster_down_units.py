@@ -228,3 +228,20 @@ def test_status_lists_this_hubs_jobs_with_their_state_and_node(tmp_path, capsys)
     assert runner.scancelled() == []
     assert not cli_cluster.show_jobs(hub(Cluster(OURS, silent=True), tmp_path), UID)
     assert capsys.readouterr().out.startswith("cluster: Slurm does not answer: ")
+
+
+def test_down_stops_even_when_the_hubs_configuration_is_broken(tmp_path, monkeypatch, capsys):
+    """A jupyterhub_config.py that raises must not keep `gpulab down` from stopping."""
+    from gpulab_hub import cli
+
+    def broken():
+        raise SyntaxError("invalid syntax (jupyterhub_config.py, line 3)")
+
+    monkeypatch.setattr(cli_cluster, "hub_spawner", broken)
+    monkeypatch.setattr(cli.host, "stop_dockerd", lambda hub_dir: False)
+    monkeypatch.setattr(cli.host.Docker, "reachable", lambda self: False)
+    env = {**os.environ, "GPULAB_HOME": str(tmp_path)}
+    assert cli.cmd_down(SimpleNamespace(), env) == 0
+    err = capsys.readouterr().err
+    assert "Could not read the hub's configuration (SyntaxError: invalid syntax" in err
+    assert "keep running: `scancel` them" in err

@@ -147,7 +147,16 @@ def cmd_down(args, environ) -> int:
     s = settings.site(environ)
     hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
     hub, stale = hub_process(hub_dir)
-    spawner = cli_cluster.hub_spawner()
+    try:
+        spawner = cli_cluster.hub_spawner()
+    except Exception as e:  # noqa: BLE001 - the config is the admin's Python: stop anyway
+        print(
+            f"Could not read the hub's configuration ({type(e).__name__}: {e}); stopping "
+            "anyway. Jobs of its projects on a Slurm cluster, if any, keep running: "
+            "`scancel` them (docs/cluster.md).",
+            file=sys.stderr,
+        )
+        spawner = None
     uid = cli_cluster.hub_user(hub)
     if hub and host.stop_pid(hub.pid, expect=hub):
         print("Stopped the hub.")
