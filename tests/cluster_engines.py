@@ -407,3 +407,9 @@ def remove_file(path: Path) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def main_tags(dk) -> set[str]:
+    """Every tag and digest reference on this machine's engine."""
+    images = dk.call("images")
+    return {r for i in images for r in (i.get("RepoTags") or []) + (i.get("RepoDigests") or [])}

@@ -92,6 +92,7 @@ from pathlib import Path
 
 import cluster_engines
 from cluster_engines import KitError, NodeEngines, free_port
+from cluster_procs import is_nsfs, kill, with_descendants
 
 from gpulab_hub import host, pidfile
 from gpulab_hub.cluster.batch import NodeGpus
@@ -285,7 +286,7 @@ class SlurmKit(NodeEngines):
         namespaces = set()
         for f in (self.root / "ns").glob("*-net") if (self.root / "ns").is_dir() else ():
             st = os.stat(f)
-            if st.st_size == 0 and _is_nsfs(f):
+            if st.st_size == 0 and is_nsfs(f):
                 namespaces.add((st.st_dev, st.st_ino))
         found = []
         for entry in Path("/proc").iterdir():
@@ -300,7 +301,7 @@ class SlurmKit(NodeEngines):
                 continue
             if (st.st_dev, st.st_ino) in namespaces:
                 found.append(int(entry.name))
-        return _with_descendants(found)
+        return with_descendants(found)
 
     def _kill_in_namespaces(self) -> None:
         seen: dict[int, pidfile.Identity] = {}
@@ -315,7 +316,7 @@ class SlurmKit(NodeEngines):
             if not live:
                 return
             for pid in live:
-                _kill(pid, sig)
+                kill(pid, sig)
             # TERM lets a job's script run its trap; slurmstepd waits for KILL.
             deadline = time.monotonic() + 2
             while time.monotonic() < deadline and any(
@@ -557,53 +558,6 @@ def wait_for(what: str, check, timeout: float = 60, every: float = 0.2):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
-
-
-def _is_nsfs(path: Path) -> bool:
-    """True if ``path`` is a namespace bind-mounted by unshare (a mount point)."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            return any(line.split()[4] == str(path) for line in f)
-    except OSError:
-        return False
-
-
-def _with_descendants(pids: list[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(pids), list(pids)
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            if child not in found and child != os.getpid():
-                found.add(child)
-                todo.append(child)
-    return sorted(found)
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def daemons_left(kit: SlurmKit) -> list[str]:
-    """Live (non-zombie) processes whose command line names the kit's folder, as
-    ``pgrep -a -f`` prints them."""
-    done = subprocess.run(["pgrep", "-a", "-f", str(kit.root)], capture_output=True, text=True)
-    return [
-        line
-        for line in done.stdout.splitlines()
-        if pidfile.identity(int(line.split()[0])) is not None
-    ]
 
 
 def tiny_image_tar(path: Path) -> Path:

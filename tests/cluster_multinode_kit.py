@@ -23,6 +23,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from cluster_kit import wait_for
+
 from gpulab_hub import images, settings
 from gpulab_hub.projects import objects, safe_owner
 
@@ -166,17 +168,6 @@ def job_network(kit) -> dict:
         "job_network_range": f"{base}.192/26",
         "job_max_nodes": 2,
     }
-
-
-def wait_for(what: str, check, timeout: float = 60, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
 
 
 def job_boxes(cluster, job_id: str) -> dict[str, list[dict]]:

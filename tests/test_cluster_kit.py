@@ -25,14 +25,14 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
-from cluster_engines import mounts_under, shim_sockets
-from cluster_kit import SlurmKit, daemons_left, http_answer, tiny_image_tar, wait_for
+from cluster_engines import main_tags
+from cluster_kit import SlurmKit, http_answer, tiny_image_tar, wait_for
+from cluster_procs import batch_script_pid, daemons_left
 from conftest import PREFIX
 
 from gpulab_hub import host, pidfile
@@ -97,12 +97,6 @@ def cluster(docker_engine):
     assert boxes == []
 
 
-def main_tags(dk) -> set[str]:
-    """Every tag and digest reference on this machine's engine."""
-    images = dk.call("images")
-    return {r for i in images for r in (i.get("RepoTags") or []) + (i.get("RepoDigests") or [])}
-
-
 def main_dockerds() -> set[pidfile.Identity]:
     """This machine's dockerd processes: those in this network namespace (node
     engines, this kit's and other test runs', live in their nodes' namespaces)."""
@@ -156,112 +150,6 @@ def test_the_cluster_comes_up_with_both_nodes_idle(cluster, docker_engine):
         )
         assert {"null", "urandom", "nvidiactl", "nvidia-uvm"} <= set(dev)
     assert len(roots) == 3
-
-
-def test_a_crashed_runs_leftovers_are_removed_by_the_next_start(docker_engine):
-    prefix = f"{PREFIX}crash"
-    try:
-        crash_and_recover(docker_engine, prefix)
-    finally:
-        for img in docker_engine.call("images", name=f"{prefix}/sleep"):
-            docker_engine.call("remove_image", img["Id"], force=True)
-
-
-def crash_and_recover(docker_engine, prefix: str) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", CRASHING_RUN.format(prefix=prefix)],
-        cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        up, box_pid = child.stdout.readline().split()
-        assert up == "up"
-        kit = SlurmKit(prefix)
-        client = kit.slurm()
-        job = client.submit(
-            "#!/bin/sh\nsleep 300\n", ["--parsable", "--mem=64M", "-o", "/dev/null"]
-        )
-        script = wait_for("the job's script", lambda: batch_script_pid(kit, job))
-    finally:
-        child.kill()  # the run crashes: no stop, everything it started is left
-        child.wait()
-    lines = daemons_left(kit)
-    left = [line.split()[1] for line in lines]
-    print("left by the crash:", sorted(Path(c).name for c in left))
-    # The container's shim belongs to node 1's own containerd, in a namespace of its
-    # own: never to this machine's containerd or its "moby" namespace.
-    (shim,) = [line for line in lines if "containerd-shim" in line]
-    n1 = kit.nodes[0].name
-    assert f" -namespace {n1} " in shim and f" -address {kit.root}/{n1}/containerd.sock" in shim
-    daemons = sorted(Path(c).name for c in left if Path(c).name in DAEMONS)
-    assert daemons == [
-        "containerd", "containerd", "docker-registry", "docker-registry",
-        "dockerd", "dockerd", "munged", "slurmctld", "slurmd", "slurmd",
-    ]  # fmt: skip
-    box = pidfile.identity(int(box_pid))  # the container on node 1, a shim's child
-    assert box is not None
-    sockets = shim_sockets(kit.root)
-    assert len(sockets) == 1 and sockets[0].exists()
-    # The container's overlay is mounted in node 1's mount namespace (kept by its file).
-    assert any("/overlay2/" in m for m in kit.node_mounts(n1))
-    node_mnt = os.stat(kit.ns(n1, "mnt")).st_ino
-    assert any(t.startswith("127.0.0.1:") and f"/{prefix}/" in t for t in main_tags(docker_engine))
-
-    with kit:
-        assert [n.state for n in kit.slurm().nodes()] == ["idle", "idle"]
-        assert pidfile.identity(script) is None  # the old job's script went too
-        assert pidfile.identity(box.pid) != box  # and the old container
-        assert not sockets[0].exists()
-        assert kit.node_engine(kit.nodes[0].name).call("containers", all=True) == []
-    assert daemons_left(kit) == [] and mounts_under(kit.root) == []
-    # No process is left in node 1's old mount namespace and nothing keeps it: it is
-    # gone, and the overlay mounted in it with it.
-    assert in_mount_namespace(node_mnt) == []
-    assert [t for t in main_tags(docker_engine) if f"/{prefix}/" in t] == []
-
-
-def in_mount_namespace(inode: int) -> list[int]:
-    """PIDs of the processes in the mount namespace of that inode."""
-    found = []
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and os.stat(p / "ns" / "mnt").st_ino == inode:
-                found.append(int(p.name))
-        except OSError:
-            continue
-    return found
-
-
-DAEMONS = {"containerd", "docker-registry", "dockerd", "munged", "slurmctld", "slurmd"}
-
-# The crashed run: a cluster, an image pushed from this machine's engine and pulled on
-# node 1 by digest, a container running there; then it prints the container's PID.
-CRASHING_RUN = """
-import subprocess, time, cluster_kit
-kit = cluster_kit.SlurmKit({prefix!r})
-kit.start()
-tar = cluster_kit.tiny_image_tar(kit.root / "rootfs.tar")
-kit.main_engine.call("import_image", src=str(tar), repository={prefix!r} + "/sleep", tag="latest")
-ref, _ = kit.push({prefix!r} + "/sleep:latest")
-node = kit.nodes[0].name
-subprocess.run(["docker", "-H", kit.node_docker_host(node), "--config", kit.node_docker_config,
-                "pull", ref], check=True, capture_output=True)
-engine = kit.node_engine(node)
-box = engine.call("create_container", ref, ["sleep", "300"])
-engine.call("start", box["Id"])
-print("up", engine.call("inspect_container", box["Id"])["State"]["Pid"], flush=True)
-time.sleep(120)
-"""
-
-
-def batch_script_pid(cluster, job_id: int) -> int | None:
-    """The PID of a running job's batch script on its node (None until it runs)."""
-    script = f"/job{job_id:05d}/slurm_script".encode()
-    root = str(cluster.root).encode()
-    for p in Path("/proc").iterdir():
-        cmd = _cmdline(p) if p.name.isdigit() else b""
-        if script in cmd and root in cmd:
-            return int(p.name)
-    return None
 
 
 def running(client, job_ids) -> bool:
@@ -424,13 +312,6 @@ def kill_batch_step(cluster, job_id: int) -> None:
     pid = batch_script_pid(cluster, job_id)
     assert pid is not None, f"job {job_id}'s batch script is not running"
     os.killpg(os.getpgid(pid), signal.SIGKILL)
-
-
-def _cmdline(proc: Path) -> bytes:
-    try:
-        return (proc / "cmdline").read_bytes()
-    except OSError:
-        return b""
 
 
 def job_ended(client, job_id: int) -> bool:

@@ -23,14 +23,8 @@ from pathlib import Path
 
 import pytest
 from cluster_engines import engine_answers, remove_file
-from cluster_kit import (
-    NODE_DEV,
-    SlurmKit,
-    _with_descendants,
-    daemons_left,
-    tiny_image_tar,
-    wait_for,
-)
+from cluster_kit import NODE_DEV, SlurmKit, tiny_image_tar, wait_for
+from cluster_procs import daemons_left, with_descendants
 from conftest import PREFIX
 
 from gpulab_hub import host, pidfile
@@ -130,7 +124,7 @@ def node_processes(kit, node: str, also: list[int]) -> list[int]:
             found.append(int(entry.name))
     # Live ones: a process killed a moment ago may be a zombie until it is reaped.
     return [
-        p for p in _with_descendants(found) if p != os.getpid() and pidfile.identity(p) is not None
+        p for p in with_descendants(found) if p != os.getpid() and pidfile.identity(p) is not None
     ]
 
 
