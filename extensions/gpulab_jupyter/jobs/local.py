@@ -168,11 +168,7 @@ class LocalEngine:
         return self.status(job_id)
 
     def rerun(self, job_id: str, extra_env: Mapping[str, str] | None = None) -> JobRecord:
-        request = self.status(job_id).request
-        fields = {f.name for f in dataclasses.fields(JobRequest)}
-        req = {k: v for k, v in request.items() if k in fields}
-        req["args"] = tuple(req.get("args") or ())
-        return self.start(JobRequest(**req), extra_env)
+        return self.start(JobRequest.of(self.status(job_id).request), extra_env)
 
     def list(self) -> list[JobRecord]:
         if not self.root.is_dir() or self.root.is_symlink():

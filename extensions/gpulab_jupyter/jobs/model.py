@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -42,6 +43,14 @@ class JobRequest:
     @property
     def kind(self) -> str:
         return "notebook" if self.target.endswith(".ipynb") else "script"
+
+    @classmethod
+    def of(cls, request: dict) -> JobRequest:
+        """The request a job record keeps (``JobRecord.request``), for a re-run."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        req = {k: v for k, v in request.items() if k in known}
+        req["args"] = tuple(req.get("args") or ())
+        return cls(**req)
 
 
 @dataclass
