@@ -32,12 +32,29 @@ if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
   python3 -m venv .venv
 fi
+# pip, tried up to three times (the package index is reached through a proxy that can
+# drop a connection); its output is shown when the last try fails.
+pip_install() {
+  local try log
+  log=$(mktemp)
+  for try in 1 2 3; do
+    if .venv/bin/pip install -q "$@" >"$log" 2>&1; then
+      grep -v '^WARNING: Location' "$log" || true
+      rm -f "$log"
+      return 0
+    fi
+    say "pip install failed (try $try of 3)"
+    sleep $((try * 5))
+  done
+  cat "$log" >&2
+  rm -f "$log"
+  return 1
+}
 say "installing gpulab into .venv"
 # JupyterLab too, so .venv/bin/jupyter runs gpulab's lab extension outside the hub.
-.venv/bin/pip install -q -e ./spawner -e ./extensions "jupyterlab==4.6.6" 2>&1 \
-  | grep -v '^WARNING: Location' || true
+pip_install -e ./spawner -e ./extensions "jupyterlab==4.6.6"
 if [ "$want_tests" = test ]; then
-  .venv/bin/pip install -q -r tests/requirements.txt 2>&1 | grep -v '^WARNING: Location' || true
+  pip_install -r tests/requirements.txt
 fi
 .venv/bin/python -c "import gpulab_hub, gpulab_jupyter, jupyterlab"
 

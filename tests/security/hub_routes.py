@@ -20,7 +20,7 @@ from tornado.util import import_object
 from tornado.web import RequestHandler
 
 OWNER, VIEWER, COLLAB, OTHER = "hmowner", "hmviewer", "hmcollab", "hmother"
-PROJECT = "hubmx"  # shared with the viewer and the collaborator; never started
+PROJECT = "hubmx"  # shared with the viewer and the collaborator; running
 RENAMED = "hmren"  # renamed by its owner in the tests of changes
 ROLES = ("anonymous", "other", "viewer", "collaborator", "owner", "admin")
 CHANGES = ("post", "put", "patch", "delete")
@@ -81,6 +81,9 @@ class People:
             # has no spawn options to ask, as on a host without GPUs)
             r = owner.http.get(f"{self.base}/hub/spawn/{OWNER}/{project}", timeout=30)
             assert r.status_code == 200, r.text
+        for project in (PROJECT, RENAMED):  # one known state for every row: running
+            # (pending pages answer 200 while a start is under way, 302 once it is up)
+            owner.wait_ready(project, timeout=300)
         share_by_link(owner, PROJECT, self.users["viewer"], "viewer")
         share_by_link(owner, PROJECT, self.users["collaborator"], "collaborator")
         self.anonymous = requests.Session()
@@ -113,7 +116,13 @@ class People:
         if body is not None:
             kw["json" if path.startswith("/hub/api/") else "data"] = body
         try:
-            return http.request(method, url, **kw).status_code
+            try:
+                return http.request(method, url, **kw).status_code
+            except requests.ConnectionError:
+                # The proxy closes a kept-alive connection after 5 idle seconds; a
+                # request sent on it at that moment gets no answer. A browser sends it
+                # again on a new connection, and so does this, once.
+                return http.request(method, url, **kw).status_code
         except requests.Timeout:
             return 599
 

@@ -67,7 +67,7 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "/hub/user/(?P<user_name>[^/]+)(?P<user_path>/.*)?": (
         f"/hub/user/{U}/{P}/",
         {
-            "get": "302 404 303 303 303 303",
+            "get": "302 404 302 302 302 302",  # running: on to /user/...
             "post": "403 424 424 424 . .",
             "patch": "403 424 424 424 . .",
             "delete": "403 424 424 424 . .",
@@ -81,7 +81,7 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     "/hub/spawn-pending/([^/]+)": (f"/hub/spawn-pending/{U}", {"get": "302 404 404 404 200 200"}),
     "/hub/spawn-pending/([^/]+)/([^/]+)": (
         f"/hub/spawn-pending/{U}/{P}",
-        {"get": "302 404 404 404 200 200"},
+        {"get": "302 404 404 404 302 302"},  # running: on to its server
     ),
     # The default server's: gpulab has none; everyone logged in is sent home (home/web.py)
     "/hub/spawn": ("/hub/spawn", {"get": "302 302 302 302 302 302", "post": "403 303 303 303 . ."}),
