@@ -64,10 +64,10 @@ def settings(**overrides) -> objects.ContainerSettings:
 
 HARDENED_OPTIONS = (
     "--network", "gpulab-net",
-    "-v", "/srv/gpulab/projects/alice/vision:/workspace:rw",
-    "-v", "/srv/gpulab/data/datasets:/data/datasets:ro",
-    "-v", "/srv/gpulab/data/models/alice:/data/models:rw",
-    "-v", "/srv/gpulab/data/outputs/alice:/data/outputs:rw",
+    "--mount", "type=bind,source=/srv/gpulab/projects/alice/vision,target=/workspace",
+    "--mount", "type=bind,source=/srv/gpulab/data/datasets,target=/data/datasets,readonly",
+    "--mount", "type=bind,source=/srv/gpulab/data/models/alice,target=/data/models",
+    "--mount", "type=bind,source=/srv/gpulab/data/outputs/alice,target=/data/outputs",
     "-v", "gpulab-hf-alice:/cache/huggingface:rw",
     "--shm-size", "8g",
     "--cap-drop", "ALL",
@@ -133,7 +133,7 @@ def test_gpus_given_as_the_spec_gives_them():
         "/dev/nvidia-uvm:/dev/nvidia-uvm:rwm",
         "/dev/nvidia-uvm-tools:/dev/nvidia-uvm-tools:rwm",
     ]
-    assert "/usr/local/nvidia:/usr/local/nvidia:ro" in opts
+    assert "type=bind,source=/usr/local/nvidia,target=/usr/local/nvidia,readonly" in opts
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ for i in "${picked[@]}"; do
   gpu_opts+=(--device "$dev:/dev/nvidia$minor:rwm")
 done
 ids=$(IFS=,; echo "${uuids[*]}")
-gpu_opts+=(--device /dev/nvidiactl:/dev/nvidiactl:rwm --device /dev/nvidia-uvm:/dev/nvidia-uvm:rwm --device /dev/nvidia-uvm-tools:/dev/nvidia-uvm-tools:rwm -v /usr/local/nvidia:/usr/local/nvidia:ro)
+gpu_opts+=(--device /dev/nvidiactl:/dev/nvidiactl:rwm --device /dev/nvidia-uvm:/dev/nvidia-uvm:rwm --device /dev/nvidia-uvm-tools:/dev/nvidia-uvm-tools:rwm --mount type=bind,source=/usr/local/nvidia,target=/usr/local/nvidia,readonly)
 gpu_opts+=(-e LD_LIBRARY_PATH=/usr/local/nvidia/lib64)
 gpu_opts+=(-e "NVIDIA_VISIBLE_DEVICES=$ids" -e "CUDA_VISIBLE_DEVICES=$ids")
 gpu_opts+=(-e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
@@ -72,10 +72,10 @@ gpu_opts+=(-e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
   --workdir /workspace \
   --expose 8888/tcp \
   --network gpulab-net \
-  -v /srv/gpulab/projects/alice/vision:/workspace:rw \
-  -v /srv/gpulab/data/datasets:/data/datasets:ro \
-  -v /srv/gpulab/data/models/alice:/data/models:rw \
-  -v /srv/gpulab/data/outputs/alice:/data/outputs:rw \
+  --mount type=bind,source=/srv/gpulab/projects/alice/vision,target=/workspace \
+  --mount type=bind,source=/srv/gpulab/data/datasets,target=/data/datasets,readonly \
+  --mount type=bind,source=/srv/gpulab/data/models/alice,target=/data/models \
+  --mount type=bind,source=/srv/gpulab/data/outputs/alice,target=/data/outputs \
   -v gpulab-hf-alice:/cache/huggingface:rw \
   --shm-size 8g \
   --cap-drop ALL \

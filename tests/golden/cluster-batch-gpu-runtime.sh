@@ -70,10 +70,10 @@ gpu_opts+=(-e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
   --workdir /workspace \
   --expose 8888/tcp \
   --network gpulab-net \
-  -v /srv/gpulab/projects/alice/vision:/workspace:rw \
-  -v /srv/gpulab/data/datasets:/data/datasets:ro \
-  -v /srv/gpulab/data/models/alice:/data/models:rw \
-  -v /srv/gpulab/data/outputs/alice:/data/outputs:rw \
+  --mount type=bind,source=/srv/gpulab/projects/alice/vision,target=/workspace \
+  --mount type=bind,source=/srv/gpulab/data/datasets,target=/data/datasets,readonly \
+  --mount type=bind,source=/srv/gpulab/data/models/alice,target=/data/models \
+  --mount type=bind,source=/srv/gpulab/data/outputs/alice,target=/data/outputs \
   -v gpulab-hf-alice:/cache/huggingface:rw \
   --shm-size 8g \
   --cap-drop ALL \

@@ -39,7 +39,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 
 from gpulab_hub.cluster import ClusterError, gres_type, slurm_name
-from gpulab_hub.cluster.dockerargs import DockerRun, env_lines, run_args
+from gpulab_hub.cluster.dockerargs import DockerRun, bind_mount, env_lines, run_args
 from gpulab_hub.projects import objects
 
 CLUSTER_LABEL = "gpulab.slurm.cluster"
@@ -256,7 +256,8 @@ def _gpu_block(gpus: SlurmGpus) -> str:
             for d in objects.CONTROL_DEVICES
         )
         drv = gpus.driver_dir
-        out += f"gpu_opts+=({controls} -v {_q(f'{drv}:{drv}:ro')})\n"
+        mount = " ".join(_q(a) for a in bind_mount(drv, drv, readonly=True))
+        out += f"gpu_opts+=({controls} {mount})\n"
         out += f"gpu_opts+=(-e {_q(f'LD_LIBRARY_PATH={drv}/lib64')})\n"
     out += (
         'gpu_opts+=(-e "NVIDIA_VISIBLE_DEVICES=$ids" -e "CUDA_VISIBLE_DEVICES=$ids")\n'

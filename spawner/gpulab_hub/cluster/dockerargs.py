@@ -114,6 +114,15 @@ def gpus_option(request: dict) -> list[str]:
     return ["--gpus", ",".join(fields)]
 
 
+def bind_mount(source: str, target: str, readonly: bool) -> list[str]:
+    """``--mount`` of a host folder, not ``-v``: a folder missing on the node (the
+    projects' storage not mounted there) is then an error, not a new empty folder
+    whose work would be lost with the node."""
+    _match(_HOST_PATH, source, "Host folder")
+    _match(_CONTAINER_PATH, target, "Mount point")
+    return ["--mount", f"type=bind,source={source},target={target}" + (",readonly" * readonly)]
+
+
 def _binds(binds: dict, volumes: list) -> list[str]:
     out = []
     for source, target in binds.items():
@@ -125,7 +134,10 @@ def _binds(binds: dict, volumes: list) -> list[str]:
         mode = target["mode"]
         if mode not in _MODES or set(target) != {"bind", "mode"}:
             raise ClusterError(f"Mount {target!r} cannot go into a batch script")
-        out += ["-v", f"{source}:{bind}:{mode}"]
+        if source.startswith("/"):
+            out += bind_mount(source, bind, readonly=mode == "ro")
+        else:
+            out += ["-v", f"{source}:{bind}:{mode}"]
     if sorted(t["bind"] for t in binds.values()) != sorted(volumes):
         raise ClusterError("The spec's volumes and binds disagree")
     return out

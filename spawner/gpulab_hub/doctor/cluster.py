@@ -2,17 +2,21 @@
 controller, the partition's nodes and their GPUs in Slurm against gpulab's device
 lists, the registry from this machine, and a short probe job on each idle node
 (cluster_probe.py: device files, the node's Docker engine, the Epilog, the registry
-as the node reaches it). Each check reads the spawner's own settings (its traits),
-so the doctor checks what the hub will do.
+as the node reaches it, the hub's folders as the same storage). Each check reads the
+spawner's own settings (its traits), so the doctor checks what the hub will do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import re
+import secrets
 import tarfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import docker.errors
 
@@ -430,9 +434,11 @@ def findings(
     dk,
     probe: bool = True,
     waits: cluster_probe.Waits | None = None,
+    folders: tuple[Path, ...] = (),
 ) -> list[Finding]:
     """Every cluster finding; blocking (about 5 s with probes on a healthy cluster,
-    bounded by CALL_TIMEOUT and ``waits``)."""
+    bounded by CALL_TIMEOUT and ``waits``). ``folders``: the hub's folders that project
+    containers mount (projects, data), which every node must see as the same storage."""
     client = slurm_client(cfg)
     controller, parts = check_controller(client, cfg)
     out = [controller]
@@ -468,7 +474,35 @@ def findings(
         seen += "Epilog and registry access are not checked"
         return [*out, Finding("cluster.probe", OK, seen)]
     idle = [n for n in nodes if n.state == "idle" and not n.flag]
-    job = cluster_probe.ProbeJob(prefix=prefix, epilog=path, expected_epilog=expected, image=image)
-    results = cluster_probe.run(client, cfg, job, idle, waits or cluster_probe.Waits())
+    with storage_markers(folders) as storage:
+        job = cluster_probe.ProbeJob(
+            prefix=prefix, epilog=path, expected_epilog=expected, image=image, storage=storage
+        )
+        results = cluster_probe.run(client, cfg, job, idle, waits or cluster_probe.Waits())
     busy = [n for n in nodes if n.usable and n not in idle]
     return out + cluster_probe.findings(cfg, job, results, busy)
+
+
+@contextlib.contextmanager
+def storage_markers(folders: tuple[Path, ...]):
+    """A new file with random words in each of the hub's folders that exists (removed
+    again at the end): a node that reads the same words there sees the same storage."""
+    made: list[Path] = []
+    storage = []
+    try:
+        for folder in folders:
+            if folder.is_symlink() or not folder.is_dir():
+                continue
+            marker = f".gpulab-doctor-{secrets.token_hex(8)}"
+            words = secrets.token_hex(16)
+            fd = os.open(folder / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                         0o644)  # fmt: skip
+            made.append(folder / marker)
+            with os.fdopen(fd, "w") as f:
+                f.write(words)
+            storage.append((str(folder), marker, words))
+        yield tuple(storage)
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.unlink()

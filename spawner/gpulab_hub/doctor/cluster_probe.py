@@ -9,7 +9,9 @@ each minor's GPU), asks the node's Docker engine for its version (DOCKER_HOST ma
 from ``node_docker_host`` exactly as the batch script makes it), hashes the
 cluster's Epilog and looks for gpulab's container labels in it, and pulls the
 doctor's tiny probe image by digest from ``registry_for_nodes`` with
-``node_docker_config`` (then removes it again). Every step has a time limit; the job
+``node_docker_config`` (then removes it again), and reads the file the hub wrote
+just now in each folder project containers mount (the projects' and the data's
+storage must be the same on every node). Every step has a time limit; the job
 has ``--time=1``, 64 MB, one CPU and ``--export=NONE`` (the hub's environment stays
 on the hub). The doctor waits a bounded time: a job still pending then is cancelled
 and its node reported busy, never waited for.
@@ -37,6 +39,7 @@ _UUID = re.compile(r"GPU-[0-9A-Za-z-]{1,80}")
 _SHA = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"[0-9A-Za-z.+~-]{1,40}")
 _SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,3})?")
+_MARKER = re.compile(r"\.gpulab-doctor-[0-9a-f]{16}")
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE")  # fmt: skip
 
@@ -55,6 +58,9 @@ class ProbeJob:
     epilog: str = ""  # the cluster's Epilog path ("" when none, or not one file)
     expected_epilog: str = ""  # what gpulab renders for these settings
     image: str = ""  # the probe image by digest as nodes pull it ("" when not pushed)
+    # (folder, marker file name, marker's words): a file the hub wrote just now in each
+    # folder containers mount (projects, data); each node must read the same words there
+    storage: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass
@@ -159,8 +165,25 @@ def render(cfg: ClusterSettings, job: ProbeJob, files: list[str]) -> str:
             if job.image
             else ""
         )
+        + _storage_block(job)
         + "say end\n"
     )
+
+
+def _storage_block(job: ProbeJob) -> str:
+    out = ""
+    for folder, marker, _ in job.storage:
+        where = _q(_path(folder, "storage folder"))
+        if _MARKER.fullmatch(marker) is None:
+            raise ClusterError(f"marker {marker!r} is not one the doctor writes")
+        path = _q(f"{folder}/{marker}")
+        out += (
+            f"if [ -f {path} ] && [ ! -L {path} ]; then\n"
+            f'  say storage {where} "$(head -c 64 -- {path} | tr -cd \'0-9a-f\')"\n'
+            f"elif [ -d {where} ]; then say storage {where} other-folder\n"
+            f"else say storage {where} missing; fi\n"
+        )
+    return out
 
 
 def _read(log: JobLog) -> list[str]:
@@ -335,6 +358,49 @@ def findings(cfg: ClusterSettings, job: ProbeJob, results: dict, busy: list[Node
         out += _epilogs(job, done)
     if job.image:
         out += _pulls(cfg, done)
+    if job.storage:
+        out += _storage(job, done)
+    return out
+
+
+def _storage(job: ProbeJob, done: list[Result]) -> list[Finding]:
+    out, good = [], []
+    for r in done:
+        seen = {w[0]: w[1] for w in r.lines("storage") if len(w) == 2}
+        wrong = []
+        for folder, _, words in job.storage:
+            got = seen.get(folder, "")
+            if got == words:
+                continue
+            if got == "missing":
+                wrong.append(f"{folder} does not exist there")
+            else:
+                wrong.append(f"{folder} there is another folder (a file the hub wrote in it "
+                             "just now is not in it)")  # fmt: skip
+        if wrong:
+            out.append(
+                Finding(
+                    f"cluster.storage.{r.node}",
+                    FAIL,
+                    f"node {r.node} does not see the hub's folders: {'; '.join(wrong)}. "
+                    "Projects started there would fail, or work in folders that are not the "
+                    "users' files",
+                    "Mount the storage that holds gpulab's projects and data on every node "
+                    "at the same path as on the hub (docs/cluster.md, Setting it up).",
+                )
+            )
+        else:
+            good.append(r.node)
+    if good:
+        folders = ", ".join(f for f, _, _ in job.storage)
+        out.insert(
+            0,
+            Finding(
+                "cluster.storage",
+                OK,
+                f"the hub's folders {folders} are the same storage on {', '.join(good)}",
+            ),
+        )
     return out
 
 

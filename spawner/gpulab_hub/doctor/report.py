@@ -215,7 +215,11 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
             )
     if on_cluster is not None:
         findings += cluster.findings(
-            on_cluster, hub.prefix, dk if info is not None else None, probe=opts.probe_jobs
+            on_cluster,
+            hub.prefix,
+            dk if info is not None else None,
+            probe=opts.probe_jobs,
+            folders=(hub.projects_root, hub.data_root),
         )
     report = {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
