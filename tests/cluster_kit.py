@@ -87,6 +87,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +96,7 @@ from cluster_engines import KitError, NodeEngines, free_port
 from cluster_procs import is_nsfs, kill, with_descendants
 
 from gpulab_hub import host, pidfile
+from gpulab_hub.cluster import batch
 from gpulab_hub.cluster.batch import NodeGpus
 from gpulab_hub.cluster.slurm import DEFAULT_PATH, Slurm
 
@@ -186,7 +188,10 @@ class SlurmKit(NodeEngines):
         self.engines = engines
         self.registry_port = self.node_registry_port = 0
         self.engine_seconds = 0.0
+        self.start_seconds = 0.0
         self._main: host.Docker | None = None
+        # Checks that modules sharing this kit (``shared_kit``) run once it has stopped.
+        self.after_stop: list[Callable[[], None]] = []
 
     # --- paths -----------------------------------------------------------------------
 
@@ -238,6 +243,7 @@ class SlurmKit(NodeEngines):
                 f"{', '.join(missing)} not installed: `scripts/setup.sh test` installs "
                 "Debian's slurm-wlm, munge, docker.io and docker-registry"
             )
+        started = time.monotonic()
         self.clean_leftovers()
         for sub in ("etc", "state", "log", "ns", "pids", "dev", "out"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -257,6 +263,7 @@ class SlurmKit(NodeEngines):
         except BaseException:
             self.stop()
             raise
+        self.start_seconds = time.monotonic() - started
 
     def stop(self) -> None:
         """Everything the kit started ends; its namespaces, interface and folder go."""
@@ -545,6 +552,22 @@ class SlurmKit(NodeEngines):
         """The tails of every daemon's log, for failure messages."""
         files = sorted((self.root / "log").glob("*")) if (self.root / "log").is_dir() else []
         return "\n".join(_tail(f) for f in files) or "(no logs)"
+
+
+def shared_kit(prefix: str) -> Iterator[SlurmKit]:
+    """The test cluster that the modules without a cluster of their own share in one
+    session (conftest's ``shared_cluster``: tests/test_cluster_kit.py, the cluster hub's
+    module, the doctor's): started at its first use, stopped at the session's end, then
+    the checks those modules added to ``kit.after_stop`` run. Its registry and node
+    engines keep what the modules sent there (the Debian layer the kit's tests push is
+    the project image's first), so the hub's push and node 2's pull skip it. Each module
+    writes its own Epilog (``epilog_path``) and leaves no container of its jobs."""
+    kit = SlurmKit(prefix, mem_mb=4096)
+    kit.epilog = batch.render_epilog(kit.cluster, docker_host=kit.node_docker_host_template)
+    with kit:
+        yield kit
+    for check in kit.after_stop:
+        check()
 
 
 def wait_for(what: str, check, timeout: float = 60, every: float = 0.2):

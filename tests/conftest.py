@@ -179,6 +179,15 @@ def hub(docker_engine, session_hub_launch):
     return session_hub_launch.hub()
 
 
+@pytest.fixture(scope="session")
+def shared_cluster(docker_engine):
+    """The test cluster (tests/cluster_kit.py, shared_kit) of the modules that share one:
+    started at first use, stopped and checked at the session's end."""
+    from cluster_kit import shared_kit
+
+    yield from shared_kit(PREFIX)
+
+
 # The second hub's login rules: locked after 3 wrong passwords, for 6 s.
 SECOND_HUB_LOCK_AFTER, SECOND_HUB_LOCK_SECONDS = 3, 6
 

@@ -14,8 +14,10 @@ registry) running what gpulab hands it.
   tag pushed again does not change what a digest gives; the nodes' registry refuses
   anonymous pulls and every push. A container on a node answers HTTP on a port
   published on the node's address, and reaches this host's address.
-- When the cluster stops, no daemon, engine, registry or container of it is left,
-  and this machine's engine still runs with nothing of the kit tagged in it.
+- When the cluster stops (the session's end: it is conftest's shared_cluster, which the
+  cluster hub's and the doctor's modules use too), no daemon, engine, registry or
+  container of it is left, and this machine's engine still runs with nothing of the
+  kit tagged in it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 import pytest
 import requests
 from cluster_engines import main_tags
-from cluster_kit import SlurmKit, http_answer, tiny_image_tar, wait_for
+from cluster_kit import http_answer, tiny_image_tar, wait_for
 from cluster_procs import batch_script_pid, daemons_left
 from conftest import PREFIX
 
@@ -65,18 +67,26 @@ CONTAINER_PIDS: list[pidfile.Identity] = []
 
 
 @pytest.fixture(scope="module")
-def cluster(docker_engine):
-    kit = SlurmKit(PREFIX)
-    kit.epilog = batch.render_epilog(kit.cluster, kit.node_docker_cli)
+def cluster(docker_engine, shared_cluster):
+    """The session's test cluster (conftest's shared_cluster), with this module's Epilog;
+    after its stop (the session's end) nothing of the kit may be left (nothing_left)."""
+    kit = shared_cluster
+    kit.epilog_path.write_text(batch.render_epilog(kit.cluster, kit.node_docker_cli))
     engines_before = main_dockerds()
-    started = time.monotonic()
-    with kit:
-        print(
-            f"\ncluster up in {time.monotonic() - started:.2f} s "
-            f"(its two node engines and the registry: {kit.engine_seconds:.2f} s)"
-        )
-        yield kit
-        kept = {t for t in main_tags(docker_engine) if t.startswith(f"{PREFIX}/")}
+    print(
+        f"\ncluster up in {kit.start_seconds:.2f} s "
+        f"(its two node engines and the registry: {kit.engine_seconds:.2f} s)"
+    )
+    yield kit
+    # This module's own images (others' may come and go before the session's end).
+    ours = (f"{PREFIX}/slurm-sleep:", f"{PREFIX}/kit-")
+    kept = {t for t in main_tags(docker_engine) if t.startswith(ours)}
+    kit.after_stop.append(lambda: nothing_left(kit, docker_engine, engines_before, kept))
+
+
+def nothing_left(kit, docker_engine, engines_before, kept: set[str]) -> None:
+    """After the kit's stop: no daemon, container, mount, interface or folder of it, and
+    this machine's engine untouched but for the kit's registry tags."""
     left = daemons_left(kit)
     assert left == [], f"daemons outlived the test cluster: {left}"
     alive = [p.describe() for p in CONTAINER_PIDS if pidfile.identity(p.pid) == p]
@@ -255,7 +265,21 @@ def sleeper(cluster, docker_engine, tmp_path_factory):
     (work / "project").mkdir()
     for sub in ("datasets", "models/alice", "outputs/alice"):
         (work / "data" / sub).mkdir(parents=True)
-    return ref, work
+    yield ref, work
+    # The module's end: its containers and project networks leave the nodes (the cluster
+    # hub's first start makes its network again), but for one container per node that
+    # runs on until the kit stops (CONTAINER_PIDS: nothing_left checks it is gone).
+    for n in cluster.nodes:
+        dk = cluster.node_engine(n.name)
+        for c in dk.call("containers", all=True):
+            dk.call("remove_container", c["Id"], force=True, v=True)
+        for net in dk.call("networks", names=[f"{PREFIX}-net"]):
+            dk.call("remove_network", net["Id"])
+        box = dk.call("create_container", ref, ["sleep", "3600"], name=f"{PREFIX}-until-stop",
+                      host_config=dk.call("create_host_config", network_mode="none"))  # fmt: skip
+        dk.call("start", box["Id"])
+        pid = dk.call("inspect_container", box["Id"])["State"]["Pid"]
+        CONTAINER_PIDS.append(pidfile.identity(pid))
 
 
 def project_job(cluster, sleeper, name: str, node: str) -> tuple[str, list[str]]:

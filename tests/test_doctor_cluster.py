@@ -54,13 +54,16 @@ def test_print_epilog_gives_the_epilog_for_the_hubs_settings(tmp_path, monkeypat
 
 
 @pytest.fixture(scope="module")
-def kit(docker_engine):
-    k = SlurmKit(PREFIX)
-    k.epilog = batch.render_epilog(k.cluster, docker_host=k.node_docker_host_template)
-    started = time.monotonic()
-    with k:
-        print(f"\ncluster up in {time.monotonic() - started:.1f} s")
-        yield k
+def kit(shared_cluster) -> SlurmKit:
+    """The session's test cluster (conftest's shared_cluster), with the Epilog gpulab
+    renders for these settings."""
+    k = shared_cluster
+    k.epilog_path.write_text(
+        batch.render_epilog(k.cluster, docker_host=k.node_docker_host_template)
+    )
+    k.wait_idle()  # a module before may have ended jobs a moment ago
+    print(f"\ncluster up in {k.start_seconds:.1f} s")
+    return k
 
 
 def settings(kit, **changes):
