@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from cluster_kit import SlurmKit
@@ -89,11 +90,20 @@ def settings(kit, **changes):
     return cfg
 
 
+def storage(kit) -> tuple[Path, Path]:
+    """The hub's projects and data folders (on this machine's disk, which the nodes'
+    mount namespaces share, as nodes mount shared storage)."""
+    folders = (kit.root / "doctor-storage" / "projects", kit.root / "doctor-storage" / "data")
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+    return folders
+
+
 def doctor(kit, what: str, **changes):
     """Run the doctor's cluster checks; print its table (as `gpulab doctor` does)."""
     cfg = settings(kit, **changes)
     started = time.monotonic()
-    found = cluster.findings(cfg, PREFIX, docker_checks.doctor_docker())
+    found = cluster.findings(cfg, PREFIX, docker_checks.doctor_docker(), folders=storage(kit))
     took = time.monotonic() - started
     print(f"\n--- gpulab doctor, {what} ({took:.1f} s) ---\n{render_table(found, width=110)}")
     return {f.id: f for f in found}, took, cfg
@@ -108,7 +118,7 @@ def test_a_healthy_cluster_is_all_ok(kit):
     assert {f.status for f in found.values()} == {OK}, render_table(list(found.values()))
     n1, n2 = (n.name for n in kit.nodes)
     for fid in ("cluster.nodes", "cluster.gres", "cluster.probe", "cluster.devices",
-                "cluster.engine", "cluster.epilog", "cluster.pull"):  # fmt: skip
+                "cluster.engine", "cluster.epilog", "cluster.pull", "cluster.storage"):  # fmt: skip
         assert n1 in found[fid].seen and n2 in found[fid].seen, found[fid]
     assert str(kit.conf) in found["cluster.controller"].seen
     assert "2 of 2 node(s) take projects" in found["cluster.nodes"].seen
@@ -117,15 +127,27 @@ def test_a_healthy_cluster_is_all_ok(kit):
     assert f"nvidia3 (minor 3, {n2_uuids[3]}), " in found["cluster.devices"].seen
     assert kit.registry_for_nodes in found["cluster.pull"].seen
     assert took < 30
-    # Nothing left: no probe job output, no probe image on the nodes.
+    projects, data = storage(kit)
+    assert f"the hub's folders {projects}, {data} are the same storage on" in found[
+        "cluster.storage"
+    ].seen
+    # Nothing left: no probe job output, no probe image on the nodes, no marker files.
     assert list((kit.root / "hub-state" / "cluster-jobs").iterdir()) == []
+    assert list(projects.iterdir()) == [] and list(data.iterdir()) == []
     for n in kit.nodes:
         tags = [t for i in kit.node_engine(n.name).call("images") for t in i["RepoTags"] or []]
         assert not [t for t in tags if "doctor" in t], tags
 
 
-def test_a_drained_node_a_missing_device_and_a_wrong_registry_are_named(kit):
+def test_a_drained_node_a_missing_device_a_wrong_registry_and_missing_storage_are_named(kit):
     n1, n2 = kit.nodes
+    projects, data = storage(kit)
+    # Node 2 lacks the shared storage: a folder of its own where it should be mounted
+    # (in its mount namespace only), holding an empty projects folder and no data.
+    in_n2 = ["nsenter", f"--mount={kit.ns(n2.name, 'mnt')}"]
+    subprocess.run([*in_n2, "mount", "-t", "tmpfs", "-o", "size=1m", "gpulab-no-storage",
+                    str(projects.parent)], check=True, timeout=30)  # fmt: skip
+    subprocess.run([*in_n2, "mkdir", str(projects)], check=True, timeout=30)
     scontrol(kit, "update", f"nodename={n1.name}", "state=drain", "reason=fan failure on gpu 0")
     try:
         found, _, _ = doctor(
@@ -135,6 +157,14 @@ def test_a_drained_node_a_missing_device_and_a_wrong_registry_are_named(kit):
         )  # fmt: skip
     finally:
         scontrol(kit, "update", f"nodename={n1.name}", "state=resume")
+        subprocess.run([*in_n2, "umount", str(projects.parent)], check=True, timeout=30)
+    lost = found[f"cluster.storage.{n2.name}"]
+    assert lost.status == FAIL
+    assert lost.seen.startswith(
+        f"node {n2.name} does not see the hub's folders: {projects} there is another folder "
+        f"(a file the hub wrote in it just now is not in it); {data} does not exist there."
+    ), lost.seen
+    assert "at the same path as on the hub" in lost.fix
     drained = found[f"cluster.node.{n1.name}"]
     assert drained.status == WARN
     assert drained.seen == f"node {n1.name} is drained: fan failure on gpu 0"
