@@ -122,7 +122,7 @@ def follow(user, project: str, until=None, timeout: float = 600) -> list[tuple[f
                  stream=True, timeout=timeout)  # fmt: skip
     events = []
     try:
-        for line in r.iter_lines():
+        for line in r.iter_lines(chunk_size=None):  # each chunk as it comes, not 512 bytes
             if not line.startswith(b"data:"):
                 continue
             event = json.loads(line[5:])
