@@ -61,8 +61,8 @@ The API other tests use:
   ``kit.registry``, pushes it, and returns ``(reference for the nodes by digest,
   seconds)``: ``<registry_for_nodes>/<repo>@sha256:...``.
 - ``kit.engine_seconds``: how long the node engines took to answer.
-- ``tiny_image_tar(path)`` and ``http_answer(port, text)``: an 11 MB root file system
-  (sleep, perl) to import as an image, and a command for it that answers HTTP.
+- ``tiny_image_tar(path)`` and ``http_answer(port, text)`` (cluster_images.py): an 11 MB
+  root file system (sleep, perl) to import as an image, and a command that answers HTTP.
 - ``wait_for(what, check)``: ``check()``'s first true value, polled (bounded).
 
 Stop removes every container on the node engines, ends the dockerds, containerds and
@@ -83,7 +83,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tarfile
 import tempfile
 import time
 import uuid
@@ -581,37 +580,3 @@ def wait_for(what: str, check, timeout: float = 60, every: float = 0.2):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
-
-
-def tiny_image_tar(path: Path) -> Path:
-    """A root file system holding only /bin/sleep, perl with Debian's perl-base modules,
-    and the libraries they link (about 11 MB): enough for a container that runs until
-    it is stopped, or that answers HTTP (``http_answer``)."""
-    programs = [shutil.which("sleep"), shutil.which("perl")]
-    libs = re.findall(r"(/\S+\.so[.\d]*)", _run("ldd", *programs).stdout)
-    inc = _run("perl", "-e", 'print join("\\n", @INC)').stdout.split()
-    modules = [d for d in inc if d.endswith("/perl-base") and Path(d).is_dir()]
-    with tarfile.open(path, "w") as tar:
-        for f in [*programs, *sorted(set(libs))]:
-            real = os.path.realpath(f)
-            tar.add(real, arcname=f.lstrip("/"))
-            if real != f:
-                tar.add(real, arcname=real.lstrip("/"))
-        for d in modules:
-            tar.add(d, arcname=d.lstrip("/"))
-    return path
-
-
-def http_answer(port: int, text: str) -> list[str]:
-    """A container command (for ``tiny_image_tar``'s image) that answers every HTTP
-    request on ``port`` with 200 and ``text``."""
-    if not re.fullmatch(r"[A-Za-z0-9 .,:_-]{1,200}", text):
-        raise KitError(f"http_answer text {text!r}: letters, digits and . , : _ - only")
-    return [
-        "perl", "-MIO::Socket::INET", "-e",
-        f"my $s = IO::Socket::INET->new(LocalPort => {int(port)}, Listen => 8, ReuseAddr => 1)"
-        ' or die "listen: $!"; while (my $c = $s->accept) {'
-        " while (my $l = <$c>) { last if $l =~ /^\\r?\\n$/ }"
-        ' print $c "HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\n'
-        f'{text}\\n"; close $c }}',
-    ]  # fmt: skip

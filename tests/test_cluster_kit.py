@@ -33,7 +33,8 @@ from pathlib import Path
 import pytest
 import requests
 from cluster_engines import main_tags
-from cluster_kit import http_answer, tiny_image_tar, wait_for
+from cluster_images import http_answer, tiny_image_tar
+from cluster_kit import wait_for
 from cluster_procs import batch_script_pid, daemons_left
 from conftest import PREFIX
 

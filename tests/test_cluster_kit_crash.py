@@ -89,10 +89,10 @@ DAEMONS = {"containerd", "docker-registry", "dockerd", "munged", "slurmctld", "s
 # The crashed run: a cluster, an image pushed from this machine's engine and pulled on
 # node 1 by digest, a container running there; then it prints the container's PID.
 CRASHING_RUN = """
-import subprocess, time, cluster_kit
+import subprocess, time, cluster_images, cluster_kit
 kit = cluster_kit.SlurmKit({prefix!r})
 kit.start()
-tar = cluster_kit.tiny_image_tar(kit.root / "rootfs.tar")
+tar = cluster_images.tiny_image_tar(kit.root / "rootfs.tar")
 kit.main_engine.call("import_image", src=str(tar), repository={prefix!r} + "/sleep", tag="latest")
 ref, _ = kit.push({prefix!r} + "/sleep:latest")
 node = kit.nodes[0].name

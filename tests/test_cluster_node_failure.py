@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 from cluster_engines import engine_answers, remove_file
-from cluster_kit import NODE_DEV, SlurmKit, tiny_image_tar, wait_for
+from cluster_images import tiny_image_tar
+from cluster_kit import NODE_DEV, SlurmKit, wait_for
 from cluster_procs import daemons_left, with_descendants
 from conftest import PREFIX
 
