@@ -126,18 +126,15 @@ def bind_mount(source: str, target: str, readonly: bool) -> list[str]:
 def _binds(binds: dict, volumes: list) -> list[str]:
     out = []
     for source, target in binds.items():
-        if source.startswith("/"):
-            _match(_HOST_PATH, source, "Host folder")
-        else:
-            _match(_VOLUME, source, "Docker volume")
-        bind = _match(_CONTAINER_PATH, target["bind"], "Mount point")
         mode = target["mode"]
         if mode not in _MODES or set(target) != {"bind", "mode"}:
             raise ClusterError(f"Mount {target!r} cannot go into a batch script")
         if source.startswith("/"):
-            out += bind_mount(source, bind, readonly=mode == "ro")
+            out += bind_mount(source, target["bind"], readonly=mode == "ro")
         else:
-            out += ["-v", f"{source}:{bind}:{mode}"]
+            volume = _match(_VOLUME, source, "Docker volume")
+            bind = _match(_CONTAINER_PATH, target["bind"], "Mount point")
+            out += ["-v", f"{volume}:{bind}:{mode}"]
     if sorted(t["bind"] for t in binds.values()) != sorted(volumes):
         raise ClusterError("The spec's volumes and binds disagree")
     return out
