@@ -13,7 +13,9 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import docker.errors
 import docker.utils
 import requests.exceptions
 
-from gpulab_hub import images, pidfile
+from gpulab_hub import firewall, images, pidfile
 from gpulab_hub.images import base as baseimage
 from gpulab_hub.images import userwheel
 from gpulab_hub.projects import objects
@@ -37,10 +39,32 @@ class HostError(Exception):
     """A set-up step failed; the message says what to do."""
 
 
+_build_call = threading.local()
+
+
+class APIClient(docker.APIClient):
+    """docker-py's client, whose ``build`` also takes the engine's ``cgroupparent``
+    (the build API has it; docker-py does not pass it): how a build asks gpulab's
+    engine runtime to confine its steps (images/confine.py)."""
+
+    def build(self, *args, cgroup_parent: str | None = None, **kwargs):
+        _build_call.cgroup_parent = cgroup_parent
+        try:
+            return super().build(*args, **kwargs)  # posts before it returns the stream
+        finally:
+            _build_call.cgroup_parent = None
+
+    def _post(self, url, **kwargs):
+        parent = getattr(_build_call, "cgroup_parent", None)
+        if parent and url == self._url("/build"):
+            kwargs["params"] = {**(kwargs.get("params") or {}), "cgroupparent": parent}
+        return super()._post(url, **kwargs)
+
+
 def docker_client(timeout: float = 600, **kwargs) -> docker.APIClient:
     """gpulab's one way to make a Docker client: the engine DOCKER_HOST names (and its
     TLS variables), else the local socket; ``kwargs`` as ``docker.APIClient`` takes."""
-    return docker.APIClient(
+    return APIClient(
         **{"version": "auto", "timeout": timeout, **docker.utils.kwargs_from_env(), **kwargs}
     )
 
@@ -74,17 +98,39 @@ class Docker:
             return False
 
 
-# How gpulab starts dockerd when none runs: container root is an unprivileged
-# host uid (user-namespace remapping onto the "dockremap" range).
-DOCKERD_ARGS = ("--userns-remap=default",)
+# The engine runtime that confines build steps (buildruntime.py), by its name in dockerd.
+BUILD_RUNTIME = "gpulab"
+
+
+def build_runtime_path() -> str:
+    """gpulab's runtime program, installed beside the interpreter that runs gpulab."""
+    return str(Path(sys.executable).parent / "gpulab-build-runtime")
+
+
+def dockerd_args() -> tuple[str, ...]:
+    """How gpulab starts dockerd when none runs: container root is an unprivileged host
+    uid (user-namespace remapping onto the "dockremap" range), and every container is
+    created through gpulab's runtime, which confines build steps (buildruntime.py)."""
+    return (
+        "--userns-remap=default",
+        f"--add-runtime={BUILD_RUNTIME}={build_runtime_path()}",
+        f"--default-runtime={BUILD_RUNTIME}",
+    )
+
+
+def build_confined(docker_info: dict) -> bool:
+    """Whether the engine creates containers through gpulab's runtime (build steps confined)."""
+    runtimes = docker_info.get("Runtimes") or {}
+    return docker_info.get("DefaultRuntime") == BUILD_RUNTIME and BUILD_RUNTIME in runtimes
 
 
 def ensure_dockerd(
-    dk: Docker, state_dir: Path, wait: float = 60, args: tuple[str, ...] = DOCKERD_ARGS
+    dk: Docker, state_dir: Path, wait: float = 60, args: tuple[str, ...] | None = None
 ) -> int | None:
     """Start dockerd when no engine answers. Returns the PID it started, else None."""
     if dk.reachable():
         return None
+    args = dockerd_args() if args is None else args
     dockerd = shutil.which("dockerd")
     if not dockerd:
         raise HostError(
@@ -192,6 +238,15 @@ def ensure_network(dk: Docker, name: str) -> str:
     if not gateway:
         raise HostError(f"The Docker network {name!r} has no gateway address.")
     return gateway
+
+
+def ensure_firewall(dk: Docker, network: str, hub_port: int) -> None:
+    """The host's own services out of projects' and builds' reach, but the hub's API
+    port for projects (firewall.py)."""
+    try:
+        firewall.ensure_projects(firewall.bridge_of(dk.call("inspect_network", network)), hub_port)
+    except firewall.FirewallError as e:
+        raise HostError(str(e)) from e
 
 
 def ensure_owned_folder(path: Path, uid: int, gid: int) -> None:

@@ -25,6 +25,7 @@ from gpulab_hub import host, images
 from gpulab_hub.gpus import allocator
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuSettings
+from gpulab_hub.images import builds, confine
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import (
     DEFAULT_PROJECT,
@@ -204,8 +205,9 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             display_name=options.one_line(display or project.name),
         )
 
-    def _prepare_image(self, use_last_good: bool) -> str:
-        """Blocking: project folder + Dockerfile + image. Returns the image tag."""
+    def _plan_image(self, use_last_good: bool) -> projectimage.Plan:
+        """Blocking (Docker pool): project folder + Dockerfile, and what its image needs:
+        a tag that exists, or a build (Plan.context) that runs on the build pool."""
         project = self.project
         if ensure_project(project, self._render_dockerfile(project), *self.notebook_owner()):
             self._emit(5, f"Created project folder with a Dockerfile from {self.project_template}")
@@ -218,20 +220,51 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
                 )
             self._image_note = ("last-good", projectimage.last_good_note(project, good))
             self._emit(70, projectimage.last_good_note(project, good, "Starting"), note=True)
-            return good.tag
+            return projectimage.Plan(good.tag)
         self._emit(8, "Checking the project's image")
-        self._build_step, self._last_line_at = (0, 1), 0.0
         self._image_note = ("latest", "Running the image built from the project's Dockerfile.")
-        return projectimage.ensure_image(
+        plan = projectimage.plan_image(self._docker, project, self.image_repo)
+        if plan.context is None:
+            self._emit(70, f"Using the image {plan.tag} (the Dockerfile is unchanged)")
+        return plan
+
+    def build_limits(self) -> confine.BuildLimits:
+        """The limits of this hub's builds (the ``build_*`` settings)."""
+        return confine.BuildLimits(
+            timeout=self.build_timeout,
+            memory=self.build_mem_limit or self.mem_limit or None,
+            cpus=self.build_cpu_limit or self.cpu_limit or None,
+            pids=self.build_pids_limit,
+            disk=self.build_disk_limit,
+            log_bytes=self.build_log_limit,
+            logs_kept=self.build_logs_kept,
+        )
+
+    def _build_image(self, plan: projectimage.Plan) -> str:
+        """Blocking (build pool): build the planned image."""
+        self._build_step, self._last_line_at = (0, 1), 0.0
+        return projectimage.build_planned(
             self._docker,
-            project,
+            self.project,
+            plan,
             Path(self.projects_root) / ".locks",
             self._on_build_line,
-            self.build_timeout,
+            self.build_limits(),
             repo=self.image_repo,
             network=self.network_name,
-            memory=self.mem_limit,
         )
+
+    async def _prepare_image(self, use_last_good: bool) -> str:
+        """The image this start runs: found on the Docker pool, built (when its content
+        is new) on the build pool, within this user's share of it (builds.py)."""
+        plan = await self._run(self._plan_image, use_last_good)
+        try:
+            if plan.context is None:
+                return plan.tag
+            pool = builds.pool(self.build_threads, self.build_max_per_user)
+            return await pool.run(self.user.name, self._emit, self._build_image, plan)
+        finally:
+            plan.close()
 
     def build_log_url(self) -> str:
         """The hub page of this project's latest build log ('' when it has none)."""
@@ -373,9 +406,7 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             self._check_display_name()
             self._emit(2, f"Preparing project {project_name(self.name)}")
             try:
-                self.image = await self._run(
-                    self._prepare_image, opts.get("use_last_good", False)
-                )
+                self.image = await self._prepare_image(opts.get("use_last_good", False))
             finally:
                 self._build_log_url = await self._run(self.build_log_url)
             return await self._launch(opts)

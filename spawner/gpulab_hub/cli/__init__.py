@@ -101,8 +101,15 @@ def cmd_up(args, environ) -> int:
     dk = host.Docker()
     if host.ensure_dockerd(dk, hub_dir):
         print("Started the Docker engine (dockerd).")
+    if not host.build_confined(dk.call("info")):
+        print(
+            "This Docker engine was not started by gpulab and does not confine image builds: "
+            'projects will not build on it (docs/security.md, "Builds").',
+            file=sys.stderr,
+        )
     network = where.network
     host.ensure_network(dk, network)
+    host.ensure_firewall(dk, network, int(s["GPULAB_HUB_PORT"]))
     env = settings.with_hub_ip(environ)
     host.ensure_base_image(dk, repo_dir(), hub_dir, base_spec(s), where.base_image, network=network)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import io
 import tarfile
-import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ import requests.exceptions
 import urllib3.exceptions
 from dockerfile_parse import DockerfileParser
 
+from gpulab_hub.images import confine
 from gpulab_hub.projects import objects
 
 LOG_TAIL = 20
@@ -125,17 +125,47 @@ def build(
     *,
     network: str,
     memory: int | None = None,
+    limits: confine.BuildLimits | None = None,
+    runtime: str = "gpulab",
+    require_confined: bool = True,
 ) -> str:
     """Build ``context`` into ``tag``; stream lines to ``on_line`` and ``log_path``.
 
-    Blocking: run it on a worker thread. The build's RUN steps join ``network``
-    (gpulab's bridge, never the host's) and get at most ``memory`` bytes. Raises
-    BuildError with the last lines of the log when Docker reports an error or
-    the build outlasts ``timeout`` seconds. Returns the tag.
+    Blocking: run it on a build thread. The build's RUN steps join a network of
+    their own (named after ``network``, gpulab's bridge, made and removed here) and
+    are confined as confine.py says, within ``limits`` (by default ``timeout`` and
+    ``memory`` per step). With ``require_confined`` an engine that does not create
+    containers through gpulab's ``runtime`` is refused. Raises BuildError with the
+    last lines of the log when Docker reports an error or a limit stopped the build.
+    Returns the tag.
     """
+    limits = limits or confine.BuildLimits(timeout=timeout, memory=memory)
+    objects.check_network(network)
+    info = docker_call("info")
+    if require_confined:
+        try:
+            confine.check_engine(info, runtime)
+        except confine.BuildRefused as e:
+            raise BuildError(str(e), []) from e
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=LOG_TAIL)
-    deadline = time.monotonic() + timeout
+    log = confine.CappedLog(log_path, limits.log_bytes)
+    try:
+        with confine.BuildNetwork(docker_call, network) as net:
+            watch = confine.StepWatch(docker_call, net.name, limits)
+            watch.start()
+            try:
+                _stream(docker_call, context, tag, labels, limits, info, net, watch, log, tail,
+                        on_line)  # fmt: skip
+            finally:
+                watch.stop()
+                watch.kill_steps()  # a build left early (an error, a timeout): no step runs on
+    finally:
+        log.close()
+    return tag
+
+
+def _stream(docker_call, context, tag, labels, limits, info, net, watch, log, tail, on_line):
     stream = docker_call(
         "build",
         fileobj=context,
@@ -144,27 +174,43 @@ def build(
         rm=True,
         forcerm=True,
         decode=True,
-        network_mode=objects.check_network(network),
-        container_limits={"memory": memory, "memswap": -1} if memory else None,
+        network_mode=net.name,
+        container_limits=limits.container_limits() or None,
+        cgroup_parent=limits.cgroup_parent(info.get("CgroupDriver", "")),
         labels=labels or {},
         # also bounds a step that prints nothing for the whole time
-        timeout=max(1, int(timeout)),
+        timeout=max(1, int(limits.timeout) + 5),
     )
-    with open(log_path, "w") as log:
-        for chunk in _read(stream, tag, timeout, tail, log_path):
-            text = _line(chunk)
-            if "error" in chunk:
-                text = chunk.get("error", "").rstrip("\n")
-            for line in text.splitlines():
-                log.write(line + "\n")
-                tail.append(line)
-                on_line(line)
-            if "error" in chunk:
-                raise BuildError(f"The image build for {tag} failed.", list(tail), log_path)
-            if time.monotonic() > deadline:
-                raise BuildError(
-                    f"The image build for {tag} took longer than {timeout:.0f} s and was stopped.",
-                    list(tail),
-                    log_path,
-                )
-    return tag
+    failed = False
+    for chunk in _read(stream, tag, limits.timeout, tail, log.path):
+        text = _line(chunk)
+        if "error" in chunk:
+            text = chunk.get("error", "").rstrip("\n")
+            failed = True
+        for line in text.splitlines():
+            log.write(line)
+            tail.append(line)
+            watch.line(line)
+            on_line(line)
+        if failed:
+            break
+    if watch.stopped == "time":
+        raise BuildError(
+            f"The image build for {tag} took longer than {limits.timeout:.0f} s and was stopped.",
+            list(tail),
+            log.path,
+        )
+    if watch.stopped == "disk":
+        raise BuildError(
+            f"The image build for {tag} wrote more than {_gib(limits.disk)} to disk and was "
+            "stopped. Write large files to /data or your project folder from the running "
+            "project, not in the image.",
+            list(tail),
+            log.path,
+        )
+    if failed:
+        raise BuildError(f"The image build for {tag} failed.", list(tail), log.path)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"

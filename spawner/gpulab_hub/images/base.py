@@ -114,6 +114,8 @@ def ensure(
             on_line,
             timeout=3600,
             network=network,
+            # gpulab's own template and wheels, built by the admin's `gpulab up`
+            require_confined=False,
         )
     docker_call("tag", tag, repo, name)
     return tag

@@ -32,6 +32,7 @@ import filelock
 from dockerfile_parse import DockerfileParser
 
 from gpulab_hub import images, jsonfile
+from gpulab_hub.images import confine
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
 from gpulab_hub.projects.settings import PROJECT_REPO
 
@@ -431,6 +432,77 @@ def read_log(path: Path, limit: int = MAX_LOG_SHOWN) -> tuple[str, bool]:
     return plain_text(data.decode(errors="replace")), cut
 
 
+@dataclass
+class Plan:
+    """What a start needs of the project's image: ``tag``, and the build ``context``
+    when no image of that tag exists yet (None: nothing to build)."""
+
+    tag: str
+    context: Context | None = None
+
+    def close(self) -> None:
+        if self.context is not None:
+            self.context.close()
+
+
+def plan_image(docker_call, project: Project, repo: str = PROJECT_REPO) -> Plan:
+    """The project's image tag, with the build context when it must be built (quick:
+    reads the project's files and asks Docker whether the tag exists)."""
+    ctx = build_context(project)
+    try:
+        tag = project_tag(docker_call, ctx, repo)
+        if images.image_id(docker_call, tag):
+            ctx.close()
+            return Plan(tag)
+    except BaseException:
+        ctx.close()
+        raise
+    return Plan(tag, ctx)
+
+
+def build_planned(
+    docker_call,
+    project: Project,
+    plan: Plan,
+    lock_dir: Path,
+    on_line,
+    limits: confine.BuildLimits,
+    repo: str = PROJECT_REPO,
+    labels: dict[str, str] | None = None,
+    *,
+    network: str,
+) -> str:
+    """Build a planned image (on a build thread). One build per content tag at a time,
+    across threads and processes: a second caller waits for the first and then reuses
+    its image. Records the result (last good image, or that the build failed)."""
+    tag = plan.tag
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    name = tag.replace("/", "_").replace(":", "_") + ".lock"
+    with filelock.FileLock(str(lock_dir / name)):
+        if plan.context is None or images.image_id(docker_call, tag):
+            on_line(f"Using the image {tag} (the Dockerfile is unchanged)")
+        else:
+            folder = logs_dir(project)
+            confine.rotate_logs(folder, LOG_NAME, max(0, limits.logs_kept - 1))
+            log_path = folder / f"build-{time.strftime('%Y%m%d-%H%M%S')}.log"
+            try:
+                images.build(
+                    docker_call,
+                    plan.context.tarball(),
+                    tag,
+                    log_path,
+                    on_line,
+                    labels=labels,
+                    network=network,
+                    limits=limits,
+                )
+            except images.BuildError:
+                record(project, None, failed=True)
+                raise
+    record(project, tag, failed=False)
+    return tag
+
+
 def ensure_image(
     docker_call,
     project: Project,
@@ -442,37 +514,16 @@ def ensure_image(
     *,
     network: str,
     memory: int | None = None,
+    limits: confine.BuildLimits | None = None,
 ) -> str:
-    """The tag of the project's image, built only if its content is new.
-
-    One build per content tag at a time, across threads and processes: a
-    second caller waits for the first and then reuses its image. Records the
-    result (last good image, or that the build failed) in the project's state.
-    The build runs on ``network`` with at most ``memory`` bytes (images.build).
-    """
-    with build_context(project) as ctx:
-        tag = project_tag(docker_call, ctx, repo)
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        name = tag.replace("/", "_").replace(":", "_") + ".lock"
-        with filelock.FileLock(str(lock_dir / name)):
-            if images.image_id(docker_call, tag):
-                on_line(f"Using the image {tag} (the Dockerfile is unchanged)")
-            else:
-                log_path = logs_dir(project) / f"build-{time.strftime('%Y%m%d-%H%M%S')}.log"
-                try:
-                    images.build(
-                        docker_call,
-                        ctx.tarball(),
-                        tag,
-                        log_path,
-                        on_line,
-                        timeout,
-                        labels,
-                        network=network,
-                        memory=memory,
-                    )
-                except images.BuildError:
-                    record(project, None, failed=True)
-                    raise
-    record(project, tag, failed=False)
-    return tag
+    """The tag of the project's image, built only if its content is new (plan_image,
+    then build_planned on this thread). The build runs within ``limits`` (by default
+    ``timeout`` and ``memory`` per step) on a network of its own (images.build)."""
+    limits = limits or confine.BuildLimits(timeout=timeout, memory=memory)
+    plan = plan_image(docker_call, project, repo)
+    try:
+        return build_planned(
+            docker_call, project, plan, lock_dir, on_line, limits, repo, labels, network=network
+        )
+    finally:
+        plan.close()

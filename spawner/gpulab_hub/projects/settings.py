@@ -134,9 +134,66 @@ class ProjectSettings(HasTraits):
     docker_threads = Int(
         8,
         config=True,
-        help="""Worker threads for Docker calls and builds, shared by all spawners
-        (DockerSpawner uses one, so a long build would block every other spawn).
-        Default: 8. Example: ``c.ProjectSpawner.docker_threads = 16``""",
+        help="""Worker threads for Docker calls (starts, stops, polls, deletes), shared
+        by all spawners. Image builds never run on them (``build_threads``), so a slow
+        build never makes another start wait. Default: 8.
+        Example: ``c.ProjectSpawner.docker_threads = 16``""",
+    )
+    build_threads = Int(
+        4,
+        config=True,
+        help="""Image builds that run at once, hub-wide, on a pool of their own; more
+        wait, and their spawn page says so. Default: 4.
+        Example: ``c.ProjectSpawner.build_threads = 2``""",
+    )
+    build_max_per_user = Int(
+        1,
+        config=True,
+        help="""Image builds one user may run at once (their other starts that need a
+        build wait for it, and say so); starts that need no build never wait.
+        Default: 1. Example: ``c.ProjectSpawner.build_max_per_user = 2``""",
+    )
+    build_mem_limit = Int(
+        None,
+        allow_none=True,
+        config=True,
+        help="""Memory of one build step, in bytes (a step over it is killed).
+        Default: None, the projects' ``mem_limit``.
+        Example: ``c.ProjectSpawner.build_mem_limit = 8 * 1024**3``""",
+    )
+    build_cpu_limit = Float(
+        None,
+        allow_none=True,
+        config=True,
+        help="""CPUs one build step may use. Default: None, the projects' ``cpu_limit``.
+        Example: ``c.ProjectSpawner.build_cpu_limit = 2.0``""",
+    )
+    build_pids_limit = Int(
+        1024,
+        config=True,
+        help="""Processes (and threads) one build step may run at once; a fork bomb in a
+        Dockerfile stops there. Enforced by gpulab's engine runtime (buildruntime.py).
+        Default: 1024. Example: ``c.ProjectSpawner.build_pids_limit = 4096``""",
+    )
+    build_disk_limit = Int(
+        20 * 1024**3,
+        config=True,
+        help="""Bytes one build may add to the engine's disk (its layers and what the
+        running step wrote, checked every second); the step is killed past it.
+        Default: 20 GiB. Example: ``c.ProjectSpawner.build_disk_limit = 50 * 1024**3``""",
+    )
+    build_log_limit = Int(
+        4 * 1024**2,
+        config=True,
+        help="""Bytes of a build's output kept in its log: the first and the last half,
+        with a line saying how much was left out. Default: 4 MiB.
+        Example: ``c.ProjectSpawner.build_log_limit = 16 * 1024**2``""",
+    )
+    build_logs_kept = Int(
+        10,
+        config=True,
+        help="""Build logs kept per project (the oldest are removed). Default: 10.
+        Example: ``c.ProjectSpawner.build_logs_kept = 30``""",
     )
     records_dir = Unicode(
         "/srv/gpulab/hub",

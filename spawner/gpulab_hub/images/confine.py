@@ -1,0 +1,260 @@
+"""What confines one image build: its limits, a network of its own, a watch on its
+disk use, and a build log that keeps its head and tail.
+
+A project's build steps are its user's code with the engine's powers, so a build
+gets no more than a running project (docs/security.md, "Builds"):
+
+- its ``RUN`` steps join a bridge network made for this build alone (removed
+  after it), so no step shares a segment with another tenant's container; the
+  host's own services are out of its reach (firewall.py drops everything from
+  build bridges to the host);
+- capabilities, ``no-new-privileges`` and the process limit come from gpulab's
+  engine runtime (buildruntime.py), which the build asks for through its cgroup
+  parent; memory and CPU through the build API's container limits;
+- its disk use (the layers it committed plus what the running step wrote) is
+  watched, and the step is killed past the limit;
+- the whole build is bounded in time (images.build).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulab_hub import firewall
+
+log = logging.getLogger(__name__)
+NETWORK_LABELS = {"gpulab.network": "build"}
+_COMMITTED = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
+
+
+class BuildRefused(Exception):
+    """The engine cannot confine builds; the message says what the admin should do."""
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """Limits of one build (the hub's ``build_*`` settings)."""
+
+    timeout: float = 3600
+    memory: int | None = None  # bytes per step
+    cpus: float | None = None  # CPUs per step
+    pids: int = 1024  # processes per step
+    disk: int = 20 << 30  # bytes the build may add (its layers and the running step)
+    log_bytes: int = 4 << 20  # head + tail of the build log that are kept
+    logs_kept: int = 10  # build logs kept per project
+
+    def container_limits(self) -> dict:
+        limits: dict = {}
+        if self.memory:
+            limits.update(memory=int(self.memory), memswap=int(self.memory))
+        if self.cpus:
+            limits.update(cpuperiod=100_000, cpuquota=max(1000, int(self.cpus * 100_000)))
+        return limits
+
+    def cgroup_parent(self, cgroup_driver: str) -> str:
+        """The cgroup parent that asks gpulab's runtime to confine the build's steps."""
+        name = f"gpulab-build-pids{int(self.pids)}"
+        return f"{name}.slice" if cgroup_driver == "systemd" else f"/{name}"
+
+
+def check_engine(docker_info: dict, runtime: str) -> None:
+    """Refuse to build on an engine that does not create containers through gpulab's runtime."""
+    runtimes = docker_info.get("Runtimes") or {}
+    if docker_info.get("DefaultRuntime") == runtime and runtime in runtimes:
+        return
+    raise BuildRefused(
+        "This Docker engine does not confine image builds, so gpulab will not build on it "
+        f"(its default runtime is {docker_info.get('DefaultRuntime')!r}, not gpulab's). "
+        "Ask the administrator to let `gpulab up` start the engine, or to add gpulab's runtime "
+        'to it (docs/security.md, "Builds").'
+    )
+
+
+class BuildNetwork:
+    """A bridge network for one build: made on enter, removed on exit."""
+
+    def __init__(self, docker_call, base_name: str):
+        token = secrets.token_hex(4)
+        self.docker_call = docker_call
+        self.name = f"{base_name}-build-{token}"
+        self.iface = f"{firewall.BUILD_IFACE_PREFIX}{token}"
+
+    def __enter__(self) -> BuildNetwork:
+        firewall.ensure_builds()
+        self.docker_call(
+            "create_network",
+            self.name,
+            driver="bridge",
+            options={
+                "com.docker.network.bridge.name": self.iface,
+                "com.docker.network.bridge.enable_icc": "false",
+            },
+            labels=dict(NETWORK_LABELS),
+            check_duplicate=True,
+        )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import docker.errors
+
+        for attempt in range(20):
+            try:
+                self.docker_call("remove_network", self.name)
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as e:
+                # a step's container still attached (a cancelled build): gone in a moment
+                if attempt == 19:
+                    log.warning("gpulab: could not remove the build network %s: %s", self.name, e)
+                    return
+                self._detach_all()
+                time.sleep(0.5)
+
+    def _detach_all(self) -> None:
+        import docker.errors
+
+        try:
+            containers = self.docker_call("containers", all=True, filters={"network": self.name})
+        except docker.errors.APIError:
+            return
+        for c in containers:
+            try:
+                self.docker_call("remove_container", c["Id"], force=True)
+            except docker.errors.APIError as e:
+                log.info("gpulab: removing build step %s: %s", c["Id"][:12], e)
+
+
+class StepWatch(threading.Thread):
+    """Every ``every`` seconds, the running step of a build is killed when the build is
+    past its deadline or its disk limit (what it added: the newest committed layer's
+    image above its stage's base, plus what the running step wrote)."""
+
+    def __init__(self, docker_call, network: str, limits: BuildLimits, every: float = 1.0):
+        super().__init__(name="gpulab-build-watch", daemon=True)
+        self.docker_call, self.network, self.limits, self.every = (
+            docker_call,
+            network,
+            limits,
+            every,
+        )
+        self.deadline = time.monotonic() + limits.timeout
+        self.base_size = self.layer_size = 0
+        self.stopped: str = ""  # "time" or "disk" once it killed a step for that
+        self.used_bytes = 0
+        self._from_next = False
+        self._done = threading.Event()
+
+    def line(self, line: str) -> None:
+        """Follow the classic builder's output: a stage's FROM, then each committed layer."""
+        m = _COMMITTED.match(line)
+        if line.startswith("Step ") and " : FROM " in line.upper():
+            self._from_next = True
+        elif m:
+            size = self._image_size(m.group(1))
+            if self._from_next:
+                self.base_size, self.layer_size, self._from_next = size, 0, False
+            else:
+                self.layer_size = max(0, size - self.base_size)
+
+    def _image_size(self, image_id: str) -> int:
+        import docker.errors
+
+        try:
+            return int(self.docker_call("inspect_image", image_id).get("Size") or 0)
+        except (docker.errors.APIError, ValueError, TypeError):
+            return 0
+
+    def _steps(self, size: bool = False) -> list[dict]:
+        import docker.errors
+
+        try:
+            return self.docker_call("containers", filters={"network": self.network}, size=size)
+        except docker.errors.APIError:
+            return []
+
+    def kill_steps(self) -> None:
+        import docker.errors
+
+        for c in self._steps():
+            try:
+                self.docker_call("kill", c["Id"])
+            except docker.errors.APIError as e:
+                log.info("gpulab: stopping build step %s: %s", c["Id"][:12], e)
+
+    def run(self) -> None:
+        while not self._done.wait(self.every):
+            if time.monotonic() > self.deadline:
+                self.stopped = "time"
+            else:
+                self.used_bytes = self.layer_size + sum(
+                    int(c.get("SizeRw") or 0) for c in self._steps(size=True)
+                )
+                if self.used_bytes > self.limits.disk:
+                    self.stopped = "disk"
+            if self.stopped:
+                self.kill_steps()
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+class CappedLog:
+    """A build log that keeps its first ``limit / 2`` bytes and its last ``limit / 2``,
+    with a line saying how much was left out in between."""
+
+    def __init__(self, path: Path, limit: int):
+        self.path, self.half = path, max(1024, limit // 2)
+        self.file = open(path, "w", encoding="utf-8", errors="replace")
+        self.head_left = self.half
+        self.tail: deque[str] = deque()
+        self.tail_bytes = 0
+        self.skipped_lines = self.skipped_bytes = 0
+
+    def write(self, line: str) -> None:
+        line = line + "\n"
+        size = len(line.encode("utf-8", errors="replace"))
+        if self.head_left > 0 and not self.tail:
+            self.file.write(line)
+            self.head_left -= size
+            return
+        self.tail.append(line)
+        self.tail_bytes += size
+        while self.tail_bytes > self.half and len(self.tail) > 1:
+            old = self.tail.popleft()
+            self.tail_bytes -= len(old.encode("utf-8", errors="replace"))
+            self.skipped_lines += 1
+            self.skipped_bytes += len(old.encode("utf-8", errors="replace"))
+
+    @property
+    def cut(self) -> bool:
+        return self.skipped_lines > 0
+
+    def close(self) -> None:
+        if self.file.closed:
+            return
+        if self.skipped_lines:
+            self.file.write(
+                f"[gpulab: {self.skipped_lines} lines ({self.skipped_bytes} bytes) of this "
+                "build's output left out here; the log keeps its beginning and its end]\n"
+            )
+        self.file.writelines(self.tail)
+        self.file.close()
+
+
+def rotate_logs(folder: Path, pattern: re.Pattern, keep: int) -> None:
+    """Remove all but the newest ``keep`` build logs in ``folder`` (names sort by time)."""
+    try:
+        names = sorted(p.name for p in folder.iterdir() if pattern.fullmatch(p.name))
+    except FileNotFoundError:
+        return
+    for name in names[: max(0, len(names) - keep)]:
+        (folder / name).unlink(missing_ok=True)
