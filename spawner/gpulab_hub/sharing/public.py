@@ -8,13 +8,17 @@ nbconvert with its outputs sanitized, no kernel, served with a Content-Security-
 Policy that lets no script run (the page comes from the hub's origin, where users
 have their login cookies). The path is opened again on each view through
 safefs.py (sharing/notebooks.py: no link followed, a regular file only, bounded), so
-nothing else in the project, or outside it, is reachable. Codes are
+nothing else in the project, or outside it, is reachable. What a view may cost is
+bounded (publicrender.py: rendered once per notebook version, in a process with a
+time limit, off the pools signed-in users need, a size limit; publiclimits.py:
+views per minute per client address). Codes are
 ``secrets.token_urlsafe(32)``; only their SHA-256 is kept, in
 ``<hub dir>/public-links.json`` (file-locked, written atomically).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -31,6 +35,8 @@ from tornado.ioloop import IOLoop
 from gpulab_hub import hubsettings, jsonfile
 from gpulab_hub.projects import safefs
 from gpulab_hub.sharing.notebooks import FileRefused, check_path, open_project_dir, read_notebook
+from gpulab_hub.sharing.publiclimits import RateLimiter, client_address, trusted_networks
+from gpulab_hub.sharing.publicrender import RenderBusy, TooLarge, renders_of
 
 LINKS_FILE = hubsettings.PUBLIC_LINKS  # in the hub's records folder
 MAX_LINKS_PER_PROJECT = 50
@@ -206,20 +212,7 @@ def _hidden(name: str) -> bool:
     return name.startswith(".")
 
 
-def render_notebook(data: bytes) -> str:
-    """The notebook as sanitized HTML (cells and outputs; no page around it)."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    try:
-        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
-    except nbformat.ValidationError as e:
-        raise ValueError(f"not a valid notebook: {e}") from e
-    exporter = HTMLExporter(template_name="basic", sanitize_html=True)
-    body, _ = exporter.from_notebook_node(nb)
-    return body
-
-
+@functools.cache
 def highlight_css() -> str:
     from pygments.formatters import HtmlFormatter
 
@@ -309,6 +302,44 @@ class PublicLinksHandler(_Base):
             await self._page(project, status=e.status, error=str(e))
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f}".removesuffix(".0")
+
+
+# What the page says instead of the notebook: (HTTP status, words).
+FAILED = {
+    "slow": (
+        422,
+        "This notebook takes too long to show here (over {timeout} s) \u2014 ask the owner "
+        "to share the project instead.",
+    ),
+    "invalid": (404, "The notebook of this link cannot be shown: it is not a valid notebook."),
+    "failed": (
+        422,
+        "This notebook cannot be shown here (it needs more than the hub gives one "
+        "page) \u2014 ask the owner to share the project instead.",
+    ),
+}
+TOO_LARGE = (
+    "This notebook is too large to show here ({size} MiB; the limit is {limit} MiB) "
+    "\u2014 ask the owner to share the project instead."
+)
+TOO_MANY = "Too many views from your address: at most {n} a minute. Try again in {wait} s."
+BUSY = "The hub is busy showing other notebooks. Try again in a minute."
+
+
+def limiter_of(handler, per_minute: int) -> RateLimiter:
+    """The hub's one rate limiter of public views (made at the first view)."""
+    settings = handler.settings
+    if "gpulab_public_limiter" not in settings:
+        hub_config = settings["config"].get("JupyterHub", {})
+        settings["gpulab_public_limiter"] = (
+            RateLimiter(per_minute),
+            trusted_networks(hub_config.get("trusted_downstream_ips", [])),
+        )
+    return settings["gpulab_public_limiter"]
+
+
 class PublicNotebookHandler(_Base):
     """/hub/gpulab/p/<code>: the notebook of a public link, for anyone (no login)."""
 
@@ -332,31 +363,52 @@ class PublicNotebookHandler(_Base):
     def write_error(self, status_code, **kwargs):
         self._plain(status_code, "This page cannot be shown.")
 
+    def _too_many(self, status: int, message: str, retry_after: int) -> None:
+        self.set_header("Retry-After", str(retry_after))
+        self._plain(status, message)
+
     async def get(self, code: str):
         if not self.enabled:
             self._plain(404, "Public links are turned off on this hub.")
+            return
+        renders = renders_of(self)
+        limits = renders.limits
+        limiter, trusted = limiter_of(self, limits.views_per_minute)
+        wait = limiter.take(client_address(self.request, trusted))
+        if wait:
+            n = limits.views_per_minute
+            self._too_many(429, TOO_MANY.format(n=n, wait=wait), wait)
             return
         link = self.links.find(code)
         if link is None:
             self._plain(404, GONE)
             return
+        status, message, body = 200, "", ""
         try:
-            data = await self._run(
-                read_notebook, self.projects_root, link.owner, link.project, link.path
-            )
-            body = await self._run(render_notebook, data)
+            _, rendered, how = await renders.page(self.projects_root, link)
         except FileRefused:
             self._plain(404, "The notebook of this link is not there any more.")
             return
-        except (ValueError, UnicodeDecodeError):  # not JSON, not a notebook
-            self._plain(404, "The notebook of this link cannot be shown.")
+        except TooLarge as e:
+            status = 413
+            message = TOO_LARGE.format(size=_mib(e.size), limit=_mib(limits.max_bytes))
+        except RenderBusy:
+            self._too_many(503, BUSY, 30)
             return
+        else:
+            self.set_header("X-Gpulab-Cache", how)
+            if rendered.failure:
+                status, message = FAILED[rendered.failure]
+                message = message.format(timeout=f"{limits.render_timeout_s:g}")
+            body = rendered.html
         copy_page = f"{self.hub.base_url}gpulab/copy?" + urlencode({"public": code})
         html = await self.render_template(
             "gpulab-public.html",
             link=link,
             notebook=body,
-            css=highlight_css(),
+            message=message,
+            css=highlight_css() if body else "",
             save_url=f"{self.hub.base_url}login?next={quote(copy_page, safe='')}",
         )
+        self.set_status(status)
         self.finish(html)
