@@ -228,7 +228,7 @@ def test_project_servers_enforce_the_share_roles():
     # The server's own token may read the server's shares (the authorizer looks up
     # the roles of people whose browser token has no gpulab scope).
     assert c.Spawner.server_token_scopes == [
-        "users:activity!user",
+        "users:activity!server",
         "access:servers!server",
         "read:shares!server",
     ]

@@ -77,10 +77,10 @@ class People:
             "other": made[OTHER],
         }
         owner = self.users["owner"]
-        for project in (PROJECT, RENAMED):  # makes the project (and starts it where gpulab
-            # has no spawn options to ask, as on a host without GPUs)
-            r = owner.http.get(f"{self.base}/hub/spawn/{OWNER}/{project}", timeout=30)
-            assert r.status_code == 200, r.text
+        for project in (PROJECT, RENAMED):  # makes and starts the project (a GET of the
+            # spawn page never does: home/spawn.py)
+            r = owner.api("POST", f"/hub/api/users/{OWNER}/servers/{project}", json={})
+            assert r.status_code in (201, 202), r.text
         for project in (PROJECT, RENAMED):  # one known state for every row: running
             # (pending pages answer 200 while a start is under way, 302 once it is up)
             owner.wait_ready(project, timeout=300)

@@ -487,9 +487,7 @@ def test_gpulab_changes_by_those_who_may(people):
     assert form(people, "other", "/hub/gpulab/shared", **leave) == 200
     assert form(people, "other", "/hub/gpulab/shared", **leave) == 404  # gone
     # The owner renames a stopped project on the page, then through the API.
-    # (Making it with GET /hub/spawn/... started it: JupyterHub starts a project at once
-    # when gpulab has no spawn options to ask, as on a host without GPUs. A running
-    # project is not renamed.)
+    # (People made and started it through the API. A running project is not renamed.)
     owner = people.users["owner"]
     if RENAMED in owner.api("GET", f"/hub/api/users/{U}").json()["servers"]:
         owner.stop_project(RENAMED)

@@ -7,10 +7,16 @@ NativeAuthenticator's own password rules and failed-login lockout are on
 login page says when a locked account may try again, and account changes on the
 admin's pages need POST + XSRF (accounts.py). Deleting a user stops their servers
 first and removes what they had (deletion.py).
+
+A failed login costs the same whether or not the name exists: a name with no account
+(or a locked one) is checked against a stand-in bcrypt hash of the accounts' own cost,
+so the time of an answer does not tell which names have accounts. The bcrypt work runs
+on a worker thread, off the hub's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import time
@@ -27,6 +33,8 @@ from gpulab_hub import accounts, home
 MIN_PASSWORD_LENGTH = 10
 ALLOWED_FAILED_LOGINS = 5
 SECONDS_BEFORE_NEXT_TRY = 300
+BCRYPT_MAX = 72  # bytes of a password bcrypt reads (bcrypt 5 refuses longer ones)
+PASSWORD_OK = "gpulab_password_ok"  # set on the login handler by authenticate()
 
 
 class LoginHandler(native.LoginHandler):
@@ -52,6 +60,9 @@ class LoginHandler(native.LoginHandler):
         error = "Invalid username or password."
         info = self.authenticator.get_user(data["username"])
         wait = self.authenticator.seconds_locked(data["username"])
+        # whether the password was right, from the one bcrypt check of this login
+        # (checking again here would make an unapproved account's login slower)
+        password_ok = getattr(self, PASSWORD_OK, False)
         if wait:
             error = (
                 f"Too many failed logins for {data['username']}: this account is locked for "
@@ -59,7 +70,7 @@ class LoginHandler(native.LoginHandler):
                 "Try again after that."
             )
         elif info is not None and not info.is_authorized:
-            if info.is_valid_password(data.get("password", "")):
+            if password_ok:
                 error = f"User {data['username']} has not been approved by an administrator yet."
         self.set_status(403)
         self.finish(await self._render(login_error=error, username=data["username"]))
@@ -134,11 +145,51 @@ class GpulabAuthenticator(NativeAuthenticator):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._stand_in: bytes | None = None
         self.ensure_first_admin()
 
+    def stand_in_hash(self) -> bytes:
+        """A bcrypt hash of a random password, made once, at the cost new accounts'
+        hashes have: what a login for a name with no account is checked against."""
+        if self._stand_in is None:
+            self._stand_in = _hash(secrets.token_urlsafe(32))
+        return self._stand_in
+
+    def _password_matches(self, password, stored: bytes | None) -> bool:
+        return password_matches(password, self.stand_in_hash() if stored is None else stored)
+
+    async def authenticate(self, handler, data):
+        """NativeAuthenticator's check (approved account, password, 2FA token, lockout),
+        with one bcrypt check on every try: against the account's hash, or against
+        :meth:`stand_in_hash` for a name with no account or a locked one, so that the
+        answer takes as long either way."""
+        username = self.normalize_username(str(data.get("username", "")))
+        password = data.get("password", "")
+        info = self.get_user(username)
+        locked = bool(self.allowed_failed_logins) and self.is_blocked(username)
+        known = info is not None and not locked
+        stored = bytes(info.password) if known else None
+        ok = await asyncio.get_running_loop().run_in_executor(
+            None, self._password_matches, password, stored
+        )
+        if not known:
+            return None
+        if handler is not None:
+            setattr(handler, PASSWORD_OK, ok)
+        checks = [info.is_authorized, ok]
+        if info.has_2fa:
+            checks.append(info.is_valid_token(data.get("2fa")))
+        if all(checks):
+            self.successful_login(username)
+            return username
+        self.add_login_attempt(username)
+        return None
+
     def get_handlers(self, app):
-        """NativeAuthenticator's pages (some mended), then gpulab's home page and the
-        default server's routes (home/): JupyterHub puts only these before its own."""
+        """NativeAuthenticator's pages (some mended), then gpulab's home page, the
+        spawn and default server's routes (home/) and the activity API that keeps a
+        project server's token to its own server (sharing/activity.py): JupyterHub
+        puts only these before its own."""
         mine = {
             r"/login": LoginHandler,
             r"/signup": SignUpHandler,
@@ -146,10 +197,12 @@ class GpulabAuthenticator(NativeAuthenticator):
             r"/authorize/([^/]*)": accounts.ToggleAuthorizationHandler,
             r"/discard/([^/]*)": accounts.DiscardHandler,
         }
+        from gpulab_hub.sharing import activity
+
         native_routes = [
             (route, mine.get(route, handler)) for route, handler in super().get_handlers(app)
         ]
-        return native_routes + home.front_handlers()
+        return native_routes + home.front_handlers() + activity.hub_handlers()
 
     def seconds_locked(self, username: str) -> float:
         """How long ``username`` must wait before the next login try (0: not locked)."""
@@ -215,3 +268,18 @@ def _hash(password: str) -> bytes:
     import bcrypt
 
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt())
+
+
+def password_matches(password, stored: bytes) -> bool:
+    """Whether ``password`` hashes to ``stored`` (a bcrypt hash), in constant time.
+    bcrypt reads the first BCRYPT_MAX bytes of a password (bcrypt 4 cut longer ones
+    itself; bcrypt 5 refuses them, which made such a login fail with an error for a
+    name that has an account only)."""
+    import bcrypt
+
+    if not isinstance(password, str):
+        return False
+    try:
+        return bcrypt.checkpw(password.encode("utf-8", "surrogatepass")[:BCRYPT_MAX], stored)
+    except ValueError:  # a damaged stored hash
+        return False

@@ -13,6 +13,9 @@ removes it (``default_server_name`` only steers ``/hub/user-redirect``). So
 ``/hub/spawn``, ``/hub/spawn/<user>`` and ``/hub/user/<user>/`` of the user's own
 default server lead to the home page with a word instead (web.py).
 
+``/hub/spawn/<user>/<project>`` shows, on GET, the spawn form and never makes or
+starts a project (JupyterHub's GET started one from a plain link): spawn.py.
+
 JupyterHub puts only its authenticator's routes before its own, so
 ``GpulabAuthenticator.get_handlers`` adds :func:`front_handlers` there (the
 patterns are JupyterHub's own, so they replace its handlers of those routes).
@@ -32,5 +35,6 @@ def front_handlers() -> list[tuple[str, str]]:
         (PAGE, "gpulab_hub.home.web.HomeHandler"),
         (r"/spawn", "gpulab_hub.home.web.NoDefaultProjectHandler"),
         (r"/spawn/([^/]+)", "gpulab_hub.home.web.NoDefaultProjectHandler"),
+        (r"/spawn/([^/]+)/([^/]+)", "gpulab_hub.home.spawn.SpawnPageHandler"),
         (r"/user/(?P<user_name>[^/]+)(?P<user_path>/.*)?", "gpulab_hub.home.web.UserUrlHandler"),
     ]

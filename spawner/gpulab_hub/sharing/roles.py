@@ -39,10 +39,12 @@ SERVER_CLIENT_SCOPES = [f"{scope}!server" for scope in (READ, WRITE, EXECUTE)]
 # Added to the ``user`` role: full rights on one's own servers.
 OWNER_SCOPES = [f"{EXECUTE}!user"]
 # The project server's own token (c.Spawner.server_token_scopes): JupyterHub's
-# ``server`` role, plus reading the server's shares. JupyterHub puts no share's
-# custom scopes into the browser's OAuth token, so the authorizer looks the
+# ``server`` role, its activity narrowed to this one server (JupyterHub's role has
+# ``users:activity!user``: every project of the owner; sharing/activity.py lets the
+# narrowed scope report), plus reading the server's shares. JupyterHub puts no
+# share's custom scopes into the browser's OAuth token, so the authorizer looks the
 # person's share up in this list.
-SERVER_TOKEN_SCOPES = ["users:activity!user", "access:servers!server", "read:shares!server"]
+SERVER_TOKEN_SCOPES = ["users:activity!server", "access:servers!server", "read:shares!server"]
 # The project server's authorizer, installed in the project image (gpulab-jupyter).
 AUTHORIZER_CLASS = "gpulab_jupyter.authorizer.ProjectAuthorizer"
 

@@ -147,7 +147,7 @@ class Gateway:
 
     async def user_keys(self, user: str) -> list:
         return await asyncio.get_running_loop().run_in_executor(
-            self.docker.executor, self.keys.keys, user
+            self.docker.executor, self.keys.login_keys, user
         )
 
     async def start(self, host_key: asyncssh.SSHKey) -> None:

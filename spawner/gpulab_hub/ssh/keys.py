@@ -3,10 +3,11 @@
 One file per user, ``<keys_dir>/<user>.json`` (``{"version": 1, "keys": [{"openssh":
 ..., "added": ...}]}``), in the hub's private folder. Users add and delete keys on
 /hub/gpulab/ssh (web.py); the gateway (another process) only reads them with
-:meth:`KeyStore.keys`. Files are written atomically under one file lock for the whole
-folder (a key may be on one account only, so adding checks every user's file under
-it) and read bounded, without following a link; a damaged file gives no keys (no way
-in) and is moved aside by the next change.
+:meth:`KeyStore.login_keys` (a key logs in only the account that added it first).
+Files are written atomically under one file lock for the whole folder (a key may be
+on one account only, so adding checks every user's file under it) and read bounded,
+without following a link; a damaged file gives no keys (no way in) and is moved aside
+by the next change.
 
 What is taken: one OpenSSH public key line ``type base64 [comment]`` of an allowed
 type (:data:`ALGORITHMS`; RSA from :data:`MIN_RSA_BITS` bits), parsed by asyncssh and
@@ -165,6 +166,13 @@ def parse(text: str, added: float | None = None) -> StoredKey:
     )
 
 
+def _blob(openssh: str) -> str:
+    """The key itself (its base64 part) of an OpenSSH line: the same key has the same
+    blob whatever its comment (lines are stored as asyncssh exports them)."""
+    words = openssh.split()
+    return words[1] if len(words) > 1 else openssh
+
+
 class KeyStore:
     """Users' public keys, one file each under ``keys_dir`` (see the module's doc)."""
 
@@ -266,6 +274,37 @@ class KeyStore:
         if not valid_user(user):
             return []
         return self._load(user)
+
+    def login_keys(self, user: str) -> list[StoredKey]:
+        """The keys that log ``user`` in (what the gateway asks): their keys, less any
+        that another account holds since earlier or the same moment. A key names one
+        person, the account that added it first; :meth:`add` refuses a key another
+        account has, and this holds the rule for files that hold a key twice anyway
+        (written before the rule, restored from a backup, edited by hand)."""
+        mine = self.keys(user)
+        if not mine:
+            return []
+        since = {_blob(k.openssh): k.added for k in mine}
+        taken = set()
+        for other in self.users():
+            if other == user:
+                continue
+            try:
+                theirs = self._entries(other)
+            except (OSError, ValueError):
+                continue  # a damaged file gives its account no keys (keys())
+            for entry in theirs:
+                blob = _blob(entry["openssh"])
+                if blob in since and entry["added"] <= since[blob]:
+                    taken.add(blob)
+        for k in mine:
+            if _blob(k.openssh) in taken:
+                self.log.warning(
+                    "gpulab: the SSH key %s of %s does not log in: another account added it "
+                    "first",
+                    k.fingerprint, user,
+                )  # fmt: skip
+        return [k for k in mine if _blob(k.openssh) not in taken]
 
     def users(self) -> list[str]:
         """Every user with a keys file."""
