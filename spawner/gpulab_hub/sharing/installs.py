@@ -3,18 +3,31 @@
 A notebook copied into another project imports what ``%gpu_install`` installed
 in its own project. Those installs are the RUN lines of the source Dockerfile's
 managed block (gpulab_jupyter.magics.dockerfile knows its markers and writes
-it). Save a copy reads that block and writes the same lines into the managed
-block of the destination project's Dockerfile; the destination's next build
-installs them.
+it). Save a copy reads that block, shows the person copying every line it would
+write, whole, and writes the lines they tick into the managed block of the
+destination project's Dockerfile; the destination's next build installs them.
 
 The source Dockerfile is hostile input (its project's users write it): it is
 read through safefs (no link followed, a regular file, at most 1 MiB of UTF-8),
-and a line is brought along only when the whole line is, token for token, a
-line ``%gpu_install`` writes: ``RUN [BUILD VARIABLES] python -m pip install
---no-cache-dir [--no-build-isolation] [INDEX OPTIONS] REQUIREMENT [&& python -c
-'import MODULES']`` or its apt-get line, each token from an allow-list and quoted
-exactly as the magic quotes it. Anything else (``RUN curl … | sh``, a shell
-substitution, a continuation) is left behind and counted.
+and a line is offered only when the whole line is, token for token, a line
+``%gpu_install`` writes: ``RUN [BUILD VARIABLES] python -m pip install
+--no-cache-dir [OPTIONS] REQUIREMENT [&& python -c 'import MODULES']`` or its
+apt-get line, each token from an allow-list and quoted exactly as the magic
+quotes it. Anything else (``RUN curl … | sh``, a shell substitution, a
+continuation) is refused, and shown as refused with the reason.
+
+What is copied is what is shown. A line's options are its own words: an
+``--extra-index-url`` or ``--trusted-host`` the owner chose would make
+``numpy==1.26.4`` come from wherever they like. So the options allowed are
+``--no-build-isolation``, ``--no-binary`` of the line's own package, and the
+package-source options (``--index-url``, ``--extra-index-url``,
+``--find-links``, ``--trusted-host``) only for the indexes the hub's admin
+allows (:class:`GpulabSaveCopy`); a line with any other option is refused. Only
+a plain line (no option, no build variable, ``name==version`` from the
+project's default index) is ticked for the person; every other line is shown
+whole and left for them to tick. The page's choice is checked again on POST
+against the lines read afresh (:func:`pick`): a line not offered, refused or
+changed since is refused, and nothing is copied.
 
 The destination is written as the magic writes it: under the project's
 ``.gpulab/dockerfile.lock`` (the same flock), to a new file beside it that then
@@ -33,8 +46,11 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from packaging.utils import canonicalize_name
+from traitlets import List, TraitError, Unicode, validate
+from traitlets.config import Configurable
 
 from gpulab_hub.images.project import MAX_DOCKERFILE_BYTES, read_dockerfile
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
@@ -43,6 +59,8 @@ from gpulab_jupyter.magics.spec import SpecError, check_apt, check_host
 
 LOCK_TIMEOUT = 30.0  # seconds to wait for an install running in the destination
 MAX_LINE = 4096
+MAX_REFUSED_SHOWN = 100  # refused lines listed on the page; the rest are counted
+PREVIEW = 1000  # characters of a refused line shown
 # The build variables %gpu_install writes (gpulab_jupyter.arch.build_env, MAX_JOBS).
 BUILD_VARIABLES = (
     "TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "FLASH_ATTN_CUDA_ARCHS",
@@ -66,35 +84,147 @@ _APT = re.compile(
     re.escape(dockerfile.APT_RUN).replace(re.escape("{packages}"), r"([a-z0-9][ -~]{0,2000})")
 )
 _PRINTABLE = re.compile(rf"[ -~]{{1,{MAX_LINE}}}")
+# What an allowed index URL may add under an allowed prefix: plain path segments, none
+# of them "." or ".." (each starts with a character other than a dot).
+_SEGMENT = r"[A-Za-z0-9_~+-][A-Za-z0-9._~+-]{0,200}"
+_UNDER = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT}){{0,20}}/?")
+
+NOT_FORM = "it is not a line %gpu_install writes"
+FLAGS = ("--no-build-isolation",)  # options without a value that a line may carry
+SOURCE_OPTIONS = ("--index-url", "--extra-index-url", "--find-links")  # where packages come from
+TRUSTED_HOST = "--trusted-host"
+
+
+class GpulabSaveCopy(Configurable):
+    """What Save a copy may bring along into a copied project's Dockerfile."""
+
+    package_indexes = List(
+        Unicode(),
+        config=True,
+        help="""Package indexes that Save a copy may bring along. A line of the source
+        project's Dockerfile that names a package source (pip's ``--index-url``,
+        ``--extra-index-url``, ``--find-links``) is offered only when every such URL
+        is one of these (an entry ending in ``/`` allows every URL under it, plain
+        path segments only), and ``--trusted-host`` (no certificate checks) only for
+        the host of one of these; any other such line is shown as refused, so no one
+        can make a copied ``numpy==1.26.4`` come from an index of their own. A line
+        with such an option is never ticked for the person copying: they see it
+        whole and tick it themselves. Each entry an http(s) URL without a password.
+        Default: none (only the image's default index).
+        Example: ``c.GpulabSaveCopy.package_indexes = ["https://download.pytorch.org/whl/"]``""",
+    )
+
+    @validate("package_indexes")
+    def _check_indexes(self, proposal):
+        for url in proposal["value"]:
+            if not _URL.fullmatch(url):
+                raise TraitError(
+                    f"GpulabSaveCopy.package_indexes: {url!r} is not an http(s) URL of "
+                    "plain characters (no password, query or spaces)"
+                )
+        return proposal["value"]
+
+
+def index_allowed(url: str, allowed) -> bool:
+    """Whether ``url`` is one of the ``allowed`` index URLs, or under one ending in ``/``."""
+    for entry in allowed:
+        if url in (entry, entry.rstrip("/"), entry.rstrip("/") + "/"):
+            return True
+        if entry.endswith("/") and url.startswith(entry):
+            if _UNDER.fullmatch(url[len(entry) :]):
+                return True
+    return False
+
+
+def host_allowed(host: str, allowed) -> bool:
+    """Whether ``host`` (``name`` or ``name:port``) is the host of an allowed index URL."""
+    for entry in allowed:
+        parts = urlsplit(entry)
+        if host in {parts.hostname, parts.netloc}:
+            return True
+    return False
+
+
+def preview(line: str, limit: int = PREVIEW) -> str:
+    """A refused line for the page: printable, at most ``limit`` characters and a mark."""
+    shown = re.sub(r"[^ -~]", "\N{REPLACEMENT CHARACTER}", line[:limit])
+    return shown + (f"… ({len(line) - limit} more characters)" if len(line) > limit else "")
 
 
 @dataclass(frozen=True)
 class Install:
     name: str  # canonical distribution name
     requirement: str  # as written: name==version, or name @ URL
-    line: str  # the whole RUN line, exactly as in the source
-    index: str = ""  # the package index it comes from, when not the default
+    line: str  # the whole RUN line, exactly as in the source: what is written
+    options: tuple[str, ...] = ()  # pip's options on it, as written (option, value, ...)
+    variables: tuple[str, ...] = ()  # build variables, as written (NAME=value)
+
+    @property
+    def index(self) -> str:
+        """The package index it comes from, when not the default."""
+        opts = self.options
+        return next((opts[n + 1] for n, o in enumerate(opts) if o == "--index-url"), "")
+
+    @property
+    def plain(self) -> bool:
+        """No option, no build variable, a pinned version from the default index: the
+        only kind of line ticked for the person copying."""
+        return not (self.options or self.variables) and bool(_PINNED.fullmatch(self.requirement))
 
     @property
     def shown(self) -> str:
         return self.requirement + (f" (from {self.index})" if self.index else "")
+
+    def pairs(self):
+        """``(option, value)`` for each option (value '' for a flag)."""
+        opts, n = self.options, 0
+        while n < len(opts):
+            if opts[n] in FLAGS:
+                yield opts[n], ""
+                n += 1
+            else:
+                yield opts[n], opts[n + 1]
+                n += 2
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A line of the managed block that is not brought along, and why (for the page)."""
+
+    line: str  # preview(): what the page shows
+    reason: str
 
 
 @dataclass
 class Found:
     """What a source project's managed block holds, or why it could not be read."""
 
-    installs: list[Install] = field(default_factory=list)
+    installs: list[Install] = field(default_factory=list)  # offered
     apt: list[str] = field(default_factory=list)
-    skipped: int = 0  # lines of the block that are not in %gpu_install's form
+    refused: list[Refused] = field(default_factory=list)  # the first MAX_REFUSED_SHOWN
+    refused_more: int = 0  # refused lines beyond those
     problem: str = ""
 
     @property
     def any(self) -> bool:
         return bool(self.installs or self.apt)
 
+    @property
+    def skipped(self) -> int:
+        return len(self.refused) + self.refused_more
+
     def shown(self) -> list[str]:
         return [i.shown for i in self.installs] + [f"apt: {p}" for p in self.apt]
+
+    def apt_line(self) -> str:
+        """The apt-get line written for these packages (between USER lines)."""
+        return dockerfile.APT_RUN.format(packages=" ".join(self.apt))
+
+    def refuse(self, line: str, reason: str) -> None:
+        if len(self.refused) < MAX_REFUSED_SHOWN:
+            self.refused.append(Refused(preview(line), reason))
+        else:
+            self.refused_more += 1
 
 
 def _word(token: str) -> str | None:
@@ -117,35 +247,31 @@ def _variable(token: str) -> bool:
     return value is not None and _VALUE.fullmatch(value) is not None
 
 
-_OPTIONS = {
-    "--index-url": _URL.fullmatch,
-    "--extra-index-url": _URL.fullmatch,
-    "--find-links": _URL.fullmatch,
-    "--no-binary": _PACKAGE.fullmatch,
-}
-
-
 def _option_value(option: str, value: str) -> bool:
-    if option == "--trusted-host":
+    """Whether ``value`` has the form %gpu_install writes for ``option``."""
+    if option == TRUSTED_HOST:
         try:
             check_host(value)
         except SpecError:
             return False
         return True
-    return bool(_OPTIONS[option](value))
+    if option == "--no-binary":
+        return bool(_PACKAGE.fullmatch(value))
+    return bool(_URL.fullmatch(value))
 
 
-def pip_install(line: str) -> Install | None:
-    """The install a managed-block line makes, if the whole line is one %gpu_install
-    writes (see the module doc); None for any other line."""
+def parse_pip(line: str) -> Install | str:
+    """The install a managed-block line makes, if the whole line has the form
+    %gpu_install writes (see the module doc); else why not, in words."""
     if not _PRINTABLE.fullmatch(line):
-        return None
+        return NOT_FORM
     tokens = _TOKENS.findall(line)
     if " ".join(tokens) != line or not tokens or tokens[0] != "RUN":
-        return None
+        return NOT_FORM
     i = 1
     while i < len(tokens) and _variable(tokens[i]):
         i += 1
+    variables = tuple(tokens[1:i])
     check: list[str | None] = []
     if "&&" in tokens:  # the shell's "and then", unquoted: the import check follows
         at = tokens.index("&&")
@@ -156,32 +282,62 @@ def pip_install(line: str) -> Install | None:
             or check[:2] != ["python", "-c"]
             or not _IMPORT.fullmatch(check[2] or "")
         ):
-            return None
+            return NOT_FORM
     words = [_word(t) for t in tokens[i:]]
     if None in words:
-        return None
+        return NOT_FORM
     head = ["python", "-m", "pip", "install", "--no-cache-dir"]
     if words[: len(head)] != head:
-        return None
-    rest = words[len(head) :]
-    if rest[:1] == ["--no-build-isolation"]:
-        rest = rest[1:]
-    index = ""
-    while len(rest) >= 2 and rest[0] in (*_OPTIONS, "--trusted-host"):
-        if not _option_value(rest[0], rest[1]):
-            return None
-        if rest[0] == "--index-url":
-            index = rest[1]
+        return NOT_FORM
+    rest: list[str] = words[len(head) :]  # type: ignore[assignment]
+    options: list[str] = []
+    while rest and rest[0].startswith("-"):
+        option = rest[0]
+        if option in FLAGS:
+            options.append(option)
+            rest = rest[1:]
+            continue
+        if option not in (*SOURCE_OPTIONS, TRUSTED_HOST, "--no-binary"):
+            return f"its pip option {preview(option, 100)} is not one Save a copy brings along"
+        if len(rest) < 2 or not _option_value(option, rest[1]):
+            return NOT_FORM
+        options += rest[:2]
         rest = rest[2:]
-    if not rest:
-        return None
     if len(rest) != 1:
-        return None
+        return NOT_FORM
     requirement = rest[0]
     m = _PINNED.fullmatch(requirement) or _DIRECT.fullmatch(requirement)
     if m is None:
-        return None
-    return Install(canonicalize_name(m.group(1)), requirement, line, index)
+        return NOT_FORM
+    name = canonicalize_name(m.group(1))
+    return Install(name, requirement, line, tuple(options), variables)
+
+
+def pip_install(line: str) -> Install | None:
+    """The install a managed-block line makes, if the whole line is one %gpu_install
+    writes (see the module doc); None for any other line. Its options are not
+    checked against the admin's indexes here: :func:`why_refused` does."""
+    parsed = parse_pip(line)
+    return parsed if isinstance(parsed, Install) else None
+
+
+def why_refused(install: Install, allowed=()) -> str:
+    """'' when ``install``'s options are all allowed (``allowed``: the admin's index
+    URLs, GpulabSaveCopy.package_indexes); else why not, in words."""
+    for option, value in install.pairs():
+        if option in SOURCE_OPTIONS and not index_allowed(value, allowed):
+            return (
+                f"it installs from {value} ({option}), which is not a package index "
+                "this hub's administrator allows"
+            )
+        if option == TRUSTED_HOST and not host_allowed(value, allowed):
+            return (
+                f"it turns off certificate checks for {value} ({option}), which is not a "
+                "host this hub's administrator allows"
+            )
+        if option == "--no-binary" and canonicalize_name(value) != install.name:
+            return f"its --no-binary names another package ({value})"
+    return ""
 
 
 def apt_packages(line: str) -> list[str] | None:
@@ -206,8 +362,9 @@ def _block(text: str) -> list[str] | None:
     return [ln.removesuffix("\r") for ln in lines[starts[0] + 1 : ends[0]]]
 
 
-def managed_installs(text: str) -> Found:
-    """What the managed block of a Dockerfile's text installs, line by line."""
+def managed_installs(text: str, allowed=()) -> Found:
+    """What the managed block of a Dockerfile's text installs, line by line: the lines
+    offered, and those refused with the reason (``allowed``: see :func:`why_refused`)."""
     found = Found()
     block = _block(text)
     if block is None:
@@ -215,19 +372,55 @@ def managed_installs(text: str) -> Found:
     for n, line in enumerate(block):
         if not line.strip() or _USER.fullmatch(line):
             continue  # blank, or the USER lines around the apt line (written anew)
-        install = pip_install(line)
-        apt = None if install else apt_packages(line)
         previous = block[n - 1] if n else ""
         if previous.rstrip().endswith("\\"):
-            install, apt = None, None  # part of the instruction above
-        if install:  # the same package again: the build ends with this one
-            found.installs = [i for i in found.installs if i.name != install.name]
-            found.installs.append(install)
-        elif apt is not None:
+            found.refuse(line, "it continues the line above it")
+            continue
+        apt = apt_packages(line)
+        if apt is not None:
             found.apt += [p for p in apt if p not in found.apt]
-        else:
-            found.skipped += 1
+            continue
+        install = parse_pip(line)
+        reason = install if isinstance(install, str) else why_refused(install, allowed)
+        if reason:
+            found.refuse(line, reason)
+            continue
+        # The same package again: the build ends with this one.
+        found.installs = [i for i in found.installs if i.name != install.name]
+        found.installs.append(install)
     return found
+
+
+class NotOffered(Exception):
+    """A choice posted to Save a copy that is not one the page offered (in words)."""
+
+
+def pick(found: Found, lines, apt) -> Found:
+    """The installs of ``found`` the person ticked: ``lines`` (whole RUN lines) and
+    ``apt`` (Debian package names), as the form posts them. Each must be exactly one
+    offered: a refused line, or one not offered (a forged form, or the source changed
+    since the page was shown), raises :class:`NotOffered` and nothing is picked."""
+    offered = {i.line: i for i in found.installs}
+    refused = {r.line: r.reason for r in found.refused}
+    chosen: list[Install] = []
+    for line in lines:
+        if line in offered:
+            if offered[line] not in chosen:
+                chosen.append(offered[line])
+        elif line in refused:
+            raise NotOffered(f"{preview(line, 200)} cannot be brought along: {refused[line]}.")
+        else:
+            raise NotOffered(
+                f"{preview(line, 200)} is not one of the lines this page offers (the source "
+                "project's packages may have changed since it was shown)."
+            )
+    for package in apt:
+        if package not in found.apt:
+            raise NotOffered(f"apt: {preview(package, 100)} is not one this page offers.")
+    order = {i.line: n for n, i in enumerate(found.installs)}
+    chosen.sort(key=lambda i: order[i.line])
+    apt_chosen = [p for p in found.apt if p in set(apt)]
+    return Found(installs=chosen, apt=apt_chosen)
 
 
 def _words(e: Exception) -> str:
@@ -242,13 +435,14 @@ def _words(e: Exception) -> str:
     return str(e).rstrip(".")
 
 
-def read_source(projects_root: str | Path, owner: str, project: str) -> Found:
-    """The managed installs of ``owner/project``'s Dockerfile (problem: why none)."""
+def read_source(projects_root: str | Path, owner: str, project: str, allowed=()) -> Found:
+    """The managed installs of ``owner/project``'s Dockerfile (problem: why none;
+    ``allowed``: the admin's package indexes, see :func:`why_refused`)."""
     try:
         text = read_dockerfile(Project(Path(projects_root), owner, project))
     except ProjectError as e:
         return Found(problem=f"gpulab did not read {project}'s Dockerfile ({_words(e)})")
-    return managed_installs(text)
+    return managed_installs(text, allowed)
 
 
 def _create(dir_fd: int, name: str, mode: int, uid: int, gid: int, data: bytes = b"") -> int:
