@@ -8,11 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from gpulab_hub.doctor import cuda, docker_checks, findings, gpu, libs, project, resources
+from gpulab_hub.doctor import (
+    answer,
+    cuda,
+    docker_checks,
+    findings,
+    gpu,
+    libs,
+    project,
+    resources,
+    sandbox,
+)
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 from gpulab_jupyter import arch
 
 FIX = Path(__file__).parent / "fixtures" / "doctor"
+PROBES = sandbox.ProbeSettings("gl", "gl-net", "1000:100", "8g", 2 << 30, 3.0, 4096, str.lower)
 
 
 def read(name: str) -> str:
@@ -27,7 +38,8 @@ def smi(name: str) -> gpu.Inventory:
 
 
 def facts(name: str) -> dict:
-    return json.loads(read(f"probe-project-{name}.json"))
+    """A recorded answer of the probe, read as the doctor reads every answer."""
+    return answer.check(json.loads(read(f"probe-project-{name}.json")), "project")
 
 
 def by_id(items: list[Finding]) -> dict[str, Finding]:
@@ -376,9 +388,11 @@ def test_explicit_devices_path_as_gpulab_uses_it(tmp_path):
     # The test container gets every GPU the way a project gets its own (objects.py).
     g = docker_checks.all_gpus(inv, info, drivers, dev)
     assert (g.isolation, g.minors, g.uuids) == ("devices", (0, 1), tuple(x.uuid for x in inv.gpus))
-    host_config, env = docker_checks.gpu_container_args(g)
+    spec = sandbox.probe_spec(PROBES, "img", ["python3"], g)
+    host_config, env = spec["host_config"], spec["environment"]
     assert "/dev/nvidia1:/dev/nvidia1:rwm" in host_config["devices"]
     assert host_config["binds"] == {drivers: {"bind": drivers, "mode": "ro"}}
+    assert spec["volumes"] == [drivers]
     assert env["LD_LIBRARY_PATH"] == f"{drivers}/lib64"
     assert env["CUDA_VISIBLE_DEVICES"] == ",".join(g.uuids)
 
@@ -398,8 +412,10 @@ def test_nvidia_runtime(tmp_path):
     inv = smi("h100-550")
     f = docker_checks.check_gpu_access(info, inv, drivers, False, dev)
     assert f.status == OK and "device_requests" in f.seen
-    host_config, _ = docker_checks.gpu_container_args(docker_checks.all_gpus(inv, info, drivers))
+    g = docker_checks.all_gpus(inv, info, drivers)
+    host_config = sandbox.probe_spec(PROBES, "img", ["python3"], g)["host_config"]
     assert host_config["device_requests"][0]["device_ids"] == [inv.gpus[0].uuid]
+    assert host_config["binds"] == {}
 
 
 def test_driver_without_device_nodes_cannot_give_gpus(tmp_path):

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import GPULAB, PREFIX
 from hubclient import HubUser
+from traitlets.config import Config
 
-from gpulab_hub.doctor import docker_checks, gpu, probe, resources
+from gpulab_hub import hubsettings
+from gpulab_hub.doctor import answer, docker_checks, gpu, probe, resources, sandbox
 from gpulab_hub.doctor.findings import FAIL, OK, WARN
 
 GPU_IDS = ("host.driver", "docker.gpu_access", "docker.gpu_container")
@@ -60,7 +62,7 @@ def test_the_probe_runs_with_any_python3():
         out = subprocess.run(
             [sys.executable, "-c", source, mode], capture_output=True, text=True, check=True
         ).stdout
-        facts = docker_checks.parse_probe_output(out)
+        facts = answer.read(out.encode(), False, mode)  # as the doctor reads every answer
         assert facts["python"] == sys.version.split()[0]
         assert "version" in facts["torch"]
     assert {"env", "device_nodes", "ldconfig", "libs"} <= set(facts)
@@ -84,10 +86,13 @@ def test_probe_container_of_the_base_image(hub, docker_engine):
     dk = docker_checks.doctor_docker()
     engine, info = docker_checks.check_engine(dk)
     assert engine.status == OK and info["ServerVersion"] in engine.seen
-    facts = docker_checks.run_probe(dk, f"{PREFIX}/base:latest", ["image"], PREFIX)
+    config = Config()
+    config.ProjectSpawner.prefix = PREFIX  # the session hub's (GPULAB_CONTAINER_PREFIX)
+    probes = sandbox.of_spawner(hubsettings.spawner_of(config))
+    facts = sandbox.run_probe(dk, f"{PREFIX}/base:latest", ["image"], probes)
     assert facts["python"].startswith("3.") and facts["torch"] == {"version": ""}
-    missing = docker_checks.run_probe(dk, f"{PREFIX}/no-such:image", ["image"], PREFIX)
-    assert "cannot create a container" in missing["error"]
+    with pytest.raises(answer.ProbeError, match="cannot create a container"):
+        sandbox.run_probe(dk, f"{PREFIX}/no-such:image", ["image"], probes)
     assert not docker_engine.call("containers", all=True, filters={"name": f"{PREFIX}-doctor-"})
 
 

@@ -1,29 +1,22 @@
-"""The Docker engine, how it can give containers GPUs, and throwaway probe containers.
+"""The Docker engine, how it can give containers GPUs, and a GPU test container.
 
 Every Docker call goes through :meth:`gpulab_hub.host.Docker.call`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import uuid
 from pathlib import Path
 
-import docker
-import docker.errors
-import docker.utils
-import requests.exceptions
-
 from gpulab_hub import host
-from gpulab_hub.doctor import probe
+from gpulab_hub.doctor import sandbox
+from gpulab_hub.doctor.answer import ProbeError
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
 from gpulab_hub.doctor.gpu import Inventory
 from gpulab_hub.projects import objects
 
-DOCKER_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+DOCKER_ERRORS = sandbox.DOCKER_ERRORS
+_short = sandbox.short  # a Docker error in one line (cluster.py's name for it)
 CALL_TIMEOUT = 30  # seconds for one Docker API call (doctor must finish within a minute)
-MARKER = "@@gpulab-doctor@@"
 # What the explicit-devices path mounts from the driver folder (GPULAB_DRIVER_DIR).
 DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 
@@ -75,14 +68,6 @@ def all_gpus(inv: Inventory, info: dict, drivers: str, dev_root: str = "/dev"):
     minors = tuple(int(Path(n).name[6:]) for n in device_nodes(dev_root))
     uuids = tuple(g.uuid for g in inv.gpus)
     return objects.GpuAssignment(uuids, minors, isolation, drivers)
-
-
-def gpu_container_args(g: objects.GpuAssignment) -> tuple[dict, dict]:
-    """(host_config, environment) as gpulab's container spec gives them (objects.py)."""
-    host_config = objects.gpu_host_config(g)
-    if g.isolation == objects.DEVICES:
-        host_config["binds"] = {g.driver_dir: {"bind": g.driver_dir, "mode": "ro"}}
-    return host_config, objects.gpu_env(g)
 
 
 def check_gpu_access(
@@ -137,71 +122,17 @@ def check_gpu_access(
     return Finding(fid, OK, seen)
 
 
-def parse_probe_output(text: str) -> dict | None:
-    for line in reversed(text.splitlines()):
-        if line.startswith(MARKER):
-            return json.loads(line[len(MARKER) :])
-    return None
-
-
-def run_probe(
-    dk: host.Docker,
-    image: str,
-    args: list[str],
-    prefix: str,
-    host_config: dict | None = None,
-    environment: dict | None = None,
-    timeout: float = 40,
-) -> dict:
-    """Run probe.py in a throwaway container of ``image``; its facts, or {"error": ...}."""
-    name = f"{prefix}-doctor-{uuid.uuid4().hex[:8]}"
-    hc = dk.call("create_host_config", network_mode="none", **(host_config or {}))
-    source = Path(probe.__file__).read_text()
-    try:
-        cid = dk.call(
-            "create_container",
-            image,
-            command=["python3", "-c", source, *args],
-            host_config=hc,
-            name=name,
-            labels={"gpulab.doctor": prefix},
-            environment=environment or {},
-        )["Id"]
-    except DOCKER_ERRORS as e:
-        return {"error": f"cannot create a container of {image}: {_short(e)}"}
-    try:
-        dk.call("start", cid)
-        status = dk.call("wait", cid, timeout=timeout).get("StatusCode")
-        logs = dk.call("logs", cid, stdout=True, stderr=True).decode(errors="replace")
-    except DOCKER_ERRORS as e:
-        return {"error": _short(e)}
-    finally:
-        # An engine that stopped answering leaves it; its name carries the prefix.
-        with contextlib.suppress(*DOCKER_ERRORS):
-            dk.call("remove_container", cid, force=True)
-    facts = parse_probe_output(logs)
-    if facts is None:
-        tail = " | ".join(logs.strip().splitlines()[-3:])
-        return {"error": f"the probe exited with {status}: {tail or 'no output'}"}
-    return facts
-
-
-def _short(e: Exception) -> str:
-    text = getattr(e, "explanation", None) or str(e)
-    return str(text).splitlines()[0][:300]
-
-
 def check_gpu_container(
     dk: host.Docker,
     image: str | None,
     inv: Inventory,
     info: dict,
     drivers: str,
-    prefix: str,
+    probes: sandbox.ProbeSettings,
     cpu_only: bool,
 ) -> Finding:
     """docker.gpu_container: a test container given every GPU, the way gpulab gives a
-    project its GPUs, sees them through NVML."""
+    project its GPUs (and confined as a project's container), sees them through NVML."""
     fid = "docker.gpu_container"
     if not inv.present or not inv.gpus:
         return gpu_absent(
@@ -225,9 +156,11 @@ def check_gpu_container(
             "not tested: Docker has no way to give a container a GPU here",
             "See docker.gpu_access.",
         )
-    host_config, env = gpu_container_args(g)
-    facts = run_probe(dk, image, ["nvml", "libnvidia-ml.so.1"], prefix, host_config, env)
     how = f"a container of {image} given {len(inv.gpus)} GPU(s) ({g.isolation})"
+    try:
+        facts = sandbox.run_probe(dk, image, ["nvml", "libnvidia-ml.so.1"], probes, g)
+    except ProbeError as e:
+        facts = {"gpus": [], "error": str(e)}
     if "error" in facts and not facts.get("gpus"):
         return Finding(
             fid,

@@ -1,21 +1,25 @@
 """Checks inside one project's container: CUDA copies, visible GPUs, torch, precision.
 
 ``gpulab doctor --project USER/PROJECT`` runs probe.py in the running container
-(``docker exec``), or in a throwaway container of the project's image. The
-checks are pure functions of the facts the probe reports.
+(``docker exec``), or in a throwaway container of the project's image, both found
+from the hub's own records only (sandbox.py runs it, answer.py reads its answer).
+The checks are pure functions of the facts the probe reports.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 
-from gpulab_hub import host
-from gpulab_hub.doctor import cuda, docker_checks, libs, probe
+import docker.errors
+
+from gpulab_hub import host, images
+from gpulab_hub.doctor import answer, cuda, libs, sandbox
+from gpulab_hub.doctor.answer import shown
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 from gpulab_hub.doctor.gpu import Gpu
 from gpulab_hub.hubsettings import HubSettings
 from gpulab_hub.images import project as projectimage
-from gpulab_hub.projects import Project, ProjectError, objects
+from gpulab_hub.projects import Project, ProjectError, objects, project_name, safe_owner
 
 NO_GPU_CVD = ("", "-1", "none", "nodevfiles")
 
@@ -175,120 +179,126 @@ def analyze(facts: dict) -> list[Finding]:
     return out
 
 
-# --- finding the project's container or image, and running the probe ---
+# --- finding the project's container and image from the hub's records, and probing ---
 
 
-def find_container(dk: host.Docker, prefix: str, user: str, project: str) -> dict | None:
-    labels = [f"gpulab.instance={prefix}", f"gpulab.owner={user}", f"gpulab.project={project}"]
-    found = dk.call("containers", filters={"label": labels})
-    if found:
-        return found[0]
-    name = f"{prefix}-{user}--{project}"
-    return next(
-        (
-            c
-            for c in dk.call("containers", filters={"name": name})
-            if f"/{name}" in c.get("Names", [])
-        ),
-        None,
-    )
+@dataclass(frozen=True)
+class Recorded:
+    """The project's last image that built, as the hub recorded it, and its image ID now."""
+
+    tag: str
+    image_id: str
 
 
-def find_image(dk: host.Docker, hub: HubSettings, user: str, project: str) -> str | None:
-    """The project's newest image: labelled by its build, or the hub's record of its
-    last image that built (``image.json`` in its hub-owned state folder)."""
-    labels = [f"gpulab.owner={user}", f"gpulab.project={project}"]
-    repo = hub.image_repo
-    tags = [
-        (img["Created"], tag)
-        for img in dk.call("images", filters={"label": labels})
-        for tag in img.get("RepoTags") or []
-        if tag.startswith(repo + ":")
-    ]
-    if tags:
-        return max(tags)[1]
+def recorded_image(dk: host.Docker, hub: HubSettings, user: str, project: str) -> Recorded | None:
+    """The image the hub recorded for the project (``image.json`` in its hub-owned state
+    folder), if it is still here. Never an image's labels: a Dockerfile sets those."""
+    record = Project(hub.projects_root, user, project, hub.state_root)
+    good = projectimage.last_good(record, repo=hub.image_repo)
+    if good is None:
+        return None
+    image_id = images.image_id(dk.call, good.tag)
+    return Recorded(good.tag, image_id) if image_id else None
+
+
+def find_container(dk: host.Docker, name: str) -> dict | None:
+    """The container of exactly this name (the one the spawner gives the project's)."""
     try:
-        record = Project(hub.projects_root, user, project, hub.state_root)
-        good = projectimage.last_good(record, dk.call, repo)
+        found = dk.call("inspect_container", name)
+    except docker.errors.NotFound:
+        return None
+    return found if found.get("Name") == f"/{name}" else None
+
+
+def _failed(fid: str, seen: str, fix: str) -> list[Finding]:
+    return [Finding(fid, FAIL, seen, fix)]
+
+
+def check_spec(spec: str) -> tuple[str, str] | None:
+    """(user, project) of ``spec`` = USER/PROJECT, both names the hub could have given."""
+    user, _, name = spec.partition("/")
+    if not user.isprintable() or len(user) > 100 or not name:
+        return None
+    try:
+        return safe_owner(user), project_name(name)
     except ProjectError:
         return None
-    return good.tag if good else None
-
-
-def exec_probe(dk: host.Docker, container_id: str) -> dict:
-    source = Path(probe.__file__).read_text()
-    try:
-        eid = dk.call("exec_create", container_id, ["python3", "-c", source, "project"])["Id"]
-        out = dk.call("exec_start", eid).decode(errors="replace")
-    except docker_checks.DOCKER_ERRORS as e:
-        return {"error": docker_checks._short(e)}
-    facts = docker_checks.parse_probe_output(out)
-    if facts is None:
-        return {"error": "the probe printed no facts: " + " | ".join(out.strip().splitlines()[-3:])}
-    return facts
 
 
 def project_findings(
     dk: host.Docker,
     hub: HubSettings,
+    probes: sandbox.ProbeSettings,
     spec: str,
     gpus: objects.GpuAssignment | None,
 ) -> list[Finding]:
-    """All in-project findings for ``spec`` = USER/PROJECT; a throwaway container gets
-    ``gpus`` (every GPU, the way gpulab gives them), when the project is not running."""
-    user, _, project = spec.partition("/")
-    if not user or not project:
-        return [
-            Finding(
-                "project.container",
-                FAIL,
-                f"{spec!r} is not USER/PROJECT",
-                "Name the project as USER/PROJECT, e.g. `--project alice/one`.",
-            )
-        ]
-    prefix = hub.prefix
+    """All in-project findings for ``spec`` = USER/PROJECT: probed in the running container
+    the hub started for it (by its exact name) when that runs the image the hub recorded,
+    else in a throwaway probe container of that image, given ``gpus`` (every GPU, the way
+    gpulab gives them)."""
+    names = check_spec(spec)
+    if names is None:
+        return _failed(
+            "project.container",
+            f"{shown(spec)!r} is not USER/PROJECT",
+            "Name the project as USER/PROJECT, e.g. `--project alice/one`.",
+        )
+    user, project = names
+    name = sandbox.container_name(probes, user, project)
+    note = where = ""
     try:
-        container = find_container(dk, prefix, user, project)
-        if container and container.get("State") == "running":
-            where = f"the running container {container['Names'][0].lstrip('/')}"
-            facts = exec_probe(dk, container["Id"])
+        recorded = recorded_image(dk, hub, user, project)
+        container = find_container(dk, name)
+        running = container is not None and container["State"].get("Running")
+        if running and recorded and container.get("Image") == recorded.image_id:
+            where = f"the running container {name}"
+            facts = sandbox.exec_probe(dk, container["Id"], probes)
+        elif recorded is None:
+            what = (
+                "is running, but the hub has no record of its image"
+                if running
+                else ("is not running and has no image")
+            )
+            return _failed(
+                "project.container",
+                f"project {spec} {what}",
+                f"Start {spec} once from the hub (its image is built and recorded then), "
+                "or check the name.",
+            )
         else:
-            image = find_image(dk, hub, user, project)
-            if image is None:
-                return [
-                    Finding(
-                        "project.container",
-                        FAIL,
-                        f"project {spec} is not running and has no image",
-                        f"Start {spec} once from the hub (its image is built "
-                        "then), or check the name.",
-                    )
-                ]
+            if running:
+                note = (
+                    f"; its running container {name} does not run that image, so it was not probed"
+                )
             given = f" with {len(gpus.uuids)} GPU(s)" if gpus else ""
-            where = (
-                f"a throwaway container of its image {image}{given} (the project is not running)"
+            where = f"a throwaway container of its image {recorded.tag}{given}" + (
+                note or " (the project is not running)"
             )
-            host_config, env = docker_checks.gpu_container_args(gpus) if gpus else ({}, {})
-            facts = docker_checks.run_probe(
-                dk, image, ["project"], prefix, host_config=host_config, environment=env
-            )
-    except docker_checks.DOCKER_ERRORS as e:
+            facts = sandbox.run_probe(dk, recorded.image_id, ["project"], probes, gpus)
+    except answer.Unreadable as e:
+        return _failed(
+            "project.container",
+            f"probing {spec} in {where}: {e}",
+            "Nothing the image answered was used. Check what the image's `python3` prints "
+            "(a sitecustomize.py, a wrapper script) and rebuild it from the project's Dockerfile.",
+        )
+    except answer.ProbeError as e:
+        return _failed(
+            "project.container",
+            f"probing {spec} in {where}: {e}",
+            "The image needs a python3 on its PATH (gpulab's base image has one).",
+        )
+    except sandbox.DOCKER_ERRORS as e:
+        return _failed("project.container", f"Docker: {sandbox.short(e)}", "See docker.engine.")
+    seen = f"{spec}: checked in {where}, Python {facts['python']}"
+    if note:
         return [
             Finding(
                 "project.container",
-                FAIL,
-                f"Docker: {docker_checks._short(e)}",
-                "See docker.engine.",
-            )
+                WARN,
+                seen,
+                f"Restart {spec} from the hub so that it runs the image the hub recorded.",
+            ),
+            *analyze(facts),
         ]
-    if "error" in facts:
-        return [
-            Finding(
-                "project.container",
-                FAIL,
-                f"probing {spec} in {where}: {facts['error']}",
-                "The image needs a python3 on its PATH (gpulab's base image has one).",
-            )
-        ]
-    seen = f"{spec}: checked in {where}, Python {facts.get('python', '?')}"
     return [Finding("project.container", OK, seen), *analyze(facts)]

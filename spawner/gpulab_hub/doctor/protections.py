@@ -7,6 +7,9 @@ threat model they belong to is docs/security.md.
 
 from __future__ import annotations
 
+import docker.errors
+
+from gpulab_hub.cluster import hubjobs
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 from gpulab_hub.projects import objects
 
@@ -133,15 +136,22 @@ def check_containers(inspected: list[dict]) -> Finding:
     )
 
 
-def findings(dk, info: dict, network_name: str, prefix: str) -> list[Finding]:
-    """Every protection finding; ``dk`` is the doctor's Docker client."""
-    import docker.errors
-
+def findings(dk, info: dict, network_name: str, probes) -> list[Finding]:
+    """Every protection finding; ``dk`` is the doctor's Docker client, ``probes`` the
+    hub's sandbox.ProbeSettings. Project containers are those of exactly the names the
+    hub gives them (a label is not enough: an image can carry any label)."""
     try:
         network = dk.call("inspect_network", network_name)
     except docker.errors.NotFound:
         network = None
-    running = dk.call("containers", filters={"label": f"gpulab.instance={prefix}"})
+    running = [
+        c
+        for c in dk.call("containers", filters={"name": f"{probes.prefix}-"})
+        if any(
+            hubjobs.parse_name(n.lstrip("/"), probes.prefix, probes.escape)
+            for n in c.get("Names") or []
+        )
+    ]
     inspected = [dk.call("inspect_container", c["Id"]) for c in running]
     return [
         check_userns(info),

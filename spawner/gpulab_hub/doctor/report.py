@@ -14,7 +14,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpulab_hub import host, hubsettings, images, jsonfile
-from gpulab_hub.doctor import cluster, cuda, docker_checks, gpu, project, protections, resources
+from gpulab_hub.cluster import hubjobs
+from gpulab_hub.doctor import (
+    answer,
+    cluster,
+    cuda,
+    docker_checks,
+    gpu,
+    project,
+    protections,
+    resources,
+    sandbox,
+)
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, exit_code
 from gpulab_hub.hubsettings import HubSettings
 from gpulab_hub.images import project as projectimage
@@ -22,6 +33,7 @@ from gpulab_hub.projects import Project, ProjectError
 
 MAX_IMAGES = 6  # images looked into per run (each is one short container)
 IMAGE_CACHE_NAME = "doctor-images.json"
+MAX_CACHE_BYTES = 8 << 20  # the image facts cache is read at most this far
 
 
 @dataclass
@@ -43,8 +55,10 @@ def _read(path: str) -> str:
         return ""
 
 
-def images_in_use(dk: host.Docker, hub: HubSettings) -> list[str]:
-    """The base image, what project Dockerfiles start FROM, images of running projects."""
+def images_in_use(dk: host.Docker, hub: HubSettings, probes: sandbox.ProbeSettings) -> list[str]:
+    """The base image, what project Dockerfiles start FROM, images of running projects
+    (containers of exactly the names the hub gives them: never a label, which an image
+    can carry)."""
     projects_root = hub.projects_root
     refs = [hub.base_image]
     for dockerfile in sorted(projects_root.glob("*/*/Dockerfile")):
@@ -53,13 +67,24 @@ def images_in_use(dk: host.Docker, hub: HubSettings) -> list[str]:
             refs.append(images.base_of(projectimage.read_dockerfile(where)))
         except (OSError, ValueError, ProjectError):
             continue
-    label = f"gpulab.instance={hub.prefix}"
-    refs += [c["Image"] for c in dk.call("containers", filters={"label": label})]
+    for c in dk.call("containers", filters={"name": f"{probes.prefix}-"}):
+        names = [n.lstrip("/") for n in c.get("Names") or []]
+        if any(_a_projects(n, probes) for n in names):
+            refs.append(c["Image"])
     return [r for r in dict.fromkeys(refs) if r]
 
 
-def image_facts(dk: host.Docker, ref: str, prefix: str, cache: dict) -> dict | None:
-    """Env and torch facts of a local image (cached by image ID: an ID never changes)."""
+def _a_projects(name: str, probes: sandbox.ProbeSettings) -> bool:
+    """Whether ``name`` is the name the hub gives a project's container."""
+    parsed = hubjobs.parse_name(name, probes.prefix, probes.escape)
+    return parsed is not None and not parsed[2]
+
+
+def image_facts(
+    dk: host.Docker, ref: str, probes: sandbox.ProbeSettings, cache: dict
+) -> dict | None:
+    """Env and torch facts of a local image (cached by image ID: an ID never changes),
+    probed in a container confined as a project's (sandbox.py)."""
     try:
         inspected = dk.call("inspect_image", ref)
     except docker_checks.DOCKER_ERRORS:
@@ -67,11 +92,27 @@ def image_facts(dk: host.Docker, ref: str, prefix: str, cache: dict) -> dict | N
     image_id = inspected["Id"]
     env = dict(e.split("=", 1) for e in inspected["Config"].get("Env") or [] if "=" in e)
     if image_id not in cache:
-        facts = docker_checks.run_probe(dk, ref, ["image"], prefix)
-        if "error" in facts:
-            return {"id": image_id, "env": env, "error": facts["error"]}
-        cache[image_id] = facts
+        try:
+            cache[image_id] = sandbox.run_probe(dk, image_id, ["image"], probes)
+        except answer.ProbeError as e:
+            return {"id": image_id, "env": env, "error": str(e)}
     return {"id": image_id, "env": env, **cache[image_id]}
+
+
+def read_cache(path: Path) -> dict:
+    """The doctor's image facts by image ID (its own file; each entry checked again)."""
+    try:
+        with path.open("rb") as f:
+            data = json.loads(f.read(MAX_CACHE_BYTES + 1))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    good = {}
+    for image_id, facts in data.items():
+        with contextlib.suppress(answer.Unreadable):
+            good[image_id] = answer.check(facts, "image")
+    return good
 
 
 def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) -> list[Finding]:
@@ -106,27 +147,26 @@ def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) ->
     return out
 
 
-def docker_findings(dk, info, hub: HubSettings, environ, opts, inv) -> list[Finding]:
+def docker_findings(
+    dk, info, hub: HubSettings, probes: sandbox.ProbeSettings, environ, opts, inv
+) -> list[Finding]:
     drivers = docker_checks.driver_dir(environ)
     out = [docker_checks.check_gpu_access(info, inv, drivers, opts.cpu_only)]
     prefix = hub.prefix
-    refs = images_in_use(dk, hub)
+    refs = images_in_use(dk, hub, probes)
     cache_file = hub.records_dir / IMAGE_CACHE_NAME
-    try:
-        cache = json.loads(cache_file.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = read_cache(cache_file)
     checked = refs[:MAX_IMAGES]
     with ThreadPoolExecutor(3) as pool:
         facts = dict(
             zip(
-                checked, pool.map(lambda r: image_facts(dk, r, prefix, cache), checked), strict=True
+                checked, pool.map(lambda r: image_facts(dk, r, probes, cache), checked), strict=True
             )
         )
     present = [r for r in checked if facts[r] is not None]
     test_image = opts.image or next((r for r in present if "error" not in facts[r]), None)
     out.append(
-        docker_checks.check_gpu_container(dk, test_image, inv, info, drivers, prefix, opts.cpu_only)
+        docker_checks.check_gpu_container(dk, test_image, inv, info, drivers, probes, opts.cpu_only)
     )
     base = hub.base_image
     if facts.get(base) is None:
@@ -167,6 +207,7 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
     started = time.monotonic()
     spawner = hubsettings.spawner_of(hubsettings.read_config(hubsettings.config_file()))
     hub = hubsettings.from_spawner(spawner)
+    probes = sandbox.of_spawner(spawner)
     on_cluster = cluster.settings_of(spawner)
     inv = gpu.inventory()
     proc_version = _read("/proc/version")
@@ -198,18 +239,18 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
     findings.append(engine)
     if info is not None:
         try:
-            findings += protections.findings(dk, info, hub.network, hub.prefix)
-            findings += docker_findings(dk, info, hub, environ, opts, inv)
+            findings += protections.findings(dk, info, hub.network, probes)
+            findings += docker_findings(dk, info, hub, probes, environ, opts, inv)
             if opts.project:
                 drivers = docker_checks.driver_dir(environ)
                 gpus = docker_checks.all_gpus(inv, info, drivers)
-                findings += project.project_findings(dk, hub, opts.project, gpus)
+                findings += project.project_findings(dk, hub, probes, opts.project, gpus)
         except docker_checks.DOCKER_ERRORS as e:
             findings.append(
                 Finding(
                     "docker.engine",
                     FAIL,
-                    f"the Docker engine stopped answering mid-check: {docker_checks._short(e)}",
+                    f"the Docker engine stopped answering mid-check: {sandbox.short(e)}",
                     "Check `docker info` and the engine's log, then run again.",
                 )
             )
