@@ -157,6 +157,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # Roles mirroring group shares are made at run time; JupyterHub deletes at start any
     # role it is not given here (see sharing/groupshares.py).
     c.JupyterHub.load_roles = [sharing.USER_ROLE, *groupshares.load_roles(hub_dir)]
+    # ... and follow every change to the shares, the REST API's included, at once.
+    groupshares.keep_in_step(hub_dir)
     # Viewer and collaborator: gpulab's scopes, asked for by the project servers'
     # authorizer (docs/sharing.md). Browser tokens of a project server may carry them.
     c.JupyterHub.custom_scopes = sharing.roles.CUSTOM_SCOPES

@@ -8,25 +8,42 @@ group share as a JupyterHub role, held by that group, with the share's scopes.
 
 The roles are recorded in a JSON file in the hub's folder, because JupyterHub
 deletes at start every role that ``c.JupyterHub.load_roles`` does not name:
-settings.py loads them from there (:func:`load_roles`). The share page keeps
-roles and shares in step (:func:`sync_project`), so a group share made or
-revoked through JupyterHub's REST API takes effect there at the next visit.
+settings.py loads them from there (:func:`load_roles`).
+
+Roles follow the shares whoever changes them. The share page syncs the project
+it shows (:meth:`GroupShareRoles.sync_project`); and :func:`keep_in_step` (set up
+by settings.py with the hub's configuration) watches the hub's database session:
+after any commit that made, changed or deleted a share or a group (JupyterHub's
+REST API: ``PATCH`` or ``DELETE /hub/api/shares/<owner>/<project>``, ``DELETE
+/hub/api/groups/<group>/shared/…``, a share link accepted, a group deleted), every
+group share and every recorded role is put in step on the hub's event loop at
+once (:func:`reconcile`). A revoke through the API thus removes the role in the
+same moment it removes the share, and the project server ends the members' access
+within ``GPULAB_REVOKE_WITHIN_S`` as for a revoke on the page, with no page opened.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import re
+from itertools import chain
 from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub import roles as hub_roles
+from sqlalchemy import event
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from gpulab_hub import hubsettings, jsonfile
 
 ROLE_PREFIX = "gpulab-group-share-"
 FILE_NAME = hubsettings.GROUP_SHARE_ROLES  # in the hub's records folder
 ROLE_FIELDS = ("description", "group", "project")
+LOG = logging.getLogger("gpulab.groupshares")
+_CHANGED = "gpulab_shares_changed"  # a Session.info key: this transaction touched shares
 
 
 def role_name(owner: str, project: str, group: str) -> str:
@@ -80,6 +97,8 @@ class GroupShareRoles(jsonfile.LockedRecord):
         name = role_name(owner, project, group_name)
         with self._thread_lock, self._file_lock:
             recorded = self._read()
+            if _in_step(db, name, recorded.get(name), share, orm_group):
+                return
             if share is None or not share.scopes:
                 if orm.Role.find(db, name) is not None:
                     hub_roles.delete_role(db, name)
@@ -118,6 +137,98 @@ class GroupShareRoles(jsonfile.LockedRecord):
             if gone:
                 self._write({k: v for k, v in recorded.items() if k not in gone})
         return gone
+
+
+def _in_step(db, name: str, record, share, group) -> bool:
+    """Whether the role ``name``, its record and ``group``'s share already agree."""
+    if share is None or not share.scopes:
+        return record is None and orm.Role.find(db, name) is None
+    role = orm.Role.find(db, name)
+    return (
+        record is not None
+        and record.get("scopes") == sorted(share.scopes)
+        and record.get("group") == group.name
+        and role is not None
+        and sorted(role.scopes) == sorted(share.scopes)
+        and role in group.roles
+    )
+
+
+def reconcile(db, roles: GroupShareRoles) -> None:
+    """Every group share in the hub's database and every recorded role, in step: a
+    role for each group share, with its scopes; none for a share that is gone."""
+    with roles._thread_lock, roles._file_lock:
+        recorded = roles._read()
+    pairs = {(*spec["project"].partition("/")[::2], spec["group"]) for spec in recorded.values()}
+    for share in db.query(orm.Share).filter(orm.Share.group_id.isnot(None)):
+        pairs.add((share.owner.name, share.spawner.name, share.group.name))
+    for owner, project, group in sorted(pairs):
+        user = orm.User.find(db, owner)
+        spawner = user.orm_spawners.get(project) if user is not None else None
+        if spawner is not None:  # else a deleted project: deletion.py forgets its roles
+            roles.sync(db, spawner, group)
+
+
+class _Watch:
+    """The hub's record of group-share roles, put in step after commits that touched
+    shares (see :func:`keep_in_step`)."""
+
+    roles: GroupShareRoles | None = None
+    pending = False
+
+    @classmethod
+    def noticed_flush(cls, session, _context) -> None:
+        for obj in chain(session.new, session.dirty, session.deleted):
+            if isinstance(obj, orm.Share | orm.Group):
+                session.info[_CHANGED] = True
+                return
+
+    @classmethod
+    def noticed_statement(cls, state) -> None:
+        """Bulk deletes and updates (``DELETE /hub/api/shares/<owner>/<project>``)."""
+        if (state.is_delete or state.is_update) and any(
+            m.class_ in (orm.Share, orm.Group) for m in state.all_mappers
+        ):
+            state.session.info[_CHANGED] = True
+
+    @classmethod
+    def rolled_back(cls, session) -> None:
+        session.info.pop(_CHANGED, None)
+
+    @classmethod
+    def committed(cls, session) -> None:
+        if not session.info.pop(_CHANGED, False) or cls.roles is None or cls.pending:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not in the hub's loop: the share page or the next start
+            return
+        cls.pending = True
+        loop.call_soon(cls.run, session)  # a committed session emits no SQL until then
+
+    @classmethod
+    def run(cls, session) -> None:
+        cls.pending = False
+        try:
+            reconcile(session, cls.roles)
+        except jsonfile.RecordError as e:
+            LOG.error("Group-share roles not put in step: %s", e)
+        except (OSError, SQLAlchemyError) as e:
+            session.rollback()
+            LOG.error("Group-share roles not put in step (%s); the share page retries", e)
+
+
+def keep_in_step(hub_dir: str | Path) -> None:
+    """In the hub's process: after every commit that made, changed or deleted a share
+    or a group, put the group-share roles in ``hub_dir``'s record in step with the
+    shares, whoever made the change (the REST API as much as the share page)."""
+    first = _Watch.roles is None
+    _Watch.roles = GroupShareRoles(Path(hub_dir) / FILE_NAME)
+    if first:
+        event.listen(Session, "after_flush", _Watch.noticed_flush)
+        event.listen(Session, "do_orm_execute", _Watch.noticed_statement)
+        event.listen(Session, "after_commit", _Watch.committed)
+        event.listen(Session, "after_rollback", _Watch.rolled_back)
 
 
 def load_roles(hub_dir: str | Path) -> list[dict]:
