@@ -13,6 +13,7 @@ from gpulab_hub.accounts.auth import GpulabAuthenticator
 from gpulab_hub.cluster.spawner import ProjectSlurmSpawner
 from gpulab_hub.projects.deletion import GpulabDeletion
 from gpulab_hub.settings import DEFAULTS
+from gpulab_hub.sharing.installs import GpulabSaveCopy
 from gpulab_hub.spawner import ProjectSpawner
 
 OUT = Path(__file__).with_name("reference.md")
@@ -61,7 +62,13 @@ def render() -> str:
     ]
     lines += [f"| `{k}` | `{v}` |" for k, v in DEFAULTS.items()]
     lines.append("")
-    for cls in (ProjectSpawner, ProjectSlurmSpawner, GpulabAuthenticator, GpulabDeletion):
+    for cls in (
+        ProjectSpawner,
+        ProjectSlurmSpawner,
+        GpulabAuthenticator,
+        GpulabDeletion,
+        GpulabSaveCopy,
+    ):
         lines += trait_lines(cls)
     return "\n".join(lines)
 
