@@ -5,7 +5,7 @@ shared data. Every setting is a trait with help (docs/reference.md is made from 
 
 from __future__ import annotations
 
-from traitlets import Bool, Float, HasTraits, Int, List, Unicode
+from traitlets import Bool, Float, HasTraits, Int, List, Unicode, default
 
 # The default repository of project images (images/project.py uses the same).
 PROJECT_REPO = "gpulab/project"
@@ -83,6 +83,24 @@ class ProjectSettings(HasTraits):
         (built by ``gpulab up``).
         Example: ``c.ProjectSpawner.base_image = "gpulab/base:cuda12"``""",
     )
+    allowed_base_images = List(
+        Unicode(),
+        config=True,
+        help="""Images a project's Dockerfile may name in ``FROM`` and ``COPY --from=``,
+        besides its own earlier stages (and ``FROM scratch``). Names are compared
+        exactly, after an implicit ``:latest`` is made explicit (``gpulab/base`` is
+        ``gpulab/base:latest``); an image ID, another project's image, a registry name
+        not on the list or a name built from ARG variables is refused with the line
+        number. Each start pins an allowed FROM to the image ID the name has then.
+        Default: [``base_image``] (the image new projects start FROM).
+        Example: ``c.ProjectSpawner.allowed_base_images = ["gpulab/base:latest",
+        "gpulab/base:cuda12"]``""",
+    )
+
+    @default("allowed_base_images")
+    def _allowed_base_images_default(self) -> list[str]:
+        return [self.base_image]
+
     image_repo = Unicode(
         PROJECT_REPO,
         config=True,
