@@ -92,9 +92,10 @@ class ProjectSettings(HasTraits):
         ``gpulab/base:latest``); an image ID, another project's image, a registry name
         not on the list or a name built from ARG variables is refused with the line
         number. Each start pins an allowed FROM to the image ID the name has then.
-        Default: [``base_image``] (the image new projects start FROM).
-        Example: ``c.ProjectSpawner.allowed_base_images = ["gpulab/base:latest",
-        "gpulab/base:cuda12"]``""",
+        Default: [``base_image``] (the image new projects start FROM); when you
+        change ``base_image``, list the old name here too, or projects whose FROM
+        names it stop building. Example:
+        ``c.ProjectSpawner.allowed_base_images = ["gpulab/base:latest", "gpulab/base:cuda12"]``""",
     )
 
     @default("allowed_base_images")
