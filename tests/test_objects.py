@@ -26,12 +26,23 @@ def settings(**overrides) -> ContainerSettings:
         port=8888,
         owner="alice",
         labels={"gpulab.instance": "gpulab", "gpulab.owner": "alice", "gpulab.project": "vision"},
+        data_scope="project",  # ProjectSpawner.data_scope's default
     )
     base.update(overrides)
     return ContainerSettings(**base)
 
 
+# The project's own data folders and cache: nothing of alice's other projects.
+MINE = "/srv/gpulab/data/projects/alice/vision"
 EXPECTED_BINDS = {
+    "/srv/gpulab/projects/alice/vision": {"bind": "/workspace", "mode": "rw"},
+    "/srv/gpulab/data/datasets": {"bind": "/data/datasets", "mode": "ro"},
+    f"{MINE}/models": {"bind": "/data/models", "mode": "rw"},
+    f"{MINE}/outputs": {"bind": "/data/outputs", "mode": "rw"},
+    f"{MINE}/huggingface": {"bind": "/cache/huggingface", "mode": "rw"},
+}
+# data_scope "user" (the admin's choice): the user's folders and volume in every project.
+USER_BINDS = {
     "/srv/gpulab/projects/alice/vision": {"bind": "/workspace", "mode": "rw"},
     "/srv/gpulab/data/datasets": {"bind": "/data/datasets", "mode": "ro"},
     "/srv/gpulab/data/models/alice": {"bind": "/data/models", "mode": "rw"},
@@ -45,6 +56,7 @@ EXPECTED_ENV = {
     "GPULAB_PROJECT_DIR": "/workspace",
     "GPULAB_DATA": "/data",
     "HF_HOME": "/cache/huggingface",
+    "HF_TOKEN_PATH": "/tmp/gpulab-huggingface/token",  # never in a mounted folder
     "NVIDIA_VISIBLE_DEVICES": "void",
     "CUDA_VISIBLE_DEVICES": "",
 }
@@ -100,19 +112,54 @@ def test_a_project_needs_its_owner_for_the_data_folders():
         container_spec(settings(owner=""))
 
 
-def test_everyones_data_readable_and_group_folders_when_the_admin_says_so():
-    s = settings(data_read_all=True, data_groups=("vision-lab",))
+def test_each_project_has_its_own_data_folders_and_cache():
+    other = settings(name="gpulab-alice--nlp", project_dir="/srv/gpulab/projects/alice/nlp")
+    mine, theirs = container_spec(settings()), container_spec(other)
+    assert data_folders(settings()) == [f"{MINE}/models", f"{MINE}/outputs", f"{MINE}/huggingface"]
+    shared = set(mine["host_config"]["binds"]) & set(theirs["host_config"]["binds"])
+    assert shared == {"/srv/gpulab/data/datasets"}  # read-only for everyone
+    assert theirs["host_config"]["binds"]["/srv/gpulab/data/projects/alice/nlp/huggingface"] == {
+        "bind": "/cache/huggingface",
+        "mode": "rw",
+    }
+    assert theirs["volumes"] == mine["volumes"] == EXPECTED_VOLUMES
+
+
+def test_the_per_user_layout_when_the_admin_chooses_it():
+    s = settings(data_scope="user")
+    assert container_spec(s)["host_config"]["binds"] == USER_BINDS
+    assert data_folders(s) == ["/srv/gpulab/data/models/alice", "/srv/gpulab/data/outputs/alice"]
+    # Even then the login token goes to no folder that other projects mount.
+    assert container_spec(s)["environment"]["HF_TOKEN_PATH"] == "/tmp/gpulab-huggingface/token"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"data_scope": "everyone"},
+        {"data_scope": ""},
+        {"project_dir": "/srv/gpulab/projects/alice/.."},
+        {"project_dir": "/srv/gpulab/projects/alice/Vision"},
+        {"owner": ".."},
+        {"owner": "a/b"},
+        {"project_dir": "/srv/gpulab/projects/alice/x\n"},
+    ],
+)
+def test_an_unknown_scope_or_a_project_folder_not_named_as_a_project_is_refused(bad):
+    with pytest.raises(ValueError):
+        container_spec(settings(**bad))
+
+
+@pytest.mark.parametrize("scope", ["project", "user"])
+def test_everyones_data_readable_and_group_folders_when_the_admin_says_so(scope):
+    s = settings(data_scope=scope, data_read_all=True, data_groups=("vision-lab",))
     assert container_spec(s)["host_config"]["binds"] == {
-        **EXPECTED_BINDS,
+        **(EXPECTED_BINDS if scope == "project" else USER_BINDS),
         "/srv/gpulab/data/models": {"bind": "/data/all/models", "mode": "ro"},
         "/srv/gpulab/data/outputs": {"bind": "/data/all/outputs", "mode": "ro"},
         "/srv/gpulab/data/groups/vision-lab": {"bind": "/data/groups/vision-lab", "mode": "rw"},
     }
-    assert data_folders(s) == [
-        "/srv/gpulab/data/models/alice",
-        "/srv/gpulab/data/outputs/alice",
-        "/srv/gpulab/data/groups/vision-lab",
-    ]
+    assert data_folders(s)[-1] == "/srv/gpulab/data/groups/vision-lab"
 
 
 @pytest.mark.parametrize(
@@ -158,9 +205,9 @@ def test_limits_and_custom_mount_points():
         "binds": {
             "/srv/gpulab/projects/alice/vision": {"bind": "/home/jovyan/work", "mode": "rw"},
             "/srv/gpulab/data/datasets": {"bind": "/mnt/data/datasets", "mode": "ro"},
-            "/srv/gpulab/data/models/alice": {"bind": "/mnt/data/models", "mode": "rw"},
-            "/srv/gpulab/data/outputs/alice": {"bind": "/mnt/data/outputs", "mode": "rw"},
-            "gpulab-hf-alice": {"bind": "/hf", "mode": "rw"},
+            f"{MINE}/models": {"bind": "/mnt/data/models", "mode": "rw"},
+            f"{MINE}/outputs": {"bind": "/mnt/data/outputs", "mode": "rw"},
+            f"{MINE}/huggingface": {"bind": "/hf", "mode": "rw"},
         },
         "shm_size": "8g",
         "mem_limit": 8 * 2**30,

@@ -224,8 +224,10 @@ def records_hub(tmp_path):
     token = orm.APIToken.find(db, orm.APIToken.new(user=alice, scopes=["inherit"]))
     token.scopes = ["access:servers!server=alice/one"]  # as if alice held a role on it
     hub_dir = tmp_path / "hub"
-    where = rename.Where(tmp_path / "projects", hub_dir / "projects", hub_dir)
+    where = rename.Where(tmp_path / "projects", hub_dir / "projects", hub_dir, tmp_path / "data")
     (where.projects_root / "alice" / "one").mkdir(parents=True)
+    (where.data_root / "projects" / "alice" / "one" / "outputs").mkdir(parents=True)
+    (where.data_root / "projects" / "alice" / "one" / "outputs" / "result.txt").write_text(MARK)
     (where.projects_root / "alice" / "one" / "kept.txt").write_text(MARK)
     (where.state_root / "alice" / "one").mkdir(parents=True)
     (where.state_root / "alice" / "one" / "image.json").write_text('{"failed": false}')
@@ -256,6 +258,10 @@ def snapshot(db, where, name: str) -> dict:
         ),
         "files": sorted(p.name for p in (where.projects_root / "alice" / name).glob("*")),
         "state": sorted(p.name for p in (where.state_root / "alice" / name).glob("*")),
+        "data": sorted(
+            str(p.relative_to(where.data_root))
+            for p in (where.data_root / "projects" / "alice" / name).glob("*/*")
+        ),
         "settings": received.policy_store(where.hub_dir).get("alice", name),
         "links": [x.path for x in public.store(where.hub_dir).list("alice", name)],
         "secrets": SecretStore(where.hub_dir / hubsettings.SECRETS, "alice").selections().get(name),
@@ -274,6 +280,7 @@ def test_every_record_moves_to_the_new_name(tmp_path):
     assert "project folder" in moved and "group shares' roles" in moved
     after, old = snapshot(db, where, "two"), snapshot(db, where, "one")
     assert after["files"] == ["kept.txt"] and after["state"] == ["image.json"]
+    assert after["data"] == ["projects/alice/two/outputs/result.txt"] and "data folders" in moved
     assert after["server"][0] == "two"  # the display name was the old name
     assert all(x.endswith("!server=alice/two") for x in after["server"][1] + after["server"][2])
     assert len(after["server"][1]) == len(before["server"][1])
@@ -282,7 +289,8 @@ def test_every_record_moves_to_the_new_name(tmp_path):
     assert len(after["roles"]) == len(before["roles"]) == len(after["hub_roles"])
     assert token.scopes == ["access:servers!server=alice/two"]
     assert old == {
-        "server": None, "files": [], "state": [], "settings": type(before["settings"])(),
+        "server": None, "files": [], "state": [], "data": [],
+        "settings": type(before["settings"])(),
         "links": [], "secrets": None, "roles": [], "hub_roles": [],
     }  # fmt: skip
     # A display name of the owner's stays.
@@ -324,3 +332,17 @@ def test_names_are_checked_whole():
         rename.check_new_name("old", "old")
     with pytest.raises(rename.RenameError):
         rename.check_display_name("two\nlines")
+
+
+def test_a_data_folder_left_under_the_new_name_is_refused(tmp_path):
+    """A project's data folders move with it, so a left-over one of the new name (from an
+    earlier project) is never taken over: the rename is refused and nothing moves."""
+    from gpulab_hub.projects import rename
+
+    db, spawner, where, token, log = records_hub(tmp_path)
+    before = snapshot(db, where, "one")
+    (where.data_root / "projects" / "alice" / "two").mkdir()
+    with pytest.raises(rename.RenameError) as e:
+        rename.move(db, spawner, where, "two", None, log)
+    assert e.value.status == 409 and "taken" in str(e.value)
+    assert snapshot(db, where, "one") == before

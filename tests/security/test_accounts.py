@@ -356,6 +356,7 @@ def test_user_deletion_takes_every_record_away(tmp_path, archive):
         (place.projects_root / owner / "proj").mkdir(parents=True)
         (place.state_root / owner / "proj").mkdir(parents=True)
         (place.data_root / "models" / owner).mkdir(parents=True)
+        (place.data_root / "projects" / owner / "proj" / "huggingface").mkdir(parents=True)
         policy.SharingPolicyStore(hub / "sharing.json").set(
             owner, "proj", collaborators_may_start=True
         )
@@ -371,6 +372,8 @@ def test_user_deletion_takes_every_record_away(tmp_path, archive):
     for gone in (place.projects_root / "judy", place.state_root / "judy"):
         assert not gone.exists()
     assert not (place.data_root / "models" / "judy").exists()
+    assert not (place.data_root / "projects" / "judy").exists()
+    assert (place.data_root / "projects" / "kim" / "proj" / "huggingface").is_dir()
     assert (place.projects_root / "kim" / "proj").is_dir()
     assert "judy" not in (hub / "sharing.json").read_text()
     assert "judy" not in (hub / "public-links.json").read_text()
@@ -381,6 +384,7 @@ def test_user_deletion_takes_every_record_away(tmp_path, archive):
     assert len(kept) == (1 if archive else 0)
     if archive:
         assert list((hub / "deleted").glob("judy-*/data/models"))
+        assert list((hub / "deleted").glob("judy-*/data/projects/proj/huggingface"))
         assert (hub / "deleted").stat().st_mode & 0o777 == 0o700
 
 

@@ -7,7 +7,9 @@ calls ``Authenticator.delete_user`` first when a user is deleted. gpulab wires
 
 A project's deletion takes away:
 
-- its folder ``<projects_root>/<user>/<project>`` and the hub's record of it
+- its folder ``<projects_root>/<user>/<project>``, its data folder
+  ``<data_root>/projects/<user>/<project>`` (its models, outputs and Hugging Face
+  cache, data_scope "project") and the hub's record of it
   ``<state_root>/<user>/<project>`` (last good image, build logs): archived into
   ``<hub>/deleted/<user>-<UTC time>/`` (``GpulabDeletion.archive``, the default) or
   removed. The archive folder is the hub's (0700); no container mounts it and no
@@ -21,9 +23,11 @@ A user's deletion stops their servers first (JupyterHub 6.1's DELETE
 /hub/api/users/<name> only stops the default server, then fails half-way on a
 running named server: the account's password row was gone, its servers and
 files stayed, and the next sign-up of that name inherited them). Then it takes
-away, besides every project as above: the whole ``<projects_root>/<user>``, the
-user's data folders (``<data_root>/{models,outputs}/<user>``), their Hugging
-Face cache volume (removed: it holds downloads only), any container of theirs
+away, besides every project as above: the whole ``<projects_root>/<user>`` and
+``<data_root>/projects/<user>``, the user's per-user data folders
+(``<data_root>/{models,outputs}/<user>``: data_scope "user", or written before
+"project" was the default), their per-user Hugging Face cache volume (removed: it
+holds downloads, and a login token written before HF_TOKEN_PATH), any container of theirs
 still there, the SSH keys they kept on the hub (ssh/keys.py), and their secrets
 (secrets/store.py; removed, never archived).
 """
@@ -187,6 +191,8 @@ def project_files(place: Place, owner: str, project: str) -> list[str]:
     archive: list[Path] = []
     folder = place.projects_root / owner / project
     done = [_take_away(folder, place, owner, f"projects/{project}", archive)]
+    data = place.data_root / objects.PROJECT_DATA / owner / project
+    done.append(_take_away(data, place, owner, f"data/{objects.PROJECT_DATA}/{project}", archive))
     if place.state_root is not None:
         state = place.state_root / owner / project
         done.append(_take_away(state, place, owner, f"state/{project}", archive))
@@ -202,7 +208,7 @@ def user_files(place: Place, docker_client, owner: str) -> list[str]:
     done.append(_take_away(place.projects_root / owner, place, owner, "projects", archive))
     if place.state_root is not None:
         done.append(_take_away(place.state_root / owner, place, owner, "state", archive))
-    for sub in getattr(objects, "PER_USER_DATA", ()):
+    for sub in (*objects.PER_USER_DATA, objects.PROJECT_DATA):
         done.append(_take_away(place.data_root / sub / owner, place, owner, f"data/{sub}", archive))
     done.append(_remove_volume(docker_client, place.hf_volume))
     _forget_records(place, owner, None)

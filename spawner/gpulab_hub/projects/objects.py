@@ -10,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from jupyterhub.slugs import is_valid_safe_slug
+
 # Networks a project container or build must never join: "host" shares the host's
 # network namespace (its loopback traffic included), "none" leaves the hub no way in.
 REFUSED_NETWORKS = ("host", "none")
@@ -21,12 +23,24 @@ NETWORK_DRIVER = "bridge"
 NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
 NETWORK_LABELS = {"gpulab.network": "projects"}
 
-# The shared data root: ``datasets`` is filled by the admin and read-only for all;
-# ``models`` and ``outputs`` hold one folder per user (``<sub>/<user>``), mounted
-# writable at /data/<sub> in that user's projects only.
+# The shared data root: ``datasets`` is filled by the admin and read-only for all.
+# What a project writes (``models``, ``outputs``, its Hugging Face cache) is the
+# project's (data_scope "project", the default): ``projects/<user>/<project>/<sub>``,
+# mounted in that project only, so a share of one project reaches no other's data.
+# Data scope "user" (the layout before, an admin's choice) mounts one folder per user
+# (``<sub>/<user>``) and one cache volume per user in all of that user's projects.
 DATASETS = "datasets"
-PER_USER_DATA = ("models", "outputs")
+PER_USER_DATA = ("models", "outputs")  # mounted at <data_mount>/<sub>
 GROUPS_DATA = "groups"
+PROJECT_DATA = "projects"
+HF_CACHE_DATA = "huggingface"  # a project's cache folder beside its models and outputs
+PROJECT_SCOPE, USER_SCOPE = "project", "user"
+DATA_SCOPES = (PROJECT_SCOPE, USER_SCOPE)
+# Where ``huggingface-cli login`` writes the token (huggingface_hub reads HF_TOKEN_PATH;
+# its stored_tokens file goes beside it): the container's own file system, gone when
+# the project stops, never the cache that other projects of the owner (user scope) or
+# the project's data folders keep. Tokens that last are secrets (docs/secrets.md).
+HF_TOKEN_PATH = "/tmp/gpulab-huggingface/token"
 
 # What every project container gets, whatever its Dockerfile says: no capabilities
 # and no privilege gain (setuid files in the image do nothing).
@@ -127,6 +141,7 @@ class ContainerSettings:
     mem_limit: int | None = None
     cpu_limit: float | None = None
     pids_limit: int | None = None
+    data_scope: str = USER_SCOPE  # PROJECT_SCOPE: data folders and cache per project
     data_read_all: bool = False  # every user's models/outputs readable under /data/all
     data_groups: tuple[str, ...] = ()  # data groups this user belongs to (/data/groups/<g>)
     gpus: GpuAssignment = GpuAssignment()
@@ -140,21 +155,48 @@ def valid_group(name: str) -> bool:
     return _GROUP.fullmatch(name) is not None and ".." not in name
 
 
+def project_data_dir(s: ContainerSettings) -> str:
+    """``<data_root>/projects/<owner>/<project>``: the project's data (scope "project"),
+    named as its project folder ``<projects_root>/<owner>/<project>`` is."""
+    project = os.path.basename(s.project_dir.rstrip("/"))
+    if not is_valid_safe_slug(project):
+        raise ValueError(f"the project folder {s.project_dir!r} does not end in a project name")
+    if s.owner in (".", "..") or "/" in s.owner or "\0" in s.owner:
+        raise ValueError(f"the user name {s.owner!r} cannot name a data folder")
+    return f"{s.data_root}/{PROJECT_DATA}/{s.owner}/{project}"
+
+
+def data_scope(s: ContainerSettings) -> str:
+    if s.data_scope not in DATA_SCOPES:
+        raise ValueError(f"data_scope {s.data_scope!r}: {' or '.join(DATA_SCOPES)}")
+    return s.data_scope
+
+
+def _written(s: ContainerSettings) -> tuple[str, str, str]:
+    """(models, outputs, Hugging Face cache) of this container: host folders, or in
+    scope "user" the user's cache volume."""
+    if not s.owner:
+        raise ValueError("a project container needs its owner (its data folders)")
+    if data_scope(s) == PROJECT_SCOPE:
+        mine = project_data_dir(s)
+        return f"{mine}/models", f"{mine}/outputs", f"{mine}/{HF_CACHE_DATA}"
+    return f"{s.data_root}/models/{s.owner}", f"{s.data_root}/outputs/{s.owner}", s.hf_cache_volume
+
+
 def data_folders(s: ContainerSettings) -> list[str]:
-    """Host folders under the data root that belong to this user (made by the hub)."""
-    folders = [f"{s.data_root}/{sub}/{s.owner}" for sub in PER_USER_DATA]
-    folders += [f"{s.data_root}/{GROUPS_DATA}/{g}" for g in s.data_groups]
-    return folders
+    """Host folders under the data root that the container writes: the hub makes each
+    (its parents the hub's own) and gives it to the notebook user (datafolders.ensure)."""
+    models, outputs, cache = _written(s)
+    folders = [models, outputs] + ([cache] if s.data_scope == PROJECT_SCOPE else [])
+    return folders + [f"{s.data_root}/{GROUPS_DATA}/{g}" for g in s.data_groups]
 
 
 def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
     """Host path or volume name -> {"bind": container path, "mode": rw|ro}."""
-    if not s.owner:
-        raise ValueError("a project container needs its owner (per-user data folders)")
+    models, outputs, cache = _written(s)
     binds = {s.project_dir: {"bind": s.workspace, "mode": "rw"}}
     binds[f"{s.data_root}/{DATASETS}"] = {"bind": f"{s.data_mount}/{DATASETS}", "mode": "ro"}
-    for sub in PER_USER_DATA:
-        mine = f"{s.data_root}/{sub}/{s.owner}"
+    for sub, mine in zip(PER_USER_DATA, (models, outputs), strict=True):
         binds[mine] = {"bind": f"{s.data_mount}/{sub}", "mode": "rw"}
         if s.data_read_all:
             everyone = f"{s.data_root}/{sub}"
@@ -162,7 +204,7 @@ def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
     for g in s.data_groups:
         path = f"{s.data_root}/{GROUPS_DATA}/{g}"
         binds[path] = {"bind": f"{s.data_mount}/{GROUPS_DATA}/{g}", "mode": "rw"}
-    binds[s.hf_cache_volume] = {"bind": s.hf_cache_mount, "mode": "rw"}
+    binds[cache] = {"bind": s.hf_cache_mount, "mode": "rw"}
     if s.gpus.uuids and s.gpus.isolation == DEVICES:
         binds[s.gpus.driver_dir] = {"bind": s.gpus.driver_dir, "mode": "ro"}
     return binds
@@ -177,6 +219,7 @@ def container_env(s: ContainerSettings) -> dict[str, str]:
             "GPULAB_PROJECT_DIR": s.workspace,
             "GPULAB_DATA": s.data_mount,
             "HF_HOME": s.hf_cache_mount,
+            "HF_TOKEN_PATH": HF_TOKEN_PATH,
         }
     )
     env.update(gpu_env(s.gpus))

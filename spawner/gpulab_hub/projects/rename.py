@@ -14,8 +14,10 @@ What moves from ``<old>`` to ``<new>``:
   its last stop, unless the hub died) is removed: people authorize the new name once.
   The hub's in-memory spawner of the old name is dropped, so the next one is made
   afresh under the new name (URL, OAuth client id, container name);
-- the project folder ``<projects_root>/<owner>/<old>`` and the hub's record of it
-  ``<state_root>/<owner>/<old>`` (last good image, build logs), renamed in place;
+- the project folder ``<projects_root>/<owner>/<old>``, its data folder
+  ``<data_root>/projects/<owner>/<old>`` (models, outputs, Hugging Face cache) and the
+  hub's record of it ``<state_root>/<owner>/<old>`` (last good image, build logs),
+  renamed in place (each parent is the hub's; the entry itself is not followed);
 - gpulab's records in the hub folder: the sharing settings, the public links, the
   owner's choice of secrets for it, and the roles mirroring group shares (their names
   and scopes name the project; the roles file is what the hub loads at start).
@@ -49,7 +51,14 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab_hub import hubsettings, jsonfile
-from gpulab_hub.projects import DEFAULT_PROJECT, ProjectError, options, project_name, safe_owner
+from gpulab_hub.projects import (
+    DEFAULT_PROJECT,
+    ProjectError,
+    objects,
+    options,
+    project_name,
+    safe_owner,
+)
 from gpulab_hub.projects.deletion import place_of
 from gpulab_hub.secrets.store import SecretStore
 from gpulab_hub.sharing import groupshares
@@ -82,6 +91,16 @@ class Where:
     projects_root: Path
     state_root: Path | None
     hub_dir: Path
+    data_root: Path | None = None
+
+    def folders(self, owner: str) -> list[tuple[str, Path]]:
+        """(what, the owner's hub folder holding one entry per project) that move."""
+        found = [("project folder", self.projects_root / owner)]
+        if self.data_root is not None:
+            found.append(("data folders", self.data_root / objects.PROJECT_DATA / owner))
+        if self.state_root is not None:
+            found.append(("image record and build logs", self.state_root / owner))
+        return found
 
 
 # --- checks -----------------------------------------------------------------------
@@ -124,10 +143,8 @@ def check_free(where: Where, orm_user, owner: str, new: str) -> None:
     if new in orm_user.orm_spawners:
         raise RenameError(409, f"You have a project named {new!r} already.")
     owner = safe_owner(owner)
-    taken = [where.projects_root / owner / new]
-    if where.state_root is not None:
-        taken.append(where.state_root / owner / new)
-    for path in taken:
+    for _, parent in where.folders(owner):
+        path = parent / new
         if _exists(path):
             raise RenameError(
                 409,
@@ -299,10 +316,7 @@ def move(db, orm_spawner, where: Where, new: str, display: str | None, log) -> l
     step = "checking the names"
     try:
         check_free(where, orm_spawner.user, owner, new)
-        folders = [("project folder", where.projects_root / owner)]
-        if where.state_root is not None:
-            folders.append(("image record and build logs", where.state_root / owner))
-        for what, parent in folders:
+        for what, parent in where.folders(owner):
             step = f"moving the {what}"
             if move_folder(parent, old, new):
                 steps.add(what, lambda p=parent: move_folder(p, new, old))
@@ -384,7 +398,7 @@ async def rename_project(user, old: str, new: str, display: str | None = None) -
     renamed = False
     try:
         place = place_of(spawner, user.name)
-        where = Where(place.projects_root, place.state_root, place.hub_dir)
+        where = Where(place.projects_root, place.state_root, place.hub_dir, place.data_root)
         check_free(where, user.orm_user, user.name, new)
         loop = asyncio.get_running_loop()
         try:

@@ -5,7 +5,9 @@ shared data. Every setting is a trait with help (docs/reference.md is made from 
 
 from __future__ import annotations
 
-from traitlets import Bool, Float, HasTraits, Int, List, Unicode, default
+from traitlets import Bool, Enum, Float, HasTraits, Int, List, Unicode, default
+
+from gpulab_hub.projects import objects
 
 # The default repository of project images (images/project.py uses the same).
 PROJECT_REPO = "gpulab/project"
@@ -40,12 +42,30 @@ class ProjectSettings(HasTraits):
         config=True,
         help="""Host folder of shared data, mounted at ``data_mount``.
 
-        Its ``datasets`` folder is mounted read-only in every project; each
-        user's ``models/<user>`` and ``outputs/<user>`` folders are mounted
-        writable at ``models`` and ``outputs`` in that user's projects only.
-        Default: /srv/gpulab/data.
+        Its ``datasets`` folder is mounted read-only in every project. What a
+        project writes is that project's (``data_scope`` "project", the default):
+        ``projects/<user>/<project>/models``, ``.../outputs`` (mounted writable at
+        ``models`` and ``outputs``) and ``.../huggingface`` (its Hugging Face
+        cache, at ``hf_cache_mount``). With ``data_scope`` "user", each user's
+        ``models/<user>`` and ``outputs/<user>`` folders are mounted in all of
+        that user's projects instead. Default: /srv/gpulab/data.
         Example: ``c.ProjectSpawner.data_root = "/mnt/shared"``
         """,
+    )
+    data_scope = Enum(
+        list(objects.DATA_SCOPES),
+        default_value=objects.PROJECT_SCOPE,
+        config=True,
+        help="""Whose are the data folders and the Hugging Face cache a project
+        container writes. "project": each project has its own
+        (``<data_root>/projects/<user>/<project>/``), so a collaborator on one
+        project reaches nothing of the owner's other projects. "user": the layout
+        gpulab had before this setting, one ``models``, ``outputs`` and cache volume per user,
+        mounted in every project of that user, so anyone a project is shared with
+        reads and writes the data of all of the owner's projects (choose it only
+        where nobody shares projects). Switching leaves the other layout's folders
+        where they are (docs/projects.md). Default: "project".
+        Example: ``c.ProjectSpawner.data_scope = "user"``""",
     )
     data_mount = Unicode(
         "/data",
@@ -112,15 +132,18 @@ class ProjectSettings(HasTraits):
     hf_cache_volume = Unicode(
         "{prefix}-hf-{username}",
         config=True,
-        help="""Docker volume holding a user's Hugging Face cache, shared by that
-        user's projects; ``{prefix}`` is the container prefix, ``{username}`` the
-        escaped user name. Default: {prefix}-hf-{username}.
+        help="""With ``data_scope`` "user" only: the Docker volume holding a user's
+        Hugging Face cache, shared by that user's projects; ``{prefix}`` is the
+        container prefix, ``{username}`` the escaped user name. (With "project",
+        each project's cache is the folder
+        ``<data_root>/projects/<user>/<project>/huggingface``.)
+        Default: {prefix}-hf-{username}.
         Example: ``c.ProjectSpawner.hf_cache_volume = "hf-{username}"``""",
     )
     hf_cache_mount = Unicode(
         "/cache/huggingface",
         config=True,
-        help="""Where the Hugging Face cache volume is mounted (HF_HOME).
+        help="""Where the project's Hugging Face cache is mounted (HF_HOME).
         Default: /cache/huggingface.
         Example: ``c.ProjectSpawner.hf_cache_mount = "/cache/huggingface"``""",
     )
@@ -235,10 +258,10 @@ class ProjectSettings(HasTraits):
     data_read_all = Bool(
         False,
         config=True,
-        help="""Let every project read (never write) every user's ``models`` and
-        ``outputs`` folders, at ``<data_mount>/all/``. Each user's own folders are
-        always writable at ``<data_mount>/models`` and ``<data_mount>/outputs``.
-        Default: False (each user sees only their own).
+        help="""Let every project read (never write) the per-user ``models`` and
+        ``outputs`` folders of every user (``<data_root>/models``, ``.../outputs``:
+        the ``data_scope`` "user" layout, and what users wrote before "project"
+        became the default), at ``<data_mount>/all/``. Default: False.
         Example: ``c.ProjectSpawner.data_read_all = True``""",
     )
     data_groups = List(
