@@ -440,7 +440,8 @@ class _Checker:
                     raise _refuse(
                         line,
                         f"ADD {_shown(src)} takes its source from a variable; write the "
-                        "project file's path itself.",
+                        "project file's path itself (to download a file, use a RUN step: "
+                        "RUN curl -fsSLo /path URL).",
                     )
                 plain = re.sub(r"[\"'\\`]", "", src)
                 if _SCHEME.search(plain) and not _GIT_PATH.fullmatch(plain):
