@@ -26,7 +26,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -55,6 +54,9 @@ _GO_SPACE = frozenset("\t\n\v\f\r \x85\xa0")  # unicode.IsSpace of a single byte
 _SCHEME = re.compile(r"://")
 _SCP_LIKE = re.compile(r"[\w.-]+@[\w.-]+:.*")
 _GIT_PATH = re.compile(r".*\.git(#.*)?", re.S)
+# control characters, and white space other than space, tab and line end (Python's
+# and Go's ideas of white space differ beyond these)
+_INVISIBLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]|[^\S \t\n]")
 _SHOWN = 120  # longest piece of the user's text quoted in a message
 
 
@@ -91,16 +93,14 @@ def _clean(text: str) -> list[str]:
     """The Dockerfile's lines (no byte order mark, LF line ends), refusing the
     invisible and control characters that parsers disagree on as white space."""
     text = text.removeprefix("\ufeff").replace("\r\n", "\n")
-    lines = text.split("\n")
-    for number, line in enumerate(lines, 1):
-        for ch in line:
-            if ch not in " \t" and unicodedata.category(ch) in ("Cc", "Zs", "Zl", "Zp"):
-                raise _refuse(
-                    number,
-                    f"it holds the invisible character U+{ord(ch):04X}; replace it with "
-                    "a plain space, or remove it.",
-                )
-    return lines
+    bad = _INVISIBLE.search(text)
+    if bad:
+        raise _refuse(
+            text.count("\n", 0, bad.start()) + 1,
+            f"it holds the invisible character U+{ord(bad[0]):04X}; replace it with a plain "
+            "space, or remove it.",
+        )
+    return text.split("\n")
 
 
 def _escape_token(lines: list[str]) -> str:
