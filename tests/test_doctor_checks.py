@@ -20,6 +20,7 @@ from gpulab_hub.doctor import (
     sandbox,
 )
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
+from gpulab_hub.projects import objects
 from gpulab_jupyter import arch
 
 FIX = Path(__file__).parent / "fixtures" / "doctor"
@@ -423,6 +424,50 @@ def test_driver_without_device_nodes_cannot_give_gpus(tmp_path):
     f = docker_checks.check_gpu_access({}, smi("h100-550"), drivers, False, dev)
     assert f.status == FAIL and "nvidia-modprobe" in f.fix
     assert docker_checks.all_gpus(smi("h100-550"), {}, drivers, dev) is None
+
+
+def test_a_probe_container_is_a_project_container_without_the_projects_folders(tmp_path):
+    """The probe's spec is objects.container_spec's (not a copy): whatever a project
+    container gets, a probe gets, less the project's folders, data, cache and port."""
+    dev, drivers = fake_host(tmp_path, ALL_NODES, DRIVER_LIBS)
+    g = docker_checks.all_gpus(smi("2xt4-470"), {}, drivers, dev)
+    probe_spec = sandbox.probe_spec(PROBES, "img", ["python3", "-c", "x"], g)
+    project_spec = objects.container_spec(
+        objects.ContainerSettings(
+            name="gl-alice--one",
+            image="img",
+            command=["python3", "-c", "x"],
+            env={},
+            project_dir="/srv/projects/alice/one",
+            data_root="/srv/data",
+            hf_cache_volume="gl-hf-alice",
+            network=PROBES.network,
+            port=8888,
+            owner="alice",
+            user=PROBES.user,
+            shm_size=PROBES.shm_size,
+            mem_limit=PROBES.mem_limit,
+            cpu_limit=PROBES.cpu_limit,
+            pids_limit=PROBES.pids_limit,
+            gpus=g,
+        )
+    )
+    probe_hc, project_hc = probe_spec.pop("host_config"), project_spec.pop("host_config")
+    assert probe_hc.pop("binds") == {drivers: {"bind": drivers, "mode": "ro"}}
+    assert probe_hc.pop("log_config") == sandbox.LOG_CONFIG
+    del project_hc["binds"]
+    assert probe_hc == project_hc  # capabilities, privileges, network, limits, devices
+    assert probe_hc["cap_drop"] == ["ALL"] and probe_hc["security_opt"] == ["no-new-privileges"]
+    assert (probe_hc["network_mode"], probe_hc["pids_limit"]) == ("gl-net", 4096)
+    assert probe_spec["name"].startswith("gl-doctor-") and probe_spec["labels"] == {
+        "gpulab.doctor": "gl"
+    }
+    assert probe_spec["volumes"] == [drivers] and "ports" not in probe_spec
+    for key in ("name", "labels", "volumes", "ports"):
+        probe_spec.pop(key, None)
+        project_spec.pop(key)
+    assert probe_spec == project_spec  # image, command, user, environment, working folder
+    assert sandbox.container_name(PROBES, "Al.ice", "One") == "gl-al.ice--one"
 
 
 # --- findings, rendering, exit codes ---
