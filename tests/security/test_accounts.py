@@ -259,8 +259,10 @@ def test_a_deleted_user_leaves_nothing_to_the_next_account_of_that_name(
     assert (hub_dir / "projects" / "judy" / "proj" / "image.json").exists()
     assert "judy/proj" in (hub_dir / "group-share-roles.json").read_text()
     assert "gpulab-group-share-" in admin.api("GET", "/hub/api/groups/team").text
-    volume = f"{PREFIX}acct-hf-judy"
-    assert volume in volumes(docker_engine)
+    volume = f"{PREFIX}acct-hf-judy"  # the per-user cache of data_scope "user": never made
+    assert volume not in volumes(docker_engine)
+    cache = acct_hub.home / "data" / "projects" / "judy" / "proj" / "huggingface"
+    assert (cache / "hub" / "secret.bin").read_text() == "old cache"  # the project's own
     assert len(kim.api("GET", "/hub/api/users/kim/shared").json()["items"]) == 2
 
     # The admin deletes judy while her project runs: it completes.
@@ -273,6 +275,8 @@ def test_a_deleted_user_leaves_nothing_to_the_next_account_of_that_name(
     assert not (hub_dir / "projects" / "judy").exists()
     archived = list((hub_dir / "deleted").glob("judy-*/projects/proj/secret.txt"))
     assert len(archived) == 1 and archived[0].read_text() == "old account"
+    assert not (acct_hub.home / "data" / "projects" / "judy").exists()
+    assert list((hub_dir / "deleted").glob("judy-*/data/projects/proj/huggingface/hub"))
     assert (hub_dir / "deleted").stat().st_mode & 0o777 == 0o700
     for record in ("sharing.json", "public-links.json", "group-share-roles.json"):
         path = hub_dir / record
@@ -312,9 +316,11 @@ def test_a_deleted_project_leaves_nothing_to_the_next_of_that_name(acct_hub, adm
         time.sleep(0.5)
     assert not (hub_dir / "projects" / "lee" / "lab").exists()
     assert list((hub_dir / "deleted").glob("lee-*/projects/lab/secret.txt"))
+    # The project's data and cache went with it (data_scope "project").
+    assert not (acct_hub.home / "data" / "projects" / "lee" / "lab").exists()
+    assert list((hub_dir / "deleted").glob("lee-*/data/projects/lab/huggingface/hub/secret.bin"))
     lee.start_project("lab")
-    # The folder is new; the user's cache is theirs and stays while the account does.
-    assert lee.execute("lab", LIST).strip() == "['Dockerfile'] ['hub']"
+    assert lee.execute("lab", LIST).strip() == "['Dockerfile'] []"
     lee.stop_project("lab")
 
 

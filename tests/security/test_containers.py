@@ -184,8 +184,9 @@ print(json.dumps(n))
     assert 100 < started < 4096  # the kernel refused the rest; the host never saw them
 
 
-def test_shared_data_is_per_user(hub, people, attack_project, victim_project):
-    victims_result = hub.home / "data" / "outputs" / "victim" / "result.txt"
+def test_shared_data_is_per_project(hub, people, attack_project, victim_project):
+    data = hub.home / "data" / "projects"
+    victims_result = data / "victim" / "work" / "outputs" / "result.txt"
     assert victims_result.read_text() == "weeks of training"
     code = """
 import json, os, shutil, subprocess
@@ -205,7 +206,7 @@ print(json.dumps({"found": found.stdout, "datasets": datasets}))
     assert seen["found"] == ""  # the victim's outputs are not even visible
     assert seen["datasets"] == "refused"
     assert victims_result.read_text() == "weeks of training"
-    assert (hub.home / "data" / "outputs" / "mallory" / "mine.txt").read_text() == "mallory's"
+    assert (data / "mallory" / "attack" / "outputs" / "mine.txt").read_text() == "mallory's"
 
 
 def test_spawn_options_cannot_choose_the_network_or_host_settings(docker_engine, people):
