@@ -261,7 +261,7 @@ def test_endless_output_is_cut_in_a_running_container_and_timed_out_in_a_throwaw
 
 
 # The kernel's view of the probe's process, then time to look at its container.
-REPORT = fake_python("grep -E '^(CapEff|CapPrm|NoNewPrivs|Uid|Gid):' /proc/self/status\nsleep 6")
+REPORT = fake_python("grep -E '^(CapEff|CapPrm|NoNewPrivs|Uid|Gid):' /proc/self/status\nsleep 3")
 CONFINEMENT = (
     "CapAdd",
     "CapDrop",

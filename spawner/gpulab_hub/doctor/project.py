@@ -286,7 +286,8 @@ def project_findings(
         return _failed(
             "project.container",
             f"probing {spec} in {where}: {e}",
-            "The image needs a python3 on its PATH (gpulab's base image has one).",
+            "The image needs a python3 on its PATH (gpulab's base image has one) that answers "
+            "within 40 s; if Docker refused the container, see security.network.",
         )
     except sandbox.DOCKER_ERRORS as e:
         return _failed("project.container", f"Docker: {sandbox.short(e)}", "See docker.engine.")

@@ -123,8 +123,9 @@ def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) ->
                 f"image.{ref}.probe",
                 WARN,
                 f"cannot look inside {ref}: {facts['error']}",
-                "Give the image a python3 on its PATH (gpulab's "
-                "base image has one) so torch and its CUDA can be checked.",
+                "Give the image a python3 on its PATH (gpulab's base image has one) that "
+                "answers within 40 s, so torch and its CUDA can be checked; if Docker "
+                "refused the container, see security.network (`gpulab up` makes the network).",
             )
         )
     t = facts.get("torch", {})
