@@ -22,7 +22,7 @@ from conftest import PREFIX
 from traitlets.config import Config
 
 from gpulab_hub import host, hubsettings, images
-from gpulab_hub.doctor import answer, findings, project, sandbox
+from gpulab_hub.doctor import answer, findings, project, protections, sandbox
 from gpulab_hub.doctor.findings import FAIL, OK, WARN
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, objects
@@ -190,6 +190,11 @@ def test_an_image_labelled_as_the_victims_project_is_never_checked_as_it(site, a
     found = site.doctor(VICTIM, empty)
     assert [(f.id, f.status) for f in found] == [("project.container", FAIL)]
     assert "has no image" in found[0].seen and "forged" not in text_of(found)
+
+    # Nor is a container carrying the victim's labels counted as a project's container.
+    info = site.dk.call("info")
+    checks = by_id(protections.findings(site.dk, info, site.hub.network, site.probes))
+    assert checks["security.containers"].seen.startswith("0 running project container(s)")
 
 
 def test_a_container_of_the_projects_name_is_probed_only_with_the_recorded_image(site, attack):
