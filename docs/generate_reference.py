@@ -14,6 +14,7 @@ from gpulab_hub.cluster.spawner import ProjectSlurmSpawner
 from gpulab_hub.projects.deletion import GpulabDeletion
 from gpulab_hub.settings import DEFAULTS
 from gpulab_hub.sharing.installs import GpulabSaveCopy
+from gpulab_hub.sharing.publicrender import GpulabPublicLinks
 from gpulab_hub.spawner import ProjectSpawner
 
 OUT = Path(__file__).with_name("reference.md")
@@ -68,6 +69,7 @@ def render() -> str:
         GpulabAuthenticator,
         GpulabDeletion,
         GpulabSaveCopy,
+        GpulabPublicLinks,
     ):
         lines += trait_lines(cls)
     return "\n".join(lines)

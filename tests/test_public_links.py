@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from html import unescape
 from html.parser import HTMLParser
 from urllib.parse import quote
@@ -14,6 +16,7 @@ from urllib.parse import quote
 import pytest
 import requests
 from hubclient import HubUser
+from requests.adapters import HTTPAdapter
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 
@@ -96,6 +99,26 @@ def make_link(alice: HubUser, path: str, hours: str = "2") -> str:
 
 def anonymous(base: str, path: str) -> requests.Response:
     return requests.get(base + path, timeout=30, allow_redirects=False)
+
+
+class FromAddress(HTTPAdapter):
+    """Connections from one loopback address (127.0.0.0/8 is all this host's): views
+    of a visitor of their own, counted apart by the hub's per-address rate limit
+    (30 a minute by default)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        super().__init__(pool_maxsize=32)
+
+    def init_poolmanager(self, *args, **kwargs):
+        kwargs["source_address"] = (self.source, 0)
+        return super().init_poolmanager(*args, **kwargs)
+
+
+def visitor(source: str) -> requests.Session:
+    session = requests.Session()
+    session.mount("http://", FromAddress(source))
+    return session
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +311,131 @@ def test_save_a_copy_asks_to_log_in_then_copies(pubhub, people):
         post(alice, f"/hub/gpulab/public-links/{PROJECT}", action="revoke", id=link_id)
     r = bob.http.get(bob.base + "/hub/gpulab/copy", params={"public": code}, timeout=30)
     assert r.status_code == 404
+
+
+def storm_notebook(cells: int) -> dict:
+    """A notebook that takes nbconvert seconds (about 4 s here for 400 cells)."""
+    nb = notebook("Storm notebook 2323")
+    cell = {
+        "cell_type": "code",
+        "metadata": {},
+        "execution_count": 1,
+        "source": "for k in range(10):\n    print(k * 2, 'words')\n",
+        "outputs": [{"output_type": "stream", "name": "stdout", "text": "output line\n" * 5}],
+    }
+    nb["cells"] += [{**cell, "id": f"s{i}"} for i in range(cells)]
+    return nb
+
+
+def test_a_storm_of_views_renders_once_and_the_home_page_stays_quick(pubhub, people):
+    """20 anonymous views at once of a notebook that takes seconds to render (before:
+    every view rendered it on the home page's thread pool; 8 such views made /hub/home
+    take 36 s): one render, shared; a signed-in user's home page answers meanwhile."""
+    alice = people[OWNER]
+    put(alice, "nb/storm.ipynb", {"type": "notebook", "content": storm_notebook(400)})
+    link = make_link(alice, "nb/storm.ipynb")
+    home = alice.http.get(alice.base + "/hub/home", timeout=30)
+    assert home.status_code == 200 and PROJECT in home.text
+
+    stranger = visitor("127.0.0.21")
+    homes: list[float] = []
+
+    def view(_):
+        return stranger.get(pubhub.url + link, timeout=120, allow_redirects=False)
+
+    with ThreadPoolExecutor(20) as pool:
+        futures = [pool.submit(view, i) for i in range(20)]
+        while not all(f.done() for f in futures):
+            started = time.monotonic()
+            r = alice.http.get(alice.base + "/hub/home", timeout=30)
+            homes.append(time.monotonic() - started)
+            assert r.status_code == 200
+            time.sleep(0.1)
+        views = [f.result() for f in futures]
+
+    assert [r.status_code for r in views] == [200] * 20
+    assert all("Storm notebook 2323" in r.text for r in views)
+    came = sorted(r.headers["X-Gpulab-Cache"] for r in views)
+    assert came.count("miss") == 1, came  # one render; the others shared it or the cache
+    assert set(came) <= {"miss", "shared", "hit"}
+    assert len(homes) >= 5, homes  # the storm lasted (a render takes seconds)
+    assert max(homes) < 1.0, homes
+
+    # The next view is served from the cache, without rendering.
+    started = time.monotonic()
+    again = stranger.get(pubhub.url + link, timeout=30)
+    assert again.headers["X-Gpulab-Cache"] == "hit" and "Storm notebook 2323" in again.text
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_new_version_of_the_notebook_is_rendered_again(pubhub, people):
+    alice = people[OWNER]
+    put(alice, "nb/versions.ipynb", {"type": "notebook", "content": notebook("Version one")})
+    link = make_link(alice, "nb/versions.ipynb")
+    guest = visitor("127.0.0.22")
+    first = guest.get(pubhub.url + link, timeout=60)
+    assert first.headers["X-Gpulab-Cache"] == "miss" and "Version one" in first.text
+    assert guest.get(pubhub.url + link, timeout=60).headers["X-Gpulab-Cache"] == "hit"
+    put(alice, "nb/versions.ipynb", {"type": "notebook", "content": notebook("Version two")})
+    changed = guest.get(pubhub.url + link, timeout=60)
+    assert changed.headers["X-Gpulab-Cache"] == "miss"
+    assert "Version two" in changed.text and "Version one" not in changed.text
+
+
+def test_a_notebook_over_the_size_limit_gets_a_page_that_says_so_at_once(pubhub, people):
+    alice = people[OWNER]
+    code = (
+        "import json\n"
+        "out = {'output_type': 'stream', 'name': 'stdout', 'text': 'x' * (10 * 2**20)}\n"
+        "cell = {'cell_type': 'code', 'id': 'c', 'metadata': {}, 'execution_count': 1,\n"
+        "        'source': 'big()', 'outputs': [out]}\n"
+        "nb = {'cells': [cell], 'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}\n"
+        "text = json.dumps(nb)\n"
+        "open('/workspace/nb/huge.ipynb', 'w').write(text + ' ' * (21 * 2**19 - len(text)))\n"
+        "print('ok')\n"
+    )
+    guest = HubUser(alice.base, OWNER, "")
+    guest.token = alice.token
+    assert guest.execute(PROJECT, code) == "ok\n"
+    size = (pubhub.home / "projects" / OWNER / PROJECT / "nb" / "huge.ipynb").stat().st_size
+    assert size == 10.5 * 2**20
+    link = make_link(alice, "nb/huge.ipynb")
+    started = time.monotonic()
+    r = visitor("127.0.0.23").get(pubhub.url + link, timeout=60)
+    took = time.monotonic() - started
+    assert r.status_code == 413 and took < 1.0, (r.status_code, took)
+    assert (
+        "This notebook is too large to show here (10.5 MiB; the limit is 10 MiB) "
+        "\u2014 ask the owner to share the project instead." in unescape(r.text)
+    )
+    assert 'id="public-save-copy"' in r.text  # a copy can still be saved (up to 50 MiB)
+    assert "xxxxxxxxxx" not in r.text
+
+
+def test_views_per_address_are_limited_whatever_headers_the_visitor_sends(pubhub, people):
+    """30 views a minute from one address (the default), then 429 with Retry-After.
+    Every request forges X-Forwarded-For and X-Real-Ip, as an attacker spreading views
+    over made-up addresses would: the hub counts the address its proxy saw."""
+    alice = people[OWNER]
+    link = make_link(alice, "nb/shown.ipynb")
+    flood = visitor("127.0.0.24")
+    statuses, refused = [], None
+    started = time.monotonic()
+    for _ in range(45):
+        made_up = ".".join(str(secrets.randbelow(250) + 1) for _ in range(4))
+        headers = {"X-Forwarded-For": made_up, "X-Real-Ip": made_up}
+        r = flood.get(pubhub.url + link, headers=headers, timeout=60)
+        statuses.append(r.status_code)
+        if r.status_code == 429 and refused is None:
+            refused = r
+    elapsed = time.monotonic() - started
+    assert statuses[:30] == [200] * 30, statuses
+    assert set(statuses) == {200, 429}, statuses
+    # A burst of 30, then one view every 2 s at most.
+    assert statuses.count(200) <= 30 + elapsed / 2 + 1, (statuses, elapsed)
+    assert 1 <= int(refused.headers["Retry-After"]) <= 2
+    assert refused.text.startswith("Too many views from your address: at most 30 a minute.")
+    assert SHOWN not in refused.text
+    # Another address is counted apart.
+    r = visitor("127.0.0.25").get(pubhub.url + link, timeout=60)
+    assert r.status_code == 200 and SHOWN in r.text

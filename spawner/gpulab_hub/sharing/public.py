@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import re
 import secrets
@@ -302,8 +303,10 @@ class PublicLinksHandler(_Base):
             await self._page(project, status=e.status, error=str(e))
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.1f}".removesuffix(".0")
+def _mib(n: int, up: bool = False) -> str:
+    """Bytes as MiB to a tenth (rounded up for a notebook's size: never shown as the limit)."""
+    tenths = math.ceil(n * 10 / 2**20) if up else round(n * 10 / 2**20)
+    return f"{tenths / 10:.1f}".removesuffix(".0")
 
 
 # What the page says instead of the notebook: (HTTP status, words).
@@ -352,6 +355,9 @@ class PublicNotebookHandler(_Base):
     def content_security_policy(self):
         return CSP
 
+    def get_content_type(self):
+        return "text/html; charset=utf-8"  # JupyterHub's says no charset
+
     def set_default_headers(self):
         super().set_default_headers()
         # The hub's configured CSP (tornado_settings['headers']) would replace this one.
@@ -391,7 +397,7 @@ class PublicNotebookHandler(_Base):
             return
         except TooLarge as e:
             status = 413
-            message = TOO_LARGE.format(size=_mib(e.size), limit=_mib(limits.max_bytes))
+            message = TOO_LARGE.format(size=_mib(e.size, up=True), limit=_mib(limits.max_bytes))
         except RenderBusy:
             self._too_many(503, BUSY, 30)
             return

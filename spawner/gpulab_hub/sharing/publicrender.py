@@ -57,7 +57,7 @@ class GpulabPublicLinks(Configurable):
         help="""The largest notebook a public link shows, in MiB. A bigger one is not
         read or rendered; its page says how big it is and asks the visitor to have the
         owner share the project instead. At most 50 (the most Save a copy reads).
-        Example: ``c.GpulabPublicLinks.max_notebook_mib = 20``""",
+        Default: 10. Example: ``c.GpulabPublicLinks.max_notebook_mib = 20``""",
     )
     render_timeout_s = Float(
         30.0,
@@ -67,14 +67,16 @@ class GpulabPublicLinks(Configurable):
         help="""Seconds one render of a notebook may take (its own process, started
         fresh: about 2 s of it go to starting nbconvert). A render that takes longer is
         killed and the page says the notebook takes too long to show; that version of
-        the notebook is not tried again until it changes or the hub restarts.""",
+        the notebook is not tried again until it changes or the hub restarts.
+        Default: 30. Example: ``c.GpulabPublicLinks.render_timeout_s = 60``""",
     )
     render_memory_mib = Integer(
         2048,
         min=256,
         config=True,
         help="""Address space (MiB) of one render process; past it the render fails
-        and the page says the notebook cannot be shown.""",
+        and the page says the notebook cannot be shown.
+        Default: 2048. Example: ``c.GpulabPublicLinks.render_memory_mib = 4096``""",
     )
     render_workers = Integer(
         2,
@@ -82,7 +84,8 @@ class GpulabPublicLinks(Configurable):
         max=64,
         config=True,
         help="""Renders that run at once (each a process using up to one CPU core).
-        Views of the same notebook version share one render.""",
+        Views of the same notebook version share one render.
+        Default: 2. Example: ``c.GpulabPublicLinks.render_workers = 1``""",
     )
     render_queue = Integer(
         16,
@@ -90,7 +93,8 @@ class GpulabPublicLinks(Configurable):
         config=True,
         help="""Notebook versions that may wait for a render (running ones included).
         Past that, a view of yet another version is answered 503 "busy" with
-        Retry-After; cached pages are still served.""",
+        Retry-After; cached pages are still served.
+        Default: 16. Example: ``c.GpulabPublicLinks.render_queue = 32``""",
     )
     cache_mib = Integer(
         256,
@@ -98,13 +102,15 @@ class GpulabPublicLinks(Configurable):
         config=True,
         help="""Memory (MiB) for rendered public notebooks, least recently viewed
         dropped first. A page larger than a quarter of it is served but not kept.
-        0: nothing kept (every view renders, each render still bounded).""",
+        0: nothing kept (every view renders, each render still bounded).
+        Default: 256. Example: ``c.GpulabPublicLinks.cache_mib = 1024``""",
     )
     cache_entries = Integer(
         500,
         min=1,
         config=True,
-        help="""Rendered notebook versions kept at most (see cache_mib).""",
+        help="""Rendered notebook versions kept at most (see cache_mib).
+        Default: 500. Example: ``c.GpulabPublicLinks.cache_entries = 2000``""",
     )
     views_per_minute = Integer(
         30,
@@ -115,7 +121,8 @@ class GpulabPublicLinks(Configurable):
         Retry-After. 0: no limit. The address is the one JupyterHub's proxy saw
         (X-Forwarded-For as configurable-http-proxy sets it, skipping only
         ``JupyterHub.trusted_downstream_ips``; X-Real-Ip is ignored). IPv6 clients
-        count per /64 network.""",
+        count per /64 network. Default: 30.
+        Example: ``c.GpulabPublicLinks.views_per_minute = 60``""",
     )
 
     @property
