@@ -121,6 +121,7 @@ def main() -> int:
                     1800,
                     repo=f"{PREFIX}/project",
                     network=NETWORK,
+                    allowed=(base_tag,),
                 )
 
             _, full_s = timed(full)
@@ -137,6 +138,7 @@ def main() -> int:
                     1800,
                     repo=f"{PREFIX}/project",
                     network=NETWORK,
+                    allowed=(base_tag,),
                 )
             )
             cached = sum(1 for line in lines if line.strip() == "---> Using cache")

@@ -48,6 +48,7 @@ def build(dk, project: Project, lines: list[str], timeout: float = 600) -> str:
         timeout,
         repo=REPO,
         network=NETWORK,
+        allowed=(f"{PREFIX}/debian:bookworm",),
     )
 
 

@@ -25,6 +25,7 @@ def where(tmp_path: Path) -> hubsettings.HubSettings:
         allocations_file=tmp_path / "hub" / "gpu-allocations.json",
         image_repo="gpulab/project",
         base_image="gpulab/base:latest",
+        allowed_base_images=("gpulab/base:latest",),
         prefix="gpulab",
         network="gpulab-net",
     )

@@ -43,21 +43,21 @@ _build_call = threading.local()
 
 
 class APIClient(docker.APIClient):
-    """docker-py's client, whose ``build`` also takes the engine's ``cgroupparent``
-    (the build API has it; docker-py does not pass it): how a build asks gpulab's
-    engine runtime to confine its steps (images/confine.py)."""
+    """docker-py's client, whose ``build`` also takes ``engine_params``: query parameters
+    of the engine's build API that docker-py does not pass (``cgroupparent``, which asks
+    gpulab's engine runtime to confine the steps; ``cpuquota`` and ``cpuperiod``)."""
 
-    def build(self, *args, cgroup_parent: str | None = None, **kwargs):
-        _build_call.cgroup_parent = cgroup_parent
+    def build(self, *args, engine_params: dict | None = None, **kwargs):
+        _build_call.params = engine_params
         try:
             return super().build(*args, **kwargs)  # posts before it returns the stream
         finally:
-            _build_call.cgroup_parent = None
+            _build_call.params = None
 
     def _post(self, url, **kwargs):
-        parent = getattr(_build_call, "cgroup_parent", None)
-        if parent and url == self._url("/build"):
-            kwargs["params"] = {**(kwargs.get("params") or {}), "cgroupparent": parent}
+        extra = getattr(_build_call, "params", None)
+        if extra and url == self._url("/build"):
+            kwargs["params"] = {**(kwargs.get("params") or {}), **extra}
         return super()._post(url, **kwargs)
 
 

@@ -36,6 +36,7 @@ class HubSettings:
     allocations_file: Path
     image_repo: str
     base_image: str
+    allowed_base_images: tuple[str, ...]  # what project Dockerfiles may name (policy.py)
     prefix: str
     network: str
 
@@ -83,6 +84,7 @@ def from_spawner(sp) -> HubSettings:
         allocations_file=Path(sp.allocations_file),
         image_repo=sp.image_repo,
         base_image=sp.base_image,
+        allowed_base_images=tuple(sp.allowed_base_images),
         prefix=sp.prefix,
         network=sp.network_name,
     )

@@ -223,7 +223,9 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             return projectimage.Plan(good.tag)
         self._emit(8, "Checking the project's image")
         self._image_note = ("latest", "Running the image built from the project's Dockerfile.")
-        plan = projectimage.plan_image(self._docker, project, self.image_repo)
+        plan = projectimage.plan_image(
+            self._docker, project, self.image_repo, allowed=tuple(self.allowed_base_images)
+        )
         if plan.context is None:
             self._emit(70, f"Using the image {plan.tag} (the Dockerfile is unchanged)")
         return plan

@@ -80,6 +80,16 @@ def pids_max() -> str:
     return ""
 
 
+def cpu_quota() -> str:
+    for path in ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max"):
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            continue
+    return ""
+
+
 def net() -> dict:
     args = json.load(open("/probe.json"))
     out = {
@@ -89,6 +99,7 @@ def net() -> dict:
         "cap_eff": int(status_field("CapEff"), 16),
         "no_new_privs": int(status_field("NoNewPrivs")),
         "pids_max": pids_max(),
+        "cpu_quota": cpu_quota(),
         "victim": dial(args["victim"], 8000),
         "gateway": dial(gateway(), args["port"]),
         "host": dial(args["host"], args["port"]),

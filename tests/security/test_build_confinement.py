@@ -9,15 +9,14 @@ within its limit, and nothing of the build may be left behind.
 
 from __future__ import annotations
 
-import http.server
 import json
 import socket
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from conftest import PREFIX, free_port
+from conftest import PREFIX
+from hostservice import SECRET, HostService, host_address
 
 from gpulab_hub import host, images
 from gpulab_hub.images import confine
@@ -27,7 +26,6 @@ from gpulab_hub.projects import Project
 pytestmark = pytest.mark.docker
 REPO = f"{PREFIX}/project"
 NETWORK = f"{PREFIX}-net"
-SECRET = "host-only-secret-4711"
 PROBE = Path(__file__).with_name("build_probe.py")
 
 
@@ -44,7 +42,7 @@ def build(dk, p: Project, limits: confine.BuildLimits, lines: list[str]) -> str:
     host.ensure_network(dk, NETWORK)
     return projectimage.ensure_image(
         dk.call, p, p.root / ".locks", lines.append, limits.timeout, repo=REPO,
-        network=NETWORK, limits=limits,
+        network=NETWORK, limits=limits, allowed=(f"{PREFIX}/debian:bookworm",),
     )  # fmt: skip
 
 
@@ -56,28 +54,6 @@ def probe_result(lines: list[str]) -> dict:
 
 def build_networks(dk) -> list[str]:
     return [n["Name"] for n in dk.call("networks") if n["Name"].startswith(f"{NETWORK}-build-")]
-
-
-class HostService:
-    """A service of the host's own, on 0.0.0.0, that no project or build may read."""
-
-    def __init__(self):
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(SECRET.encode())
-
-            def log_message(self, *args):
-                pass
-
-        self.port = free_port()
-        self.server = http.server.ThreadingHTTPServer(("0.0.0.0", self.port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -107,13 +83,6 @@ def victim(docker_engine, local_debian):
     docker_engine.call("remove_container", c["Id"], force=True)
 
 
-def host_address() -> str:
-    """The host's own address on its default route (what a container could dial)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the route's source
-        return s.getsockname()[0]
-
-
 def test_a_build_step_holds_no_raw_socket_and_reaches_no_one(
     docker_engine, local_debian, tmp_path, victim, host_service
 ):
@@ -126,8 +95,9 @@ def test_a_build_step_holds_no_raw_socket_and_reaches_no_one(
         {"victim": victim, "host": host_address(), "port": host_service.port},
     )
     lines: list[str] = []
-    build(docker_engine, p, confine.BuildLimits(timeout=120), lines)
+    build(docker_engine, p, confine.BuildLimits(timeout=120, cpus=0.5), lines)
     r = probe_result(lines)
+    assert r["cpu_quota"].split()[0] == "50000", r["cpu_quota"]  # half a CPU
     assert r["raw_packet"].startswith("refused") and r["raw_inet"].startswith("refused")
     assert r["arp_spoof"].startswith("refused")
     assert r["no_new_privs"] == 1

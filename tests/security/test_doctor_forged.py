@@ -86,6 +86,7 @@ class Site:
             300,
             repo=self.hub.image_repo,
             network=self.hub.network,
+            allowed=self.hub.allowed_base_images,
         )
 
     def image_answering(self, spec: str, script: str) -> str:

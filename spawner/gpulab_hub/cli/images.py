@@ -47,6 +47,7 @@ def cmd_build(args, environ) -> int:
             args.timeout,
             repo=where.image_repo,
             network=network,
+            allowed=where.allowed_base_images,
         )
     except (images.BuildError, ProjectError) as e:
         raise host.HostError(str(e)) from e
@@ -54,20 +55,24 @@ def cmd_build(args, environ) -> int:
     return 0
 
 
-def _current_tag(dk: host.Docker, project: Project, repo: str) -> str | None:
+def _current_tag(
+    dk: host.Docker, project: Project, repo: str, allowed: tuple[str, ...]
+) -> str | None:
     try:
-        with projectimage.build_context(project) as ctx:
+        with projectimage.checked_context(dk.call, project, allowed) as ctx:
             return projectimage.project_tag(dk.call, ctx, repo)
     except (OSError, ProjectError):
         return None  # no Dockerfile, or one gpulab refuses: no current image
 
 
-def keep_tags(dk: host.Docker, root: Path, state: Path, repo: str) -> dict[str, list[str]]:
+def keep_tags(
+    dk: host.Docker, root: Path, state: Path, repo: str, allowed: tuple[str, ...]
+) -> dict[str, list[str]]:
     """Tags in use: each project's current and last good image, and running containers."""
     keep: dict[str, list[str]] = {}
     for p in _projects(root, state):
         who = f"{p.owner}/{p.name}"
-        current = _current_tag(dk, p, repo)
+        current = _current_tag(dk, p, repo, allowed)
         if current:
             keep.setdefault(current, []).append(f"{who} (current)")
         good = projectimage.last_good(p, repo=repo)
@@ -82,7 +87,7 @@ def cmd_images(args, environ) -> int:
     where = hubsettings.load(hubsettings.config_file())
     repo = where.image_repo
     dk = host.Docker()
-    keep = keep_tags(dk, where.projects_root, where.state_root, repo)
+    keep = keep_tags(dk, where.projects_root, where.state_root, repo, where.allowed_base_images)
     removed = 0
     for img in sorted(dk.call("images", name=repo), key=lambda i: -i["Created"]):
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(img["Created"]))

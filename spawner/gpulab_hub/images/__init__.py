@@ -176,7 +176,7 @@ def _stream(docker_call, context, tag, labels, limits, info, net, watch, log, ta
         decode=True,
         network_mode=net.name,
         container_limits=limits.container_limits() or None,
-        cgroup_parent=limits.cgroup_parent(info.get("CgroupDriver", "")),
+        engine_params=limits.engine_params(info.get("CgroupDriver", "")),
         labels=labels or {},
         # also bounds a step that prints nothing for the whole time
         timeout=max(1, int(limits.timeout) + 5),

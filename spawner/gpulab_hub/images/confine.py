@@ -51,17 +51,17 @@ class BuildLimits:
     logs_kept: int = 10  # build logs kept per project
 
     def container_limits(self) -> dict:
-        limits: dict = {}
-        if self.memory:
-            limits.update(memory=int(self.memory), memswap=int(self.memory))
-        if self.cpus:
-            limits.update(cpuperiod=100_000, cpuquota=max(1000, int(self.cpus * 100_000)))
-        return limits
+        """docker-py's ``container_limits`` of each step."""
+        return {"memory": int(self.memory), "memswap": int(self.memory)} if self.memory else {}
 
-    def cgroup_parent(self, cgroup_driver: str) -> str:
-        """The cgroup parent that asks gpulab's runtime to confine the build's steps."""
+    def engine_params(self, cgroup_driver: str) -> dict:
+        """Build API parameters docker-py does not pass (host.APIClient.build): the CPU
+        quota, and the cgroup parent that asks gpulab's runtime to confine the steps."""
         name = f"gpulab-build-pids{int(self.pids)}"
-        return f"{name}.slice" if cgroup_driver == "systemd" else f"/{name}"
+        params = {"cgroupparent": f"{name}.slice" if cgroup_driver == "systemd" else f"/{name}"}
+        if self.cpus:
+            params.update(cpuperiod=100_000, cpuquota=max(1000, int(self.cpus * 100_000)))
+        return params
 
 
 def check_engine(docker_info: dict, runtime: str) -> None:

@@ -14,6 +14,7 @@ logs live in the hub-owned ``project.state_dir``, never in the project folder.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import io
 import json
@@ -32,7 +33,7 @@ import filelock
 from dockerfile_parse import DockerfileParser
 
 from gpulab_hub import images, jsonfile
-from gpulab_hub.images import confine
+from gpulab_hub.images import confine, policy
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
 from gpulab_hub.projects.settings import PROJECT_REPO
 
@@ -445,10 +446,20 @@ class Plan:
             self.context.close()
 
 
-def plan_image(docker_call, project: Project, repo: str = PROJECT_REPO) -> Plan:
+def checked_context(docker_call, project: Project, allowed: tuple[str, ...]) -> Context:
+    """The context of what gpulab builds: the project's Dockerfile checked (policy.py:
+    only the admin's bases and its own stages, ADD of project files), each allowed base
+    pinned to the image ID it has now."""
+    resolve = functools.partial(images.image_id, docker_call)
+    return build_context(project, policy.check(read_dockerfile(project), allowed, resolve))
+
+
+def plan_image(
+    docker_call, project: Project, repo: str = PROJECT_REPO, *, allowed: tuple[str, ...]
+) -> Plan:
     """The project's image tag, with the build context when it must be built (quick:
     reads the project's files and asks Docker whether the tag exists)."""
-    ctx = build_context(project)
+    ctx = checked_context(docker_call, project, allowed)
     try:
         tag = project_tag(docker_call, ctx, repo)
         if images.image_id(docker_call, tag):
@@ -515,12 +526,13 @@ def ensure_image(
     network: str,
     memory: int | None = None,
     limits: confine.BuildLimits | None = None,
+    allowed: tuple[str, ...],
 ) -> str:
     """The tag of the project's image, built only if its content is new (plan_image,
     then build_planned on this thread). The build runs within ``limits`` (by default
     ``timeout`` and ``memory`` per step) on a network of its own (images.build)."""
     limits = limits or confine.BuildLimits(timeout=timeout, memory=memory)
-    plan = plan_image(docker_call, project, repo)
+    plan = plan_image(docker_call, project, repo, allowed=allowed)
     try:
         return build_planned(
             docker_call, project, plan, lock_dir, on_line, limits, repo, labels, network=network
