@@ -140,6 +140,9 @@ def test_a_project_servers_token_reports_activity_for_its_own_server_only(hub, o
     assert re.fullmatch(r"[A-Za-z0-9_]{20,}", token), "no token in the project's environment"
     url = f"{hub.url}/hub/api/users/{OWNER}/activity"
     head = {"Authorization": f"token {token}"}
+    scopes = requests.get(f"{hub.url}/hub/api/user", headers=head, timeout=30).json()["scopes"]
+    assert f"users:activity!server={OWNER}/{RUNS}" in scopes, scopes
+    assert not [s for s in scopes if s.startswith("users:activity!user")], scopes
     before = last_activity(owner, IDLE)
     now = stamp(datetime.now(UTC) + timedelta(minutes=30))  # what the culler would see
     for body in (

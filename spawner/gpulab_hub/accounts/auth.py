@@ -185,6 +185,14 @@ class GpulabAuthenticator(NativeAuthenticator):
         self.add_login_attempt(username)
         return None
 
+    def pre_spawn_start(self, user, spawner):
+        """The project server's own token reports activity for that project only
+        (sharing/activity.py): JupyterHub made it with the whole user's a moment ago."""
+        from gpulab_hub.sharing import activity
+
+        super().pre_spawn_start(user, spawner)
+        activity.narrow_server_token(user.db, spawner)
+
     def get_handlers(self, app):
         """NativeAuthenticator's pages (some mended), then gpulab's home page, the
         spawn and default server's routes (home/) and the activity API that keeps a

@@ -9,6 +9,11 @@ activity of every project of the owner (its ``servers`` dict names any of them),
 collaborator could keep the owner's other projects, and the GPUs they hold, from the
 idle culler.
 
+JupyterHub 6.1 adds ``users:activity!user`` to every server token whatever
+``server_token_scopes`` asks (``User.spawn``: "ensure activity scope is requested"), so
+:func:`narrow_server_token` (the authenticator's ``pre_spawn_start``, which runs once the
+token is made and before the server gets it) replaces it with the server's own.
+
 JupyterHub 6.1 checks this route's scope on the user alone, so a server-filtered scope
 would refuse every report, the server's own included (and the culler would stop busy
 projects). :class:`ServerActivityHandler` replaces JupyterHub's handler of that route
@@ -27,6 +32,26 @@ from tornado import web
 
 SCOPE = "users:activity"
 ROUTE = r"/api/users/([^/]+)/activity"
+
+
+def narrow_server_token(db, spawner) -> None:
+    """Make ``spawner``'s own token (``spawner.api_token``, just made for this start)
+    report activity for that server only: JupyterHub's whole-user activity scope out,
+    ``users:activity!server=<owner>/<project>`` in."""
+    from jupyterhub import orm
+
+    token = orm.APIToken.find(db, spawner.api_token) if spawner.api_token else None
+    if token is None:
+        return
+    owner = spawner.user.name
+    own = f"{SCOPE}!server={owner}/{spawner.name}"
+    whole = {SCOPE, f"{SCOPE}!user", f"{SCOPE}!user={owner}"}
+    scopes = [s for s in token.scopes if s not in whole]
+    if own not in scopes:
+        scopes.append(own)
+    if scopes != list(token.scopes):
+        token.scopes = scopes
+        db.commit()
 
 
 def servers_allowed(parsed_scopes: dict, user_name: str) -> set[str] | None:
