@@ -6,7 +6,9 @@ exercised through a real hub in test_public_links.py."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -147,14 +149,18 @@ def test_rate_limit_per_key_with_retry_after():
     assert len(small._buckets) == 3  # bounded
 
 
-def request(peer, headers=(), local="127.0.0.1"):
-    sock = SimpleNamespace(getsockname=lambda: (local, 8081))
+def request(peer, headers=()):
     return SimpleNamespace(
-        connection=SimpleNamespace(
-            context=SimpleNamespace(address=(peer, 40000)), stream=SimpleNamespace(socket=sock)
-        ),
+        connection=SimpleNamespace(context=SimpleNamespace(address=(peer, 40000))),
         headers=HTTPHeaders(list(headers)),
     )
+
+
+def host_address() -> str:
+    """An address of this host that is not loopback (the one it reaches others from)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the route's source
+        return s.getsockname()[0]
 
 
 def test_client_address_is_what_the_proxy_saw():
@@ -169,12 +175,15 @@ def test_client_address_is_what_the_proxy_saw():
         + [("X-Real-Ip", "8.8.8.8")],
     )
     assert client_address(forged, none) == "203.0.113.7"
-    # The proxy on the hub's own (bridge) address counts as local too.
-    bridge = request("172.18.0.1", [("X-Forwarded-For", "203.0.113.7")], local="172.18.0.1")
-    assert client_address(bridge, none) == "203.0.113.7"
+    # The proxy connecting from another address of this host (to the hub's bridge
+    # address, the kernel may pick the host's own) is the proxy too.
+    here = host_address()
+    assert not ipaddress.ip_address(here).is_loopback
+    other = request(here, [("X-Forwarded-For", "203.0.113.7")])
+    assert client_address(other, none) == "203.0.113.7"
     # A container calling the hub's port itself: its own address, whatever it sends.
-    direct = request("172.18.0.5", [("X-Forwarded-For", "203.0.113.9")], local="172.18.0.1")
-    assert client_address(direct, none) == "172.18.0.5"
+    direct = request("172.31.254.5", [("X-Forwarded-For", "203.0.113.9")])
+    assert client_address(direct, none) == "172.31.254.5"
     # A TLS proxy in front, named in JupyterHub.trusted_downstream_ips, is skipped.
     front = request("127.0.0.1", [("X-Forwarded-For", "6.6.6.6, 198.51.100.4, 10.0.0.2")])
     assert client_address(front, trusted_networks(["10.0.0.2"])) == "198.51.100.4"

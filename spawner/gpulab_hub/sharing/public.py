@@ -380,9 +380,11 @@ class PublicNotebookHandler(_Base):
         renders = renders_of(self)
         limits = renders.limits
         limiter, trusted = limiter_of(self, limits.views_per_minute)
-        wait = limiter.take(client_address(self.request, trusted))
+        client = client_address(self.request, trusted)
+        wait = limiter.take(client)
         if wait:
             n = limits.views_per_minute
+            self.log.warning("gpulab: public link views from %s over %d a minute", client, n)
             self._too_many(429, TOO_MANY.format(n=n, wait=wait), wait)
             return
         link = self.links.find(code)

@@ -4,8 +4,9 @@
 (configurable-http-proxy, started by the hub on the same host), which appends the
 address it saw to ``X-Forwarded-For``. So:
 
-- the TCP peer is the client, unless it is this host (the proxy: loopback, or the
-  address the hub's socket listens on) or one of ``JupyterHub.trusted_downstream_ips``;
+- the TCP peer is the client, unless it is this host (the proxy: loopback, or any
+  address this host has, checked by binding a socket to it) or one of
+  ``JupyterHub.trusted_downstream_ips``;
 - then ``X-Forwarded-For`` is read from its right end, skipping the addresses
   in ``JupyterHub.trusted_downstream_ips`` (JupyterHub's own rule); the first other
   entry is the client. Entries to its left are whatever the client sent: ignored.
@@ -22,8 +23,10 @@ At most MAX_ADDRESSES buckets are kept (least recently seen dropped first).
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
+import socket
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -59,13 +62,20 @@ def _in(ip, nets: list[Network]) -> bool:
     return any(ip.version == net.version and ip in net for net in nets)
 
 
-def _local_address(request):
-    stream = getattr(request.connection, "stream", None)
-    sock = getattr(stream, "socket", None)
+@functools.lru_cache(maxsize=1024)
+def is_this_host(ip) -> bool:
+    """Whether ``ip`` is an address of this host (its proxy connects from one of them:
+    loopback, or the host's own address the kernel picks to reach the hub's bridge
+    address). A socket can be bound only to an address the host has."""
+    if ip.is_loopback:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
     try:
-        return _ip(sock.getsockname()[0]) if sock is not None else None
-    except (OSError, IndexError, TypeError):
-        return None
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(ip), 0))
+        return True
+    except OSError:
+        return False
 
 
 def _key(ip) -> str:
@@ -80,7 +90,7 @@ def client_address(request, trusted: list[Network]) -> str:
     peer = _ip(address[0]) if isinstance(address, tuple) and address else None
     if peer is None:
         return "unix-socket"  # only the hub's own host can reach a socket file
-    if not (peer.is_loopback or peer == _local_address(request) or _in(peer, trusted)):
+    if not (is_this_host(peer) or _in(peer, trusted)):
         return _key(peer)
     client = peer
     forwarded = ",".join(request.headers.get_list("X-Forwarded-For"))
