@@ -98,7 +98,9 @@ def make_link(alice: HubUser, path: str, hours: str = "2") -> str:
 
 
 def anonymous(base: str, path: str) -> requests.Response:
-    return requests.get(base + path, timeout=30, allow_redirects=False)
+    """A view without login or cookie, from this module's own visitor address (the
+    hub counts views per address: the tests below use others)."""
+    return visitor("127.0.0.20").get(base + path, timeout=30, allow_redirects=False)
 
 
 class FromAddress(HTTPAdapter):
