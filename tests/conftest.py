@@ -100,6 +100,8 @@ def hub_env(home: Path, **extra) -> dict:
             "GPULAB_IMAGE_REPO": f"{PREFIX}/project",
             "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",
             "GPULAB_BASE_FROM": f"{PREFIX}/debian:bookworm",
+            # a disk-filling build is stopped well before it fills the test machine
+            "GPULAB_BUILD_DISK_LIMIT_MB": "768",
         }
     )
     env.update(extra)

@@ -46,6 +46,8 @@ DEFAULTS = {
     "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
     "GPULAB_DELETED_FILES": "archive",
     "GPULAB_IDLE_TIMEOUT": "7200",
+    # MiB one image build may add to the engine's disk ("": 20 GiB, build_disk_limit)
+    "GPULAB_BUILD_DISK_LIMIT_MB": "",
     # Seconds within which a revoked or lowered share stops working (project servers'
     # caches of token checks and share lists; the SSH gateway rechecks twice in it).
     "GPULAB_REVOKE_WITHIN_S": "30",
@@ -220,6 +222,11 @@ def apply(c, environ, images_dir: str | Path) -> None:
         # prints) open in JupyterLab; the project folder is the user's own.
         "--ContentsManager.allow_hidden=True",
     ]
+    disk_mb = s["GPULAB_BUILD_DISK_LIMIT_MB"]
+    if disk_mb:
+        if not disk_mb.isdigit() or len(disk_mb) > 9 or int(disk_mb) < 1:
+            raise ValueError("GPULAB_BUILD_DISK_LIMIT_MB must be a whole number of MiB.")
+        c.ProjectSpawner.build_disk_limit = int(disk_mb) << 20
     # Builds report progress on the spawn page; give them time.
     c.Spawner.start_timeout = 3600
     c.Spawner.http_timeout = 120

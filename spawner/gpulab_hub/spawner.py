@@ -32,6 +32,7 @@ from gpulab_hub.projects import (
     Project,
     ProjectError,
     buildlog,
+    datafolders,
     objects,
     options,
     project_name,
@@ -128,10 +129,8 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
         return tuple(g for g in self.data_groups if g in mine and objects.valid_group(g))
 
     def _ensure_data_folders(self, settings: objects.ContainerSettings) -> None:
-        """Blocking: this user's data folders, made by the hub and given to the user."""
-        uid, gid = self.notebook_owner()
-        for folder in objects.data_folders(settings):
-            host.ensure_owned_folder(Path(folder), uid, gid)
+        """Blocking: this project's data folders (hub-owned parents, never through a link)."""
+        datafolders.ensure(settings, *self.notebook_owner())
 
     @property
     def client(self):
@@ -344,6 +343,7 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             cpu_limit=self.cpu_limit,
             pids_limit=self.pids_limit,
             data_read_all=self.data_read_all,
+            data_scope=self.data_scope,
             data_groups=self._data_groups(),
             gpus=self._gpus,
         )

@@ -129,7 +129,7 @@ def forks() -> dict:
 
 def disk() -> dict:
     chunk = b"\0" * (1 << 20)
-    with open("/fill", "wb") as f:
+    with open("/tmp/fill", "wb") as f:
         for mib in range(1, 4097):
             f.write(chunk)
             if mib % 10 == 0:

@@ -3,15 +3,21 @@ start wait, and a running project reaches the hub but no other service of the ho
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 from conftest import PREFIX
 from hostservice import SECRET, HostService, host_address
 from people import log_in_admin, make_user
 
+from gpulab_hub.images import project as projectimage
+from gpulab_hub.projects import Project
+
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("show_logs_on_failure")]
 BUILD_NETS = f"{PREFIX}-net-build-"
+PROBE = Path(__file__).with_name("build_probe.py")
 
 
 @pytest.fixture(scope="module")
@@ -41,30 +47,61 @@ def wait_for(what, timeout: float = 120):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-def test_endless_builds_never_make_another_users_start_wait(hub, admin, docker_engine):
+def put_project(hub, user, name: str, dockerfile: str, probe: bool = False) -> None:
+    """The project's folder as its owner would write it, then its start (not awaited)."""
+    folder = hub.home / "projects" / user.name / name
+    folder.mkdir(parents=True)
+    (folder / "Dockerfile").write_text(dockerfile)
+    if probe:
+        (folder / "probe.py").write_text(PROBE.read_text())
+    r = user.api("POST", f"/hub/api/users/{user.name}/servers/{name}", json={})
+    assert r.status_code in (201, 202), r.text
+
+
+def build_log(hub, user, name: str) -> str:
+    p = Project(hub.home / "projects", user.name, name, hub.home / "hub" / "projects")
+    path = projectimage.latest_log(p)
+    return path.read_text(errors="replace") if path else ""
+
+
+def test_hostile_builds_never_make_another_users_start_wait(hub, admin, docker_engine):
+    """A fork bomb, a disk fill and endless builds (one user's three: one at a time),
+    each by its own attacker, all at once: another user's unchanged start stays within
+    2x its quiet time; the fork bomb stops at the process limit, the disk fill at the
+    hub's disk limit (768 MiB in tests: GPULAB_BUILD_DISK_LIMIT_MB)."""
     quiet = make_user(hub, admin, "bldquiet")
     attacker = make_user(hub, admin, "bldattack")
+    forker = make_user(hub, admin, "bldfork")
+    filler = make_user(hub, admin, "bldfill")
     quiet.start_project("calm")  # its first build
     quiet.stop_project("calm")
     quiet_s = timed(lambda: quiet.start_project("calm"))  # unchanged: no build
     quiet.stop_project("calm")
 
+    base = f"FROM {PREFIX}/base:latest\n"
     for i in range(3):
-        folder = hub.home / "projects" / attacker.name / f"slow{i}"
-        folder.mkdir(parents=True)
-        (folder / "Dockerfile").write_text(
-            f"FROM {PREFIX}/base:latest\nRUN echo slow{i}; sleep 600\n"
-        )
-        r = attacker.api("POST", f"/hub/api/users/{attacker.name}/servers/slow{i}", json={})
-        assert r.status_code in (201, 202), r.text
+        put_project(hub, attacker, f"slow{i}", base + f"RUN echo slow{i}; sleep 600\n")
+    put_project(hub, forker, "bomb", base + "COPY probe.py /\nRUN python3 /probe.py forks\n", True)
+    put_project(hub, filler, "fill", base + "COPY probe.py /\nRUN python3 /probe.py disk\n", True)
     try:
-        wait_for(lambda: running_steps(docker_engine))
-        time.sleep(3)  # the other two builds had time to start, if the hub let them
-        assert len(running_steps(docker_engine)) == 1  # one build per user at a time
+        wait_for(lambda: len(running_steps(docker_engine)) >= 3)
         loaded_s = timed(lambda: quiet.start_project("calm"))
-        print(f"unchanged start: quiet {quiet_s:.1f} s, beside endless builds {loaded_s:.1f} s")
+        print(f"unchanged start: quiet {quiet_s:.1f} s, beside hostile builds {loaded_s:.1f} s")
         # within 2x its quiet time (plus the 0.5 s of wait_ready's polling)
         assert loaded_s <= 2 * quiet_s + 0.5, (quiet_s, loaded_s)
+        slow = [c for c in running_steps(docker_engine) if "slow" in c["Command"]]
+        assert len(slow) <= 1  # one build per user at a time
+
+        # the disk fill fails at the limit, and says so; the fork bomb's build ends
+        told = filler.progress_events("fill")
+        assert told[-1].get("failed") and "wrote more than 768 MiB to disk" in (
+            told[-1]["message"] + build_log(hub, filler, "fill")
+        ), told[-1]
+        forker.wait_ready("bomb", timeout=300)
+        result = [line for line in build_log(hub, forker, "bomb").splitlines() if "PROBE" in line]
+        forked = json.loads(result[-1].split("PROBE ", 1)[1])
+        assert forked["fork_refused"] and forked["forked"] < 1024, forked
+        forker.stop_project("bomb")
 
         # the running project reaches the hub, and no other service of the host
         service = HostService()

@@ -141,7 +141,7 @@ class ContainerSettings:
     mem_limit: int | None = None
     cpu_limit: float | None = None
     pids_limit: int | None = None
-    data_scope: str = USER_SCOPE  # PROJECT_SCOPE: data folders and cache per project
+    data_scope: str = PROJECT_SCOPE  # USER_SCOPE: the old per-user folders and cache
     data_read_all: bool = False  # every user's models/outputs readable under /data/all
     data_groups: tuple[str, ...] = ()  # data groups this user belongs to (/data/groups/<g>)
     gpus: GpuAssignment = GpuAssignment()
