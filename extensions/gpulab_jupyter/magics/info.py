@@ -107,8 +107,8 @@ def render(info: dict) -> str:
         out.append(f"torch: {t.get('error', 'unknown')}")
     else:
         cuda = f"CUDA {t['cuda']}" if t.get("cuda") else "CPU only"
-        arch = " ".join(t.get("arch_list") or []) or "none"
-        out.append(f"torch {t['version']} ({cuda}), built for: {arch}")
+        built_for = " ".join(t.get("arch_list") or []) or "none"
+        out.append(f"torch {t['version']} ({cuda}), built for: {built_for}")
         sass, ptx = arch.split_arch_list(t.get("arch_list") or [])
         for g in info["gpus"]:
             if arch.key(g["capability"]) < arch.key(arch.OLDEST):
