@@ -22,7 +22,7 @@ COPY jupyterhub_config.py ./
 RUN pip install --no-cache-dir ./extensions ./spawner \
  && python -c "import gpulab_hub.spawner, gpulab_hub.accounts.auth, gpulab_hub.sharing.public, \
 gpulab_hub.doctor.cuda, gpulab_hub.images.base, gpulab_jupyter.arch, nbconvert, \
-gpulab_hub.ssh.keys, gpulab_hub.ssh.web, gpulab_hub.ssh.hubapi"
+gpulab_hub.ssh.keys, gpulab_hub.ssh.web, gpulab_hub.ssh.hubapi, gpulab_hub.home.web, gpulab_hub.cli"
 
 # 8000: the proxy (browsers); 2222: the SSH gateway into projects (GPULAB_SSH_PORT).
 EXPOSE 8000 2222
