@@ -32,6 +32,9 @@ class GPULabExtension(ExtensionApp):
         self.activity.start()
 
     def initialize_handlers(self):
+        from .hubpeers import only_hub_peers
+
+        only_hub_peers(self.serverapp.web_app, log=self.log)  # on a cluster: the hub only
         self.handlers.extend(routes())
         if uses_project_authorizer(self.serverapp):
             # Extensions loaded after this one add their routes later: each addition
