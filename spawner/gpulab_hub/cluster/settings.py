@@ -167,3 +167,14 @@ class ClusterSettings(HasTraits):
         (hub_connect_ip, else hub_ip: set GPULAB_HUB_IP to the head's cluster address).
         Default: "". Example: ``c.ProjectSlurmSpawner.hub_address_for_nodes = "10.1.0.1"``""",
     )
+    hub_peer_addresses = List(
+        Unicode(),
+        config=True,
+        help="""The IPv4 addresses the hub and its proxy connect to the nodes from: a
+        project's server on a node answers these (and its own loopback) and refuses
+        every other peer with 403, so other projects on the cluster cannot use its
+        published port (docs/cluster.md, "Only the hub reaches a project"). [] for the
+        address of hub_address_for_nodes (else the hub's API address), resolved to
+        IPv4. Name the proxy's machine here too where it is not the hub's.
+        Default: []. Example: ``c.ProjectSlurmSpawner.hub_peer_addresses = ["10.1.0.1"]``""",
+    )

@@ -41,6 +41,8 @@ NODES_TTL = 60.0  # seconds a read of sinfo serves the spawn form
 STOP_WAIT = 60.0  # seconds stop waits for a cancelled job to leave Slurm's active states
 _nodes_cache: dict[tuple[str, str], tuple[float, list[Node]]] = {}
 _nodes_lock = threading.Lock()
+# The project server's list of peers it answers (gpulab_jupyter.hubpeers reads it).
+HUB_PEERS_ENV = "GPULAB_HUB_PEERS"
 
 
 def cluster_nodes(client: Slurm, fresh: bool = False) -> list[Node]:
@@ -59,7 +61,13 @@ def cluster_nodes(client: Slurm, fresh: bool = False) -> list[Node]:
 
 def node_ipv4(node: Node) -> str | None:
     """The IPv4 address of a node's NodeAddr (a literal, else resolved here)."""
-    name = node.address or node.name
+    return ipv4_of(node.address or node.name)
+
+
+def ipv4_of(name: str) -> str | None:
+    """Blocking: ``name`` as an IPv4 address (a literal, else resolved here)."""
+    if not name:
+        return None
     try:
         return str(ipaddress.IPv4Address(name))
     except ValueError:
@@ -190,10 +198,35 @@ class ProjectSlurmSpawner(MultiNodeJobSettings, ClusterSettings, ProjectSpawner)
             )
         return f"{api.scheme}://{api.netloc}"
 
+    def _hub_peers(self) -> str:
+        """Blocking (may resolve a name): GPULAB_HUB_PEERS, the addresses the hub and its
+        proxy connect to the nodes from; the project's server answers no other peer."""
+        if self.hub_peer_addresses:
+            peers = []
+            for value in self.hub_peer_addresses:
+                try:
+                    peers.append(str(ipaddress.IPv4Address(value)))
+                except ValueError:
+                    raise ClusterError(
+                        f"hub_peer_addresses holds {value!r}, not an IPv4 address"
+                    ) from None
+            return ",".join(peers)
+        host = urlparse(self._hub_url_for_nodes()).hostname or ""
+        address = ipv4_of(host)
+        if address is None or ipaddress.IPv4Address(address).is_unspecified:
+            raise ClusterError(
+                f"The hub's address for the nodes ({host}) is no IPv4 address the hub "
+                "connects from, so project servers could not tell the hub from other "
+                "projects. Set c.ProjectSlurmSpawner.hub_peer_addresses (docs/cluster.md)."
+            )
+        return address
+
     def get_env(self):
         if not self.trait_has_value("hub_connect_url") or self.hub_connect_url is None:
             self.hub_connect_url = self._hub_url_for_nodes()
-        return super().get_env()
+        env = super().get_env()
+        env[HUB_PEERS_ENV] = self._hub_peers()
+        return env
 
     def _node_addresses(self) -> dict[str, str]:
         """Blocking: each node's cluster address (sinfo's NodeAddr, as IPv4)."""
