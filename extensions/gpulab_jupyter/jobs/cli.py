@@ -1,5 +1,10 @@
 """``gpulab-job``: run, list, follow, stop and re-run jobs from a terminal in the
-project (``%gpu_job`` in a notebook takes the same words)."""
+project (``%gpu_job`` in a notebook takes the same words).
+
+``run`` takes a script or notebook (``run train.py --epochs 3``) or, after ``--``, any
+command (``run --gpus all -- accelerate launch train.py``): the ``--`` comes before the
+first word that is not one of ``run``'s own options.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-from gpulab_jupyter.jobs.model import FINISHED, JobError, JobRecord, JobRequest
+from gpulab_jupyter.jobs.model import FINISHED, JobError, JobRecord, JobRequest, command_line
 
 USAGE_EXAMPLES = """examples:
   gpulab-job run train.py --epochs 3
   gpulab-job run --gpus all --precision auto train.py   (torchrun, one process per GPU)
+  gpulab-job run -- bash train.sh                       (any command, as nohup would)
+  gpulab-job run --gpus all -- accelerate launch train.py
+  gpulab-job run -- deepspeed train.py --deepspeed ds.json
+  gpulab-job run -- python -m pkg.train
   gpulab-job run --nodes 2 --gpus-per-node 4 train.py   (on a Slurm cluster: 2 machines)
   gpulab-job run analysis.ipynb                         (executed copy next to it)
   gpulab-job list
@@ -37,7 +46,7 @@ def parser(prog: str = "gpulab-job", raise_errors: bool = False) -> argparse.Arg
     cls = _RaisingParser if raise_errors else argparse.ArgumentParser
     p = cls(
         prog=prog,
-        description="Run a script or notebook as a job that outlives the browser.",
+        description="Run a script, a notebook or any command as a job that outlives the browser.",
         epilog=USAGE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -53,7 +62,12 @@ def parser(prog: str = "gpulab-job", raise_errors: bool = False) -> argparse.Arg
     )
     run.add_argument("--name", default="", help="a name to show in lists")
     run.add_argument("--follow", "-f", action="store_true", help="then follow its output")
-    run.add_argument("target", help="a .py script or .ipynb notebook in the project")
+    run.add_argument(
+        "target",
+        nargs="?",
+        default="",
+        help="a .py script or .ipynb notebook in the project; or, after --, any command",
+    )
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     sub.add_parser("list", help="the project's jobs, newest first")
     for name, text in (("status", "one job"), ("stop", "stop a job"), ("rerun", "run again")):
@@ -64,14 +78,55 @@ def parser(prog: str = "gpulab-job", raise_errors: bool = False) -> argparse.Arg
     return p
 
 
-def describe(r: JobRecord) -> str:
+def parse(argv: list[str], prog: str = "gpulab-job", raise_errors: bool = False):
+    """``argv`` parsed; ``run``'s command (the words after a ``--`` that comes before any
+    script) in ``.run_command``, [] for a script or notebook."""
+    p = parser(prog, raise_errors)
+    argv = list(argv)
+    if argv[:1] == ["run"] and "--" in argv:
+        cut = argv.index("--")
+        args = p.parse_args(argv[:cut])
+        if not args.target:  # only run's own options before --: a command follows
+            args.run_command = argv[cut + 1 :]
+            if not args.run_command:
+                p.error("nothing to run after --: give a command, e.g. -- bash train.sh")
+            return args
+    args = p.parse_args(argv)
+    if args.command == "run":
+        if not args.target:
+            p.error("name a script or notebook, or give a command after -- (-- bash train.sh)")
+        args.run_command = []
+    return args
+
+
+HEADER = ("JOB", "STATE", "TIME", "COMMAND")
+
+
+def columns(r: JobRecord) -> tuple[str, str, str, str]:
     req = r.request
-    what = req.get("name") or " ".join([req.get("target", ""), *req.get("args", ())])
+    what = command_line(req)
+    if req.get("name"):
+        what = f"{req['name']}: {what}"
     gpus = f" --gpus {req['gpus']}" if req.get("gpus") else ""
     if req.get("nodes"):
         gpus += f" --nodes {req['nodes']} --gpus-per-node {req.get('gpus_per_node', 0)}"
     tail = f" ({r.message})" if r.message else ""
-    return f"{r.id}  {r.state:<9} {_duration(r.elapsed):>8}  {what}{gpus}{tail}"
+    return r.id, r.state, _duration(r.elapsed), f"{what}{gpus}{tail}"
+
+
+def _line(cols) -> str:
+    job, state, elapsed, what = cols
+    return f"{job:<20}  {state:<9} {elapsed:>8}  {what}"
+
+
+def describe(r: JobRecord) -> str:
+    """One job, one line: id, state, time, and what it runs as the user typed it."""
+    return _line(columns(r))
+
+
+def table(records: list[JobRecord]) -> list[str]:
+    """``list``'s lines: a header, then one line a job."""
+    return [_line(HEADER), *(describe(r) for r in records)]
 
 
 def _duration(seconds: float) -> str:
@@ -96,10 +151,11 @@ def follow(engine, job_id: str, out=None, poll_s: float = 0.5) -> JobRecord:
 
 
 def request(args) -> JobRequest:
-    """The request ``run``'s words make."""
+    """The request ``run``'s words make (``parse``)."""
     return JobRequest(
         target=args.target,
         args=tuple(args.args),
+        command=tuple(args.run_command),
         gpus=args.gpus,
         precision=args.precision,
         name=args.name,
@@ -111,7 +167,7 @@ def request(args) -> JobRequest:
 def main(argv: list[str] | None = None, engine=None) -> int:
     from gpulab_jupyter.jobs.cluster import engine_for
 
-    args = parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     engine = engine or engine_for(project_dir())
     try:
         if args.command == "run":
@@ -124,8 +180,11 @@ def main(argv: list[str] | None = None, engine=None) -> int:
                 print(describe(record))
             return 0 if record.state in ("running", "starting", "succeeded") else 1
         if args.command == "list":
-            for record in engine.list():
-                print(describe(record))
+            records = engine.list()
+            if not records:
+                print("No jobs in this project yet.")
+                return 0
+            print("\n".join(table(records)))
             return 0
         if args.command == "logs":
             if args.follow:

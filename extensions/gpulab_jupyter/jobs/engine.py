@@ -29,11 +29,15 @@ class Engine(Protocol):
 
 def this_machine() -> Machine:
     """This container's GPUs (NVML, through nvitop: only the GPUs given to the
-    container) and the CPUs it may use."""
+    container) and the CPUs it may use; without GPUs, why (gpulab_jupyter.diagnosis)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # nvitop logs a "FATAL ERROR" where there is no driver: a CPU host is no error here.
-    quiet = logging.getLogger("nvitop")
-    level, quiet.level = quiet.level, logging.CRITICAL + 1
+    # Where there is no driver, nvitop's NVML module logs a "FATAL ERROR" block (through
+    # logging's last-resort handler: onto the kernel's stderr, into the notebook). A host
+    # without GPU is no error here, and the job's own words say what to do: it is muted.
+    muted = [logging.getLogger(name) for name in ("nvitop", "nvitop.api.libnvml")]
+    was = [logger.disabled for logger in muted]
+    for logger in muted:
+        logger.disabled = True
     try:
         from nvitop import Device, libnvml
 
@@ -44,10 +48,16 @@ def this_machine() -> Machine:
     except ImportError:
         found = []
     finally:
-        quiet.setLevel(level)
+        for logger, disabled in zip(muted, was, strict=True):
+            logger.disabled = disabled
     caps = tuple(
         (int(c[0]), int(c[1]))
         for c in found
         if isinstance(c, tuple) and len(c) == 2 and all(isinstance(x, int) for x in c)
     )
-    return Machine(capabilities=caps, cpus=cpus or 1)
+    why = None
+    if not caps:
+        from gpulab_jupyter.diagnosis import why_no_gpu
+
+        why = why_no_gpu()
+    return Machine(capabilities=caps, cpus=cpus or 1, why_no_gpu=why)

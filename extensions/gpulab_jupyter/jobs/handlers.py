@@ -20,7 +20,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
-from gpulab_jupyter.jobs.model import JOB_ID, JobError, JobRecord, JobRequest
+from gpulab_jupyter.jobs.model import JOB_ID, JobError, JobRecord, JobRequest, command_line
 from gpulab_jupyter.secrets import deliver
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
@@ -37,6 +37,7 @@ def plain(text: str) -> str:
 def record_json(record: JobRecord, log_tail: str | None = None) -> dict:
     body = record.to_dict()
     body.pop("extra", None)  # where the job runs (the container's paths): not needed
+    body["command_line"] = command_line(record.request)  # what it runs, as the user typed it
     if log_tail is not None:
         body["log_tail"] = plain(log_tail)
     return body
@@ -89,10 +90,11 @@ class JobsHandler(_JobsHandler):
             raise tornado.web.HTTPError(400, "The request is not JSON.") from None
         if not isinstance(body, dict):
             raise tornado.web.HTTPError(400, "The request must be a JSON object.")
-        args = body.get("args", [])
+        args, command = body.get("args", []), body.get("command", [])
         fields = (body.get(k, "") for k in ("target", "gpus", "precision", "name"))
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise tornado.web.HTTPError(400, "args must be a list of strings.")
+        for key, words in (("args", args), ("command", command)):
+            if not isinstance(words, list) or not all(isinstance(a, str) for a in words):
+                raise tornado.web.HTTPError(400, f"{key} must be a list of strings.")
         target, gpus, precision, name = fields
         if not all(isinstance(v, str) for v in (target, gpus, precision, name)):
             raise tornado.web.HTTPError(400, "target, gpus, precision and name are strings.")
@@ -101,12 +103,10 @@ class JobsHandler(_JobsHandler):
             raise tornado.web.HTTPError(400, "nodes and gpus_per_node are whole numbers.")
         record = await self.call(
             self.engine.start,
-            JobRequest(target, tuple(args), gpus, precision, name, nodes, per_node),
+            JobRequest(target, tuple(args), gpus, precision, name, nodes, per_node, tuple(command)),
             self.secrets_env(),
         )
-        self.set_header(
-            "Location", url_path_join(self.base_url, "api/gpulab/v1/jobs", record.id)
-        )
+        self.set_header("Location", url_path_join(self.base_url, "api/gpulab/v1/jobs", record.id))
         self.reply(record_json(record), status=201)
 
 

@@ -4,22 +4,27 @@ this container has (GPUs, their compute capabilities, CPUs), tested without a GP
 Multi-GPU (``--gpus all``) is ``torchrun --standalone --nproc-per-node=<GPUs>``, as
 a DDP/FSDP script written for ``torchrun`` expects: one process per GPU of this
 project, rendezvous on this host, NCCL over this host's shared memory and PCIe/NVLink.
+A command (``-- accelerate launch train.py``) runs as it is, once: ``--gpus`` then says
+how many of the project's GPUs it sees, and the launcher it names starts its processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from gpulab_jupyter.jobs.model import JobError, JobRequest
+from gpulab_jupyter.diagnosis import NoGpu
+from gpulab_jupyter.jobs.model import JobError, JobRequest, command_line
 
 
 @dataclass(frozen=True)
 class Machine:
     """What the job can use: this container's GPUs (compute capabilities, in CUDA's
-    order) and CPUs."""
+    order) and CPUs; where it has none, why (gpulab_jupyter.diagnosis)."""
 
     capabilities: tuple[tuple[int, int], ...] = ()
     cpus: int = 1
+    why_no_gpu: NoGpu | None = None
 
     @property
     def gpus(self) -> int:
@@ -40,10 +45,7 @@ def processes(req: JobRequest, machine: Machine) -> int:
         return 1
     wanted = machine.gpus if req.gpus == "all" else int(req.gpus)
     if machine.gpus == 0:
-        raise JobError(
-            "This project holds no GPU, so there is none to run on: stop the project "
-            "and start it again asking for GPUs."
-        )
+        raise JobError(no_gpu_words(req, machine.why_no_gpu))
     if wanted > machine.gpus:
         raise JobError(
             f"--gpus {req.gpus}: this project holds {machine.gpus} GPU(s). Stop the project "
@@ -52,8 +54,33 @@ def processes(req: JobRequest, machine: Machine) -> int:
     return wanted
 
 
+def no_gpu_words(req: JobRequest, why: NoGpu | None) -> str:
+    """Why ``--gpus`` cannot be met here, and how to run the job on the CPU instead; a
+    restart with GPUs is offered only where the host has GPUs to give."""
+    if why is None:
+        why = NoGpu("none_allocated", "This project holds no GPU.", "")
+    cpu = dict(dataclasses.asdict(req), gpus="")
+    words = f"--gpus {req.gpus}: {why.message} "
+    words += f"To run on the CPU, leave out --gpus: gpulab-job run {command_line(cpu)}"
+    if req.kind == "script" and req.gpus == "all":
+        words += (
+            " (one process; for several CPU processes: gpulab-job run -- "
+            f"torchrun --nproc-per-node=4 {command_line(cpu)})"
+        )
+    words += "."
+    if why.reason == "none_allocated" and why.hint:
+        words += f" For GPUs: {why.hint}"
+    elif why.reason == "no_driver" and why.hint:
+        words += " " + why.hint.removeprefix("Your code runs on the CPU. ")
+    return words
+
+
 def command(req: JobRequest, machine: Machine, python: str, output: str = "") -> list[str]:
     """The argument list the supervisor runs (never a shell line)."""
+    if req.kind == "command":
+        if req.gpus:
+            processes(req, machine)  # the GPUs asked for are there
+        return list(req.command)
     if req.kind == "notebook":
         # nbclient through nbconvert: the executed copy, outputs and all, next to it.
         folder, _, name = output.rpartition("/")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,8 @@ class LocalEngine:
         argv = launch.command(req, machine, self.python, output)
         env = launch.environment(req, machine, {**os.environ, **(extra_env or {})})
         env["GPULAB_JOB_ID"] = job_id
+        if req.kind == "command":
+            _find_program(req.command[0], env.get("PATH", os.defpath), self.project)
         if self.root.is_symlink():
             raise JobError("The project's jobs folder is a link: remove it and try again.")
         self.root.mkdir(exist_ok=True)
@@ -99,7 +102,8 @@ class LocalEngine:
             start_new_session=True,
         )
         deadline = time.monotonic() + START_WAIT_S
-        while not (folder / "state.json").exists() and time.monotonic() < deadline:
+        begun = (folder / "state.json", folder / "result.json")
+        while not any(p.exists() for p in begun) and time.monotonic() < deadline:
             time.sleep(0.05)
         return self.status(job_id)
 
@@ -183,6 +187,21 @@ class LocalEngine:
             except JobError:
                 continue
         return records
+
+
+def _find_program(program: str, path: str, project: Path) -> None:
+    """A command's program is there before its job is made (a path is checked with the
+    request: model.check_command); a name must be on the job's PATH."""
+    if "/" in program:
+        if program.startswith("/") and not os.access(program, os.X_OK):
+            raise JobError(f"{program}: no such program in this project's container.")
+        return
+    if shutil.which(program, path=path) is None:
+        raise JobError(
+            f"{program}: no such command in this project's container (not on its PATH). "
+            f"Install it in the project's Dockerfile (or %gpu_install it), or name a file: "
+            f"-- ./{program}."
+        )
 
 
 def any_running(engine) -> bool:

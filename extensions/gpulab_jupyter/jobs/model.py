@@ -1,4 +1,10 @@
-"""A job's request and record, and the checks on everything a user hands in."""
+"""A job's request and record, and the checks on everything a user hands in.
+
+A job runs one of three things: a Python script (``train.py --epochs 3``), a notebook
+(``report.ipynb``), or any command, as tmux or nohup would (``-- bash train.sh``,
+``-- accelerate launch train.py``, ``-- python -m pkg.train``). A command is an
+argument list, run without a shell (``bash -c '...'`` where the user wants one).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,9 @@ import json
 import os
 import re
 import secrets
+import shlex
 import time
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,6 +28,18 @@ STATES = ("starting", "running", "succeeded", "failed", "stopped", "lost")
 FINISHED = ("succeeded", "failed", "stopped", "lost")
 MAX_ARGS = 256
 MAX_ARG_LEN = 4096
+# All the words of a command or a script's arguments together: a job's record keeps
+# them twice (request and argv), JSON-escaped, within RECORD_MAX_BYTES.
+MAX_COMMAND_CHARS = 16384
+# The program of a command: a name found on PATH (``bash``, ``accelerate``), or a path
+# (``./train.sh``, ``scripts/run.sh``, ``/opt/conda/bin/python``); never an option.
+PROGRAM = re.compile(
+    r"(?:\.{1,2}/|/)?(?:[A-Za-z0-9_+@][A-Za-z0-9._+@-]*/)*[A-Za-z0-9_+@][A-Za-z0-9._+@-]*"
+)
+# Characters a word of a command may not hold: they would make what lists and the Jobs
+# panel show differ from what runs (control characters: newline, tab, escape, ...;
+# bidirectional overrides and other invisible format characters).
+HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn")
 MAX_NODES = 99
 RECORD_MAX_BYTES = 256 * 1024
 
@@ -30,18 +50,22 @@ class JobError(Exception):
 
 @dataclass(frozen=True)
 class JobRequest:
-    """What the user asked for: a script (with arguments) or a notebook."""
+    """What the user asked for: a script (with arguments), a notebook, or a command."""
 
-    target: str  # a .py or .ipynb path, relative to the project folder
+    target: str = ""  # a .py or .ipynb path, relative to the project folder
     args: tuple[str, ...] = ()
     gpus: str = ""  # "" (the project's GPUs, one process), "all" (torchrun), or a count
     precision: str = ""
     name: str = ""
     nodes: int = 0  # 0: this container; N: a multi-node job on the cluster (torchrun)
     gpus_per_node: int = 0  # GPUs on each node of a multi-node job (0: CPUs only)
+    # Any command, an argument list run as it is (no shell); then no target and no args.
+    command: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
+        if self.command:
+            return "command"
         return "notebook" if self.target.endswith(".ipynb") else "script"
 
     @classmethod
@@ -50,7 +74,19 @@ class JobRequest:
         known = {f.name for f in dataclasses.fields(cls)}
         req = {k: v for k, v in request.items() if k in known}
         req["args"] = tuple(req.get("args") or ())
+        req["command"] = tuple(req.get("command") or ())
         return cls(**req)
+
+
+def command_line(request: dict) -> str:
+    """What the user asked to run, as they would type it after ``gpulab-job run``
+    (``-- bash train.sh``, ``train.py --epochs 3``), quoted so that it reads exactly:
+    what ``%gpu_job list``, ``gpulab-job list`` and the Jobs panel show."""
+    command = request.get("command") or ()
+    if command:
+        return "-- " + shlex.join(str(w) for w in command)
+    words = [str(request.get("target") or ""), *(str(a) for a in request.get("args") or ())]
+    return shlex.join(words)
 
 
 @dataclass
@@ -99,8 +135,16 @@ def check_request(req: JobRequest, project: Path) -> JobRequest:
         raise JobError("--gpus must be 'all' or a number of GPUs (1-99).")
     if req.name and not JOB_NAME.fullmatch(req.name):
         raise JobError("A job name is letters, digits, '.', '_', '-' and spaces (64 at most).")
-    if len(req.args) > MAX_ARGS or any(len(a) > MAX_ARG_LEN or "\0" in a for a in req.args):
-        raise JobError(f"Too many or too long arguments (at most {MAX_ARGS}).")
+    check_words(req.args, "arguments")
+    if req.command:
+        if req.target or req.args:
+            raise JobError(
+                "Give a script (train.py --epochs 3) or a command after -- "
+                "(-- bash train.sh), not both."
+            )
+        check_command(req.command, project)
+        check_nodes(req)
+        return req
     if req.kind == "notebook" and req.args:
         raise JobError("A notebook job takes no arguments (use a script for that).")
     if req.kind == "notebook" and req.gpus == "all":
@@ -127,8 +171,11 @@ def check_nodes(req: JobRequest) -> None:
                 "GPUs of this project use --gpus."
             )
         return
-    if req.kind == "notebook":
-        raise JobError("A multi-node job runs a Python script with torchrun, not a notebook.")
+    if req.kind != "script":
+        raise JobError(
+            f"A multi-node job runs a Python script with torchrun, not a {req.kind}: "
+            "gpulab-job run --nodes 2 --gpus-per-node 4 train.py."
+        )
     if req.gpus:
         raise JobError("With --nodes, say the GPUs of each node with --gpus-per-node, not --gpus.")
     if req.precision:
@@ -138,12 +185,63 @@ def check_nodes(req: JobRequest) -> None:
         )
 
 
+def check_words(words, what: str) -> None:
+    """A command's words or a script's arguments: strings, bounded in count and length,
+    each shown as it is (no NUL, control or invisible format character)."""
+    if not isinstance(words, tuple) or not all(isinstance(w, str) for w in words):
+        raise JobError(f"The {what} must be a list of words (strings).")
+    if len(words) > MAX_ARGS:
+        raise JobError(f"Too many {what}: at most {MAX_ARGS} words.")
+    if any(len(w) > MAX_ARG_LEN for w in words):
+        raise JobError(f"One of the {what} is too long: at most {MAX_ARG_LEN} characters each.")
+    if sum(len(w) for w in words) > MAX_COMMAND_CHARS:
+        raise JobError(f"The {what} are too long: at most {MAX_COMMAND_CHARS} characters in all.")
+    for word in words:
+        bad = next((c for c in word if unicodedata.category(c) in HIDDEN_CATEGORIES), None)
+        if bad is not None:
+            raise JobError(
+                f"The {what} hold a character that does not show as itself "
+                f"({unicodedata.name(bad, f'U+{ord(bad):04X}')}), in {word!r}: write each "
+                "word as plain text (for a script of several lines, run a file: -- bash run.sh)."
+            )
+
+
+def check_command(command: tuple[str, ...], project: Path) -> None:
+    """A command's words (``check_words``) and its program: a name (looked for on PATH
+    when it starts), an absolute path, or a path in the project."""
+    check_words(command, "command's words")
+    program = command[0]
+    if not PROGRAM.fullmatch(program):
+        raise JobError(
+            f"{program!r} is not a program to run: after -- comes the program's name or "
+            "path, then its arguments (-- bash train.sh, -- python -m pkg.train)."
+        )
+    if "/" in program and not program.startswith("/"):
+        root = project.resolve()
+        path = (root / program).resolve()
+        if root not in path.parents:
+            raise JobError(f"{program} is not inside the project folder.")
+        if not path.is_file():
+            raise JobError(f"{program}: no such file in the project.")
+        if not os.access(path, os.X_OK):
+            raise JobError(
+                f"{program} is not executable: make it so (chmod +x {program}) or run it "
+                f"with its interpreter (-- bash {program})."
+            )
+
+
 def resolve_target(project: Path, target: str) -> Path:
     """``target`` inside ``project``, a regular file; refused if a link leads out."""
     if not target or "\0" in target or len(target) > 1024:
-        raise JobError("Name the script (.py) or notebook (.ipynb) to run.")
+        raise JobError(
+            "Name the script (.py) or notebook (.ipynb) to run, or give a command after -- "
+            "(gpulab-job run -- bash train.sh)."
+        )
     if not (target.endswith(".py") or target.endswith(".ipynb")):
-        raise JobError(f"{target}: a job runs a Python script (.py) or a notebook (.ipynb).")
+        raise JobError(
+            f"{target}: name a Python script (.py) or a notebook (.ipynb), or put any "
+            f"other command after -- (gpulab-job run -- bash {shlex.quote(target)})."
+        )
     root = project.resolve()
     path = (root / target).resolve()
     if root not in path.parents:

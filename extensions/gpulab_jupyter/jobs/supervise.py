@@ -10,6 +10,7 @@ after ``STOP_GRACE_S``, a SIGKILL.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,15 +33,24 @@ def run(folder: Path) -> int:
         return 2
     stop = {"asked": 0.0}
     with open(folder / "output.log", "ab", buffering=0) as log:
-        _log_line(log, f"starting: {' '.join(job['argv'])}")
-        child = subprocess.Popen(
-            job["argv"],
-            cwd=job["extra"]["cwd"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        _log_line(log, f"starting: {shlex.join(job['argv'])}")
+        try:
+            child = subprocess.Popen(
+                job["argv"],
+                cwd=job["extra"]["cwd"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as e:  # the program went away, or is no program
+            message = f"{job['argv'][0]} could not start: {e.strerror or e}"
+            _log_line(log, f"failed: {message}")
+            write_json(
+                folder / "result.json",
+                {"state": "failed", "exit_code": None, "ended": time.time(), "message": message},
+            )
+            return 0
         write_json(
             folder / "state.json",
             {"state": "running", "pid": os.getpid(), "child": child.pid, "since": time.time()},

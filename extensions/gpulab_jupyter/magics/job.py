@@ -1,8 +1,9 @@
 """``%gpu_job``: jobs from a notebook, with the words of ``gpulab-job`` (jobs/cli.py).
 
 ``%gpu_job run train.py --epochs 3`` starts the script as a job in this project's
-container: it keeps running when the tab closes, the kernel restarts or the network
-drops. What the magic shows is saved with the notebook as HTML and plain text.
+container, ``%gpu_job run -- accelerate launch train.py`` any command: it keeps running
+when the tab closes, the kernel restarts or the network drops. What the magic shows is
+saved with the notebook as HTML and plain text.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ def _row(r: JobRecord) -> tuple[str, str]:
     return line, f"<code>{html.escape(line)}</code>"
 
 
+def _table(records: list[JobRecord]) -> tuple[str, str]:
+    """``%gpu_job list``: the terminal's table as text, an HTML table with headers."""
+    from gpulab_jupyter.jobs.cli import HEADER, columns, table
+
+    head = "".join(f"<th style='text-align:left'>{html.escape(h)}</th>" for h in HEADER)
+    rows = "".join(
+        "<tr>" + "".join(f"<td><code>{html.escape(c)}</code></td>" for c in columns(r)) + "</tr>"
+        for r in records
+    )
+    rich = f"<table class='gpulab-jobs'><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    return "\n".join(table(records)), rich
+
+
 def gpu_job(line: str, engine=None) -> None:
     from gpulab_jupyter.jobs import cli
     from gpulab_jupyter.jobs.cluster import engine_for
@@ -34,7 +48,7 @@ def gpu_job(line: str, engine=None) -> None:
         words = shlex.split(line)
     except ValueError as e:
         raise JobError(f"%gpu_job: {e}") from None
-    args = cli.parser("%gpu_job", raise_errors=True).parse_args(words)
+    args = cli.parse(words, "%gpu_job", raise_errors=True)
     engine = engine or engine_for(cli.project_dir())
     if args.command == "run":
         record = engine.start(cli.request(args))
@@ -51,11 +65,11 @@ def gpu_job(line: str, engine=None) -> None:
             _show(*_row(record))
         return
     if args.command == "list":
-        rows = [_row(r) for r in engine.list()]
-        if not rows:
+        records = engine.list()
+        if not records:
             _show("No jobs in this project yet.", "<p>No jobs in this project yet.</p>")
             return
-        _show("\n".join(t for t, _ in rows), "<br>".join(h for _, h in rows))
+        _show(*_table(records))
         return
     if args.command == "logs":
         if args.follow:
