@@ -333,11 +333,11 @@ def test_forwards_to_the_projects_jupyter_server_and_a_unix_socket(started, clie
     # A Unix socket in the container (VS Code's remoteServerListenOnSocket): a tiny
     # server as the notebook user answers in upper case.
     server = (
-        "python -c \"import socket,os\n"
+        'python -c "import socket,os\n'
         "p='/tmp/gw-test.sock'\n"
         "os.path.exists(p) and os.unlink(p)\n"
         "s=socket.socket(socket.AF_UNIX); s.bind(p); s.listen(1); print('ready', flush=True)\n"
-        "c,_=s.accept(); c.sendall(c.recv(100).upper()); c.close()\""
+        'c,_=s.accept(); c.sendall(c.recv(100).upper()); c.close()"'
     )
     serving = c.popen(login, server)
     try:
@@ -398,9 +398,36 @@ def test_collaborator_gets_a_shell_viewer_and_others_are_refused(hub, started, p
     assert other.stderr.replace(PROJECT, "X") == unknown.stderr.replace("nosuch", "X")
     stolen = clients[OTHER].ssh(f"{OWNER}+{PROJECT}", "id")
     assert stolen.returncode == 255 and "Permission denied" in stolen.stderr
-    malformed = clients[OWNER].ssh(f"{OWNER}", "id")
+    malformed = clients[OWNER].ssh(f"{OWNER}+", "id")
     assert malformed.returncode == 255 and "Permission denied" in malformed.stderr
     assert "<you>+<project>" in malformed.stderr  # the banner says how to log in
+
+
+def test_a_login_without_a_project_is_told_what_to_type(hub, started, people, clients):
+    """``ssh alice@host``, the natural first try: the account's own key is let in only
+    to be told the login name to type and the account's own projects; anyone else's key
+    gets the refusal of a wrong key, the login forms, and no project name."""
+    port = hub.env["GPULAB_SSH_PORT"]
+    for options, command in (((), "id"), (("-tt",), None)):  # a command; a terminal
+        told = clients[OWNER].ssh(OWNER, command, *options, input="")
+        assert told.returncode == 1 and told.stdout == "", told
+        assert "Permission denied" not in told.stderr
+        assert (
+            f"gpulab: name the project: ssh -p {port} {OWNER}+<project>@<host> "
+            f"(your projects: {PROJECT})."
+        ) in told.stderr, told.stderr
+        assert f"{OWNER}+<owner>~<project>" in told.stderr
+    # A forward from such a login says the same, and goes nowhere.
+    forward = clients[OWNER].ssh(OWNER, None, "-W", "localhost:8888", input="")
+    assert forward.returncode != 0 and f"{OWNER}+<project>" in forward.stderr, forward.stderr
+    # The viewer's own projects: none (a project shared with them is not theirs to list).
+    viewer = clients[VIEWER].ssh(VIEWER, "id")
+    assert viewer.returncode == 1 and "(your projects: none yet" in viewer.stderr, viewer.stderr
+    assert f"{OWNER}~" not in viewer.stderr
+    # Another's key on the owner's bare name: refused as a wrong key, nothing listed.
+    stolen = clients[OTHER].ssh(OWNER, "id")
+    assert stolen.returncode == 255 and "Permission denied" in stolen.stderr
+    assert "<you>+<project>" in stolen.stderr and "your projects" not in stolen.stderr
 
 
 def secrets_page(user, **form):
@@ -532,4 +559,3 @@ def test_session_log_has_one_line_per_session_and_no_secret(hub, started, people
         assert person.token not in text and person.token not in hub.log
     assert "sys.prefix" not in text and "from-the-script" not in text  # no command text
     assert (where["log"].stat().st_mode & 0o777) == 0o600
-

@@ -11,6 +11,12 @@ instead of toggling it, so a repeated POST changes nothing. Discarding an accoun
 that was never approved deletes it the way JupyterHub's user API does (servers
 stopped, every project's and the account's data removed: deletion.py), not only
 NativeAuthenticator's row.
+
+An admin cannot unapprove their own account (they would lock themselves out): the
+page offers no button on their row and the POST is refused with a sentence. Admins
+see how many sign-ups wait for approval on every hub page (the nav bar's
+"Sign-ups waiting (N)", :func:`signups_waiting`) and above JupyterHub's Admin page,
+which lists approved users only.
 """
 
 from __future__ import annotations
@@ -27,6 +33,14 @@ from tornado import web
 TEMPLATES = Path(__file__).with_name("templates")
 ACTIONS = {"authorize": True, "unauthorize": False}
 USERNAME_PATTERN = r"[a-z0-9][a-z0-9._@+-]{0,63}\Z"
+SELF_UNAPPROVE = (
+    "You cannot unapprove your own account: you would be locked out of gpulab at once. "
+    "Another administrator can, if it must be done."
+)
+# JupyterHub's Admin page (a React app) shows a "default server" row for every user,
+# whose Start button always fails: gpulab has no default project (ProjectSpawner
+# refuses it). The admin.html template hides that row where the user has projects,
+# and its server buttons where they have none (the row stays: it holds Edit User).
 
 
 class AuthorizationAreaHandler(native.AuthorizationAreaHandler):
@@ -37,7 +51,9 @@ class AuthorizationAreaHandler(native.AuthorizationAreaHandler):
         html = await self.render_template(
             "gpulab-authorize.html",
             ask_email=self.authenticator.ask_email_on_signup,
-            users=self.db.query(UserInfo).order_by(UserInfo.username).all(),
+            # waiting for approval first, then the approved accounts, each by name
+            users=self.db.query(UserInfo).order_by(UserInfo.is_authorized, UserInfo.username).all(),
+            me=self.current_user.name,
         )
         self.finish(html)
 
@@ -64,6 +80,8 @@ class ToggleAuthorizationHandler(_AccountAction):
         info = UserInfo.find(self.db, name)
         if info is None:
             raise web.HTTPError(404, f"No account named {name!r}.")
+        if not wanted and info.username == self.current_user.name:
+            raise web.HTTPError(400, SELF_UNAPPROVE)
         if bool(info.is_authorized) != wanted:
             info.is_authorized = wanted
             self.db.commit()
@@ -95,6 +113,21 @@ class DiscardHandler(_AccountAction):
             self.users.delete(user)
         self.log.info("gpulab: %s discarded the account %s", self.current_user.name, name)
         self.redirect(f"{self.hub.base_url}authorize", status=303)
+
+
+def waiting_count(db) -> int:
+    """How many accounts signed up and wait for an admin's approval."""
+    return db.query(UserInfo).filter(UserInfo.is_authorized.is_(False)).count()
+
+
+def signups_waiting(user):
+    """JupyterHub template variable (``c.JupyterHub.template_vars``): for the page's
+    user, a function giving the number of sign-ups waiting. Pages call it only for
+    users who may approve accounts (``admin:users`` in the page's scopes), so no one
+    else's page asks the database."""
+    if user is None:
+        return lambda: 0
+    return lambda: waiting_count(user.db)
 
 
 def approved_hub_user(handler, name: str):
@@ -151,9 +184,12 @@ def configure(c, s: dict[str, str], hub_dir: Path) -> None:
         c.JupyterHub.public_url = s["GPULAB_PUBLIC_URL"]
     public = s["GPULAB_PUBLIC_URL"] or s.get("GPULAB_SUBDOMAIN_HOST") or s["GPULAB_BIND_URL"]
     c.JupyterHub.tornado_settings.update({"cookie_options": cookie_options(public)})
-    # The authorization page's template (after the ones settings.apply set).
+    # The authorization, sign-up, login and admin pages' templates (after the ones
+    # settings.apply set), and what the nav bar shows admins (templates/gpulab-nav.html).
     paths = c.JupyterHub.template_paths
     c.JupyterHub.template_paths = [*(paths if isinstance(paths, list) else []), str(TEMPLATES)]
+    given = c.JupyterHub.template_vars if "template_vars" in c.JupyterHub else {}
+    c.JupyterHub.template_vars = {**dict(given), "gpulab_signups_waiting": signups_waiting}
     # Deleting a user or a project (deletion.py).
     if s["GPULAB_DELETED_FILES"] not in ("archive", "remove"):
         raise ValueError("GPULAB_DELETED_FILES must be 'archive' or 'remove'.")

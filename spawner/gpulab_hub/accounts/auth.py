@@ -78,11 +78,98 @@ class LoginHandler(native.LoginHandler):
 
 class SignUpHandler(native.SignUpHandler):
     """NativeAuthenticator's sign-up page; its template (accounts/templates/signup.html)
-    also says, before anyone submits, whether an administrator must approve the account."""
+    says, before anyone submits, whether an administrator must approve the account and
+    the password rules (from the authenticator's settings). A refused sign-up keeps the
+    username and says which rule it broke: a taken name, a name gpulab does not accept,
+    passwords that differ, a password too short, too long or too common.
+
+    NativeAuthenticator's POST does the work (create_user checks the same rules again);
+    this class only gives its refusals gpulab's words (:func:`signup_refusal`)."""
+
+    _form: tuple[str, str, str] = ("", "", "")  # username, password, confirmation
 
     def render_template(self, name, sync=False, **ns):
         ns.setdefault("open_signup", self.authenticator.open_signup)
+        ns.setdefault("password_rules", password_rules(self.authenticator))
+        ns.setdefault("min_password_length", self.authenticator.minimum_password_length)
+        if ns.get("alert") == "alert-danger":
+            ns.setdefault("username", self._form[0])
         return super().render_template(name, sync=sync, **ns)
+
+    async def post(self):
+        self._form = (
+            self.get_body_argument("username", "", strip=False),
+            self.get_body_argument("signup_password", "", strip=False),
+            self.get_body_argument("signup_password_confirmation", "", strip=False),
+        )
+        if self.authenticator.enable_signup and len(_utf8(self._form[1])) > BCRYPT_MAX:
+            # bcrypt cannot hash it: create_user would fail with an error page
+            a = self.authenticator
+            html = await self.render_template(
+                "signup.html",
+                ask_email=a.ask_email_on_signup,
+                result_message=signup_refusal(a, *self._form, taken=False, made=None),
+                alert="alert-danger",
+                two_factor_auth=a.allow_2fa,
+                recaptcha_key=a.recaptcha_key,
+                tos=a.tos,
+            )
+            self.finish(html)
+            return
+        await super().post()
+
+    def get_result_message(self, user, human, taken, matches, user_is_admin):
+        alert, message = super().get_result_message(user, human, taken, matches, user_is_admin)
+        if alert == "alert-danger" and human:
+            message = signup_refusal(self.authenticator, *self._form, taken=taken, made=user)
+        return alert, message
+
+
+def password_rules(authenticator) -> list[str]:
+    """The sign-up page's password rules, in the user's words, from the settings."""
+    rules = []
+    if authenticator.minimum_password_length > 0:
+        rules.append(f"at least {authenticator.minimum_password_length} characters")
+    rules.append(f"at most {BCRYPT_MAX} bytes (72 plain letters and digits)")
+    if authenticator.check_common_password:
+        rules.append("not one of the 10,000 most common passwords (such as qwertyuiop)")
+    return rules
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def signup_refusal(authenticator, username, password, confirmation, taken, made) -> str:
+    """Why a sign-up was refused, in the user's words: the first rule it broke."""
+    name = authenticator.normalize_username(username)
+    if taken:
+        return (
+            f"The username {name} is already taken: choose another one. (If it is yours, "
+            "log in instead; an account waiting for approval cannot log in yet.)"
+        )
+    if not name or not authenticator.validate_username(name):
+        return (
+            "That username is not accepted: use 1 to 64 lowercase letters, digits and "
+            ". _ @ + -, starting with a letter or digit (no spaces)."
+        )
+    if password != confirmation:
+        return "The two passwords differ: type the same password in both fields."
+    if len(_utf8(password)) > BCRYPT_MAX:
+        return f"That password is too long: gpulab reads at most {BCRYPT_MAX} bytes of it."
+    if len(password) < authenticator.minimum_password_length:
+        return (
+            f"That password is too short ({len(password)} characters): it needs at least "
+            f"{authenticator.minimum_password_length}."
+        )
+    if authenticator.check_common_password and authenticator.is_password_common(password):
+        return (
+            "That password is one of the most common passwords, which are tried first by "
+            "anyone guessing: choose another one."
+        )
+    if made is None:
+        return "The account could not be created: check each field and try again."
+    return "The account could not be created."
 
 
 def _duration(seconds: float) -> str:

@@ -2,7 +2,13 @@
 that project's container (asyncssh server; sessions.py bridges each channel).
 
 Login: the name is parsed whole (names.parse_login); a malformed one fails like a
-wrong key. Keys are the user's own, kept on the hub (keys.KeyStore); a password is a
+wrong key. A bare account name (``ssh alice@host``, no project) is let in by that
+account's own key or token only to be told what to type and the names of the account's
+own projects (:class:`ChooseProject`); every session and forward of such a connection
+ends there. Anyone else gets the same refusal as a wrong key, with the login forms in
+the banner, and no project names.
+
+Keys are the user's own, kept on the hub (keys.KeyStore); a password is a
 hub API token of that user that may manage their projects (never a project server's
 own token, which everyone who runs code in a container can read). No
 keyboard-interactive, agent, X11 or remote (-R) forwarding. Failed logins are limited
@@ -34,7 +40,7 @@ from gpulab_hub.ssh.audit import Audit
 from gpulab_hub.ssh.dockerexec import Docker, ExecError
 from gpulab_hub.ssh.hubclient import HubClient, HubError
 from gpulab_hub.ssh.limits import Limiter, Limits, lockout_message
-from gpulab_hub.ssh.names import Login, parse_login
+from gpulab_hub.ssh.names import Login, choose_project, parse_account, parse_login
 from gpulab_hub.ssh.sessions import Refused
 
 LOGIN_TIMEOUT_S = 30
@@ -191,6 +197,8 @@ class Connection(asyncssh.SSHServer):
         self.ip = ""
         self.conn: asyncssh.SSHServerConnection | None = None
         self.login: Login | None = None
+        self.account: str | None = None  # a bare account name: told what to type
+        self.helped = False  # the login forms were sent in the banner
         self.locked = False
         self.tried = False
         self.password_counted = False
@@ -212,6 +220,8 @@ class Connection(asyncssh.SSHServer):
     def audit(self, event: str, **fields) -> None:
         login = self.login
         who = {"user": login.user, "owner": login.owner, "project": login.project} if login else {}
+        if login is None and self.account:
+            who = {"user": self.account}
         self.gw.audit.event(event, conn=self.id, ip=self.ip, **who, **fields)
 
     # --- connection ----------------------------------------------------------------
@@ -269,13 +279,25 @@ class Connection(asyncssh.SSHServer):
     # --- login ----------------------------------------------------------------------
     def begin_auth(self, username: str) -> bool:
         self.login = parse_login(username)
+        self.account = parse_account(username) if self.login is None else None
         left = self.gw.limiter.address_locked(self.ip)
         if left:
             self.locked = True
             self._banner(lockout_message(left) + "\r\n")
-        elif self.login is None:
-            self._banner(LOGIN_HELP)
+        elif self.login is None and self.account is None:
+            self._help()
         return True
+
+    def _help(self) -> None:
+        """The login forms, once, in the banner (shown before "Permission denied")."""
+        if not self.helped:
+            self.helped = True
+            self._banner(LOGIN_HELP)
+
+    @property
+    def user(self) -> str | None:
+        """The account this connection tries to log in as (None: a malformed name)."""
+        return self.login.user if self.login is not None else self.account
 
     def _banner(self, text: str) -> None:
         if self.conn is not None:
@@ -295,10 +317,10 @@ class Connection(asyncssh.SSHServer):
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         self.tried = True
-        if self.locked or self.login is None:
+        if self.locked or self.user is None:
             return False
         fingerprint = key.get_fingerprint("sha256")
-        for stored in await self.gw.user_keys(self.login.user):
+        for stored in await self.gw.user_keys(self.user):
             if stored.fingerprint != fingerprint:
                 continue
             try:
@@ -309,15 +331,19 @@ class Connection(asyncssh.SSHServer):
                 self.key_ok = fingerprint
                 return True
         self.audit("auth", ok=False, method="publickey", fingerprint=fingerprint)
+        if self.account is not None:
+            self._help()
         return False
 
     async def validate_password(self, username: str, password: str) -> bool:
         self.tried = True
-        login = self.login
-        if self.locked or login is None:
+        user = self.user
+        if self.locked or user is None:
             self._password_failed(None)
             return False
-        left = self.gw.limiter.password_locked(self.ip, login.user)
+        if self.account is not None:
+            self._help()
+        left = self.gw.limiter.password_locked(self.ip, user)
         if left:
             self._banner(lockout_message(left) + "\r\n")
             self.audit("auth", ok=False, method="password", reason="locked")
@@ -331,13 +357,13 @@ class Connection(asyncssh.SSHServer):
                 self._banner("gpulab: the hub does not answer, so tokens cannot be checked; "
                              "try again in a minute.\r\n")  # fmt: skip
                 return False
-        if not token_may_log_in(model, login.user):
-            self._password_failed(login.user)
-            left = self.gw.limiter.password_locked(self.ip, login.user)
+        if not token_may_log_in(model, user):
+            self._password_failed(user)
+            left = self.gw.limiter.password_locked(self.ip, user)
             if left:
                 self._banner(lockout_message(left) + "\r\n")
             return False
-        self.gw.limiter.password_succeeded(login.user)
+        self.gw.limiter.password_succeeded(user)
         self.password_ok = True
         return True
 
@@ -498,9 +524,21 @@ class Connection(asyncssh.SSHServer):
         self.sessions.discard(session)
 
     def session_requested(self):
+        if self.login is None:
+            return ChooseProject(self)
         return sessions.ProjectSession(self)
 
+    def _no_project(self) -> asyncssh.ChannelOpenError:
+        self.audit("refused", kind="forward", why="no project named")
+        return asyncssh.ChannelOpenError(
+            asyncssh.OPEN_ADMINISTRATIVELY_PROHIBITED,
+            f"gpulab: name the project to forward to: {self.user}+<project> or "
+            f"{self.user}+<owner>~<project> as the login name.",
+        )
+
     def connection_requested(self, dest_host, dest_port, orig_host, orig_port):
+        if self.login is None:
+            raise self._no_project()
         target = checks.forward_target(dest_host, dest_port)
         fields = {"port": dest_port if isinstance(dest_port, int) else None}
         if target is None:
@@ -517,6 +555,8 @@ class Connection(asyncssh.SSHServer):
         )
 
     def unix_connection_requested(self, dest_path):
+        if self.login is None:
+            raise self._no_project()
         path = checks.socket_path(dest_path)
         if path is None:
             self.audit("refused", kind="forward", socket=checks.plain_text(str(dest_path), 120))
@@ -533,6 +573,51 @@ class Connection(asyncssh.SSHServer):
     def unix_server_requested(self, listen_path):
         self.audit("refused", kind="remote-forward")
         return False
+
+
+class ChooseProject(asyncssh.SSHServerSession):
+    """The one session of a login with no project (``ssh alice@host``): it says what
+    to type and the account's own projects (names.choose_project), then exits 1."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self.chan = None
+        self.tty = False
+
+    def connection_made(self, chan) -> None:
+        self.chan = chan
+
+    def pty_requested(self, term_type, term_size, term_modes) -> bool:
+        self.tty = True
+        return True
+
+    def shell_requested(self) -> bool:
+        return True
+
+    def exec_requested(self, command: str) -> bool:
+        return True
+
+    def subsystem_requested(self, subsystem: str) -> bool:
+        return True
+
+    def session_started(self) -> None:
+        asyncio.ensure_future(self._tell())
+
+    async def _tell(self) -> None:
+        user = self.conn.account or ""
+        try:
+            projects = await self.conn.gw.hub.projects(user)
+        except HubError as e:
+            self.conn.audit("hub-error", error=str(e))
+            projects = []
+        text = choose_project(user, self.conn.gw.settings.port, projects)
+        self.conn.audit("refused", kind="session", why="no project named")
+        chan = self.chan
+        if chan is None or chan.is_closing():
+            return
+        end = "\r\n" if self.tty else "\n"
+        chan.write_stderr((text + end).encode("utf-8", "replace"))
+        chan.exit(1)
 
 
 async def serve(settings: Settings, stop: asyncio.Event, make_docker_client) -> None:

@@ -5,6 +5,8 @@
 - :meth:`HubClient.whoami`: whose hub API token a password is (``GET /user`` with it);
 - :meth:`HubClient.start` and :meth:`HubClient.progress`: JupyterHub's own API to start
   a stopped project and follow its start;
+- :meth:`HubClient.projects`: the names of a user's own projects (JupyterHub's user
+  model, stopped servers included), for a login that named none;
 - :meth:`HubClient.session_env`: the environment the project's sessions get from the
   user's secrets (``GET /gpulab/secrets/<owner>/<project>?for=<user>``; none where the
   hub has no such API).
@@ -143,6 +145,21 @@ class HubClient:
                 return
         finally:
             fetch.cancel()
+
+    async def projects(self, user: str) -> list[str]:
+        """The names of ``user``'s own projects (named servers), sorted; [] for none."""
+        url = f"{self.api}/users/{_q(user)}?include_stopped_servers=1"
+        code, data = await self._json("GET", url)
+        if code == 404:
+            return []
+        if code != 200 or not isinstance(data, dict):
+            raise HubError(f"GET /users/<user> answered {code}")
+        servers = data.get("servers")
+        return (
+            sorted(n for n in servers if isinstance(n, str) and n)
+            if isinstance(servers, dict)
+            else []
+        )
 
     async def session_env(self, owner: str, project: str, user: str) -> dict | None:
         """The secrets answer for ``user``'s sessions in ``owner``'s ``project``; None
