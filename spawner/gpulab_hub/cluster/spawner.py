@@ -26,7 +26,15 @@ from urllib.parse import urlparse
 
 from traitlets import default
 
-from gpulab_hub.cluster import ClusterError, batch, gres_type, registry, slurm_name, watch
+from gpulab_hub.cluster import (
+    ClusterError,
+    batch,
+    gres_type,
+    nodefirewall,
+    registry,
+    slurm_name,
+    watch,
+)
 from gpulab_hub.cluster.joblog import JobLog
 from gpulab_hub.cluster.jobsettings import MultiNodeJobSettings
 from gpulab_hub.cluster.settings import ClusterSettings
@@ -321,6 +329,8 @@ class ProjectSlurmSpawner(MultiNodeJobSettings, ClusterSettings, ProjectSpawner)
         self.image = await self._push()
         self._hub_url_for_nodes()  # refused before anything is submitted
         addresses = await self._run(self._node_addresses)
+        # the hub's address is what a server trusts: no build here may use it on a node
+        await self._run(nodefirewall.keep_builds_off, addresses.values())
         job = self._batch_job(count, addresses)
         await self._run(self._ensure_data_folders, job.container)
         script = batch.render_script(job)
