@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpulab_hub import accounts, culling, doctor, home, secrets, sharing, ssh
 from gpulab_hub.projects import buildlog, objects, rename
-from gpulab_hub.sharing import groupshares, origins
+from gpulab_hub.sharing import accept, groupshares, origins
 
 DEFAULTS = {
     "GPULAB_HOME": "/srv/gpulab",
@@ -166,6 +166,9 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.JupyterHub.custom_scopes = sharing.roles.CUSTOM_SCOPES
     c.Spawner.oauth_client_allowed_scopes = sharing.roles.SERVER_CLIENT_SCOPES
     c.Spawner.server_token_scopes = sharing.roles.SERVER_TOKEN_SCOPES
+    # Access through a link ends with it unless its owner chose otherwise; the accept
+    # page in gpulab's words; no OAuth confirm page for projects (sharing/accept.py).
+    accept.configure(c, hub_dir, revoke_within_s(s))
     # Each user's servers on an origin of their own (JupyterHub's subdomain_host), needed
     # wherever others reach the hub; a strict CSP on the hub's pages (docs/deployment.md).
     origins.apply(c, s["GPULAB_SUBDOMAIN_HOST"])

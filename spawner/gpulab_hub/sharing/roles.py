@@ -31,7 +31,14 @@ CUSTOM_SCOPES = {
 }
 
 ROLES = {"viewer": READ, "collaborator": EXECUTE}
-DEFAULT_ROLE = "collaborator"
+# The least a share gives, unless the owner chooses more (the Share page's default).
+DEFAULT_ROLE = "viewer"
+# What each role lets a person do, in the words of the pages that offer a share.
+ROLE_WORDS = {
+    "viewer": "you can read its notebooks and save copies, not run code",
+    "collaborator": "you can edit its files and run code in it (kernels and terminals)",
+    "access only": "you can reach its server but do nothing there until the owner gives a role",
+}
 
 # What a project server asks the hub to include in the tokens it is given, so its
 # authorizer sees them (c.Spawner.oauth_client_allowed_scopes).

@@ -33,8 +33,8 @@ from jupyterhub.utils import utcnow
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from gpulab_hub import accounts, hubsettings
-from gpulab_hub.sharing import origins, roles
+from gpulab_hub import accounts, hubsettings, jsonfile
+from gpulab_hub.sharing import linkaccess, origins, roles
 from gpulab_hub.sharing.groupshares import GroupShareRoles
 from gpulab_hub.sharing.policy import ProjectSharing, SharingPolicyStore
 
@@ -59,6 +59,7 @@ class ShareHandler(BaseHandler):
         where = hubsettings.of_handler(self)  # the hub's own configuration
         self.policy = SharingPolicyStore(where.sharing_policy)
         self.group_roles = GroupShareRoles(where.group_share_roles)
+        self.links = linkaccess.store_in(where.records_dir)
 
     @property
     def embed(self) -> bool:
@@ -203,6 +204,17 @@ class ShareHandler(BaseHandler):
             raise ApiError(400, f"A link lasts from 1 to {self.max_hours} hours.")
         return hours
 
+    def _lasts(self) -> str:
+        lasts = self.get_body_argument("lasts", linkaccess.DEFAULT_LASTS)
+        if lasts not in linkaccess.LASTS:
+            raise ApiError(400, "Choose how long access through the link lasts.")
+        return lasts
+
+    def _code(self, code_id: str):
+        """The ``orm.ShareCode`` of an id as JupyterHub's API gives it (``sc_<n>``)."""
+        number = code_id.removeprefix("sc_")
+        return self.db.get(orm.ShareCode, int(number)) if number.isdigit() else None
+
     def _role(self) -> str:
         role = self.get_body_argument("role", roles.DEFAULT_ROLE)
         if role not in roles.ROLES:
@@ -243,11 +255,14 @@ class ShareHandler(BaseHandler):
             orm.Share.revoke(self.db, spawner, target, scopes=sorted(others - set(scopes)))
         # A re-share only adds: it never lowers anyone's access.
         orm.Share.grant(self.db, spawner, target, scopes=scopes)
-        return f"Shared with {kind} {name} as {role}."
+        # Shared by name: nothing of theirs ends with a link any more.
+        self.links.lasts_until_revoked(owner, project, kind, target.name)
+        return f"Shared with {kind} {name} as {role}; access lasts until revoked."
 
     async def _link(self, token, owner: str, project: str) -> tuple[str, dict]:
         hours = self._hours()
         role = self._role()
+        lasts = self._lasts()
         scopes = roles.share_scopes(role, owner, project)
         if token is None:
             share_code, code = orm.ShareCode.new(
@@ -261,9 +276,26 @@ class ShareHandler(BaseHandler):
             where = f"/{quote(owner)}/{quote(project)}"
             body = {"expires_in": hours * 3600, "scopes": scopes}
             link = await self._api(token, "POST", "/share-codes" + where, body)
+            share_code = self._code(link.get("id", ""))
+        if share_code is None:
+            raise ApiError(500, "The link was made but cannot be found; make another.")
+        try:
+            self.links.mark(share_code, lasts)
+        except (jsonfile.RecordError, OSError) as e:
+            # A link whose access would last longer than the owner chose is never sent.
+            self.db.delete(share_code)
+            self.db.commit()
+            raise ApiError(500, f"The link was not made: {e}") from e
+        link["lasts"] = lasts
         request = self.request
         link["full_accept_url"] = f"{request.protocol}://{request.host}{link['accept_url']}"
-        return f"Link made ({role}); it works for {hours} h and only for logged-in users.", link
+        ends = (
+            "access through it ends when it expires"
+            if lasts == linkaccess.LINK
+            else "access through it lasts until you revoke it"
+        )
+        message = f"Link made ({role}); it works for {hours} h, only for logged-in users; {ends}."
+        return message, link
 
     async def _act(self, token, owner: str, project: str, resharing: bool):
         """Do the form's action; what to tell the user, and the new link if one was made."""
@@ -281,7 +313,12 @@ class ShareHandler(BaseHandler):
             await self._api(token, "PATCH", "/shares" + where, {kind: name})
             return f"Revoked the access of {kind} {name}.", None
         if action == "revoke-link":
+            code = self._code(name)
+            key = linkaccess.code_key(code) if code is not None else ""
             await self._api(token, "DELETE", "/share-codes" + where, query={"id": name})
+            ended = self.links.end_link(self.db, key) if key else 0
+            if ended:
+                return f"Link revoked; the access it gave ended ({ended} people).", None
             return "Link revoked.", None
         if action == "settings" and self.policy is not None:
             chosen = set(self.get_body_arguments("allow"))
@@ -304,6 +341,13 @@ class ShareHandler(BaseHandler):
             self._drop_token(token)
         for entry in listing["shares"] + listing["codes"]:
             entry["role"] = roles.role_of(entry.get("scopes") or ())
+        for share in listing["shares"]:
+            who = (share.get("user") or share.get("group") or {}).get("name", "")
+            ends = self.links.ends(owner, project, share.get("kind", "user"), who)
+            share["ends_at"] = ends + "Z" if ends else ""
+        for code in listing["codes"]:
+            found = self._code(code.get("id", ""))
+            code["lasts"] = self.links.lasts_of(found) if found else linkaccess.DEFAULT_LASTS
         html = await self.render_template(
             "gpulab-share.html",
             project=project,
@@ -316,6 +360,9 @@ class ShareHandler(BaseHandler):
             can_set=self.policy is not None and not resharing,
             role_names=list(roles.ROLES),
             default_role=roles.DEFAULT_ROLE,
+            role_words=roles.ROLE_WORDS,
+            lasts_choices=linkaccess.LASTS,
+            default_lasts=linkaccess.DEFAULT_LASTS,
             message=message,
             error=error,
             new_link=link,

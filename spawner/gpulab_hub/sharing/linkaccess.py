@@ -1,0 +1,309 @@
+"""How long access accepted through a share link lasts.
+
+JupyterHub 6.1's share codes (links) expire, but a share made by accepting one
+does not (``orm.Share`` has no expiry): without gpulab, "a link valid for 1 h"
+would give access until someone revokes it. So each link says how long the
+access it gives lasts, chosen on the Share page:
+
+- ``link`` (the default): access ends when the link expires (or when its owner
+  revokes the link);
+- ``revoked``: access lasts until the owner revokes it (JupyterHub's own way).
+
+gpulab records, in the hub's folder (``link-access.json``), the links made to
+last until revoked, and for each person who accepted a ``link`` link the scopes
+that link gave them and when they end. Every acceptance goes through
+``orm.ShareCode.exchange`` (JupyterHub's accept page and API alike), which
+:func:`install` wraps; the hub then takes away, every ``GPULAB_REVOKE_WITHIN_S``/2
+seconds, the scopes whose time is up (``orm.Share.revoke``), and the project
+server ends the person's access within ``GPULAB_REVOKE_WITHIN_S`` as for any
+revoke. Scopes a person already held otherwise (shared by name, or through a link
+lasting until revoked) are never taken away by a link's end; sharing by name
+makes a person's access last until revoked; a share deleted and made again is
+not touched by what was recorded of the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime
+from pathlib import Path
+
+from jupyterhub import orm
+from jupyterhub.utils import utcnow
+from sqlalchemy import event, inspect
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from gpulab_hub import jsonfile
+
+FILE_NAME = "link-access.json"  # in the hub's records folder
+LINK, REVOKED = "link", "revoked"
+# The choices on the Share page, in the owner's words; the first is the default.
+LASTS = {LINK: "access ends when the link expires", REVOKED: "access lasts until I revoke it"}
+DEFAULT_LASTS = LINK
+LOG = logging.getLogger("gpulab.linkaccess")
+
+
+def iso(when: datetime | None) -> str:
+    """A naive UTC datetime of JupyterHub's database, as gpulab records it."""
+    return when.replace(tzinfo=None).isoformat() if when else ""
+
+
+def _at(text: str) -> datetime:
+    """A recorded time, naive UTC (as JupyterHub's database keeps times)."""
+    return datetime.fromisoformat(text).replace(tzinfo=None)
+
+
+def code_key(code: orm.ShareCode) -> str:
+    """One link, for good: its id and when it was made (ids may be used again)."""
+    return f"code:{code.owner.name}/{code.spawner.name}:{code.id}:{iso(code.created_at)}"
+
+
+def grant_key(owner: str, project: str, kind: str, name: str) -> str:
+    return f"grant:{owner}/{project}:{kind}:{name}"
+
+
+def _target_of(share) -> tuple[str, str]:
+    return ("group", share.group.name) if share.group is not None else ("user", share.user.name)
+
+
+class LinkAccess(jsonfile.LockedRecord):
+    """``link-access.json``: ``code:…`` entries (links lasting until revoked) and
+    ``grant:…`` entries (scopes a person holds until a link's end)."""
+
+    section = "links"
+    what = "The link access record"
+    on_damage = (
+        "links made before last until revoked, and access accepted through earlier links "
+        "lasts until its owner revokes it on the project's Share page"
+    )
+
+    def _parse(self, section) -> dict:
+        section = super()._parse(section)
+        for key, rec in section.items():
+            if key.startswith("code:"):
+                if rec.get("lasts") != REVOKED or not isinstance(rec.get("id"), int):
+                    raise ValueError(f"{key} does not say how long its access lasts")
+            elif key.startswith("grant:"):
+                texts = [rec.get(k) for k in ("owner", "project", "kind", "name", "share_created")]
+                if not all(isinstance(t, str) for t in texts):
+                    raise TypeError(f"{key} lacks whose access it is")
+                scopes = rec.get("scopes")
+                if not isinstance(scopes, dict) or not all(
+                    isinstance(v, dict) and isinstance(v.get("until"), str) for v in scopes.values()
+                ):
+                    raise TypeError(f"{key} does not say when its scopes end")
+                for v in scopes.values():
+                    datetime.fromisoformat(v["until"])  # ValueError if not a time
+            else:
+                raise ValueError(f"{key!r} is not a record gpulab makes")
+        return section
+
+    # --- links --------------------------------------------------------------------
+    def mark(self, code: orm.ShareCode, lasts: str) -> None:
+        """Record how long access through the new link ``code`` lasts."""
+        if lasts not in LASTS:
+            raise ValueError(f"Choose how long access lasts: {', '.join(LASTS)}.")
+        if lasts == DEFAULT_LASTS:
+            return
+        with self.locked():
+            records = self._read()
+            records[code_key(code)] = {"lasts": lasts, "id": code.id}
+            self._write(records)
+
+    def lasts_of(self, code: orm.ShareCode) -> str:
+        with self.locked():
+            rec = self._read().get(code_key(code))
+        return rec["lasts"] if rec else DEFAULT_LASTS
+
+    # --- people -------------------------------------------------------------------
+    def accepted(self, code: orm.ShareCode, share: orm.Share, before: set[str]) -> None:
+        """``share`` was just granted by accepting ``code``; ``before``: its scopes
+        before (its share's, if it existed)."""
+        owner, project = code.owner.name, code.spawner.name
+        kind, name = _target_of(share)
+        key = grant_key(owner, project, kind, name)
+        lasts = self.lasts_of(code)
+        with self.locked():
+            records = self._read()
+            rec = records.get(key)
+            if rec is not None and rec["share_created"] != iso(share.created_at):
+                rec = None  # of a share that was deleted since
+            bound = dict(rec["scopes"]) if rec else {}
+            given = set(code.scopes) & set(share.scopes)
+            for scope in sorted(given):
+                if lasts == REVOKED:
+                    bound.pop(scope, None)  # held until revoked now
+                elif scope in bound:
+                    if _at(bound[scope]["until"]) < code.expires_at:
+                        bound[scope] = {"until": iso(code.expires_at), "code": code_key(code)}
+                elif scope not in before:
+                    bound[scope] = {"until": iso(code.expires_at), "code": code_key(code)}
+            if bound:
+                records[key] = {
+                    "owner": owner,
+                    "project": project,
+                    "kind": kind,
+                    "name": name,
+                    "share_created": iso(share.created_at),
+                    "scopes": bound,
+                }
+            else:
+                records.pop(key, None)
+            self._write(records)
+
+    def lasts_until_revoked(self, owner: str, project: str, kind: str, name: str) -> None:
+        """The owner shared with this person or group by name: nothing of theirs ends
+        with a link any more."""
+        with self.locked():
+            records = self._read()
+            if records.pop(grant_key(owner, project, kind, name), None) is not None:
+                self._write(records)
+
+    def ends(self, owner: str, project: str, kind: str, name: str) -> str:
+        """When the access of ``kind`` ``name`` to the project ends (ISO, naive UTC):
+        the last end of its link-bound scopes; "" when it lasts until revoked."""
+        with self.locked():
+            rec = self._read().get(grant_key(owner, project, kind, name))
+        if not rec or not rec["scopes"]:
+            return ""
+        return iso(max(_at(v["until"]) for v in rec["scopes"].values()))
+
+    def end_link(self, db, key: str) -> int:
+        """The link ``key`` (:func:`code_key`) is revoked: the access it gave ends now.
+        How many people (or groups) lost some access."""
+        now = utcnow(with_tz=False)
+        with self.locked():
+            records = self._read()
+            for rec in records.values():
+                for bound in (rec.get("scopes") or {}).values():
+                    if bound.get("code") == key:
+                        bound["until"] = iso(min(_at(bound["until"]), now))
+            records.pop(key, None)
+            self._write(records)
+        return self.sweep(db)
+
+    def sweep(self, db, now: datetime | None = None) -> int:
+        """Take away every scope whose link has ended; forget records of shares that are
+        gone. How many people (or groups) lost some access."""
+        now = now or utcnow(with_tz=False)
+        ended = 0
+        with self.locked():
+            records = self._read()
+            kept = {}
+            for key, rec in records.items():
+                if key.startswith("code:"):
+                    code = db.get(orm.ShareCode, rec["id"])
+                    if code is not None and code_key(code) == key:
+                        kept[key] = rec
+                    continue
+                share, target = self._share(db, rec)
+                if share is None or iso(share.created_at) != rec["share_created"]:
+                    continue
+                over = sorted(s for s, v in rec["scopes"].items() if _at(v["until"]) <= now)
+                if over:
+                    orm.Share.revoke(db, share.spawner, target, scopes=over)
+                    LOG.info(
+                        "gpulab: the link-bound access of %s %s to %s/%s ended (%s)",
+                        rec["kind"], rec["name"], rec["owner"], rec["project"], ", ".join(over),
+                    )  # fmt: skip
+                    ended += 1
+                left = {s: v for s, v in rec["scopes"].items() if s not in over}
+                if left:
+                    kept[key] = {**rec, "scopes": left}
+            if kept != records:
+                self._write(kept)
+        return ended
+
+    @staticmethod
+    def _share(db, rec: dict):
+        owner = orm.User.find(db, rec["owner"])
+        spawner = owner.orm_spawners.get(rec["project"]) if owner is not None else None
+        if spawner is None:
+            return None, None
+        find = orm.User.find if rec["kind"] == "user" else orm.Group.find
+        target = find(db, rec["name"])
+        if target is None:
+            return None, None
+        return orm.Share.find(db, spawner, target), target
+
+
+class _Hub:
+    """The hub process's record and sweeper (see :func:`install`)."""
+
+    store: LinkAccess | None = None
+    every_s: float = 15.0
+    sweeper = None
+    original_exchange = None
+
+
+def store_in(hub_dir: str | Path) -> LinkAccess:
+    return LinkAccess(Path(hub_dir) / FILE_NAME)
+
+
+def _exchange(code, share_with):
+    """``orm.ShareCode.exchange``, recording how long the access it gives lasts."""
+    db = inspect(code).session
+    spawner = code.spawner
+    old = orm.Share.find(db, spawner, share_with)
+    before = set(old.scopes) if old is not None else set()
+    share = _Hub.original_exchange(code, share_with)
+    if _Hub.store is not None:
+        try:
+            _Hub.store.accepted(code, share, before)
+        except (jsonfile.RecordError, OSError):
+            # Never let a link give access for longer than it says: take back what it gave.
+            added = sorted(set(share.scopes) - before)
+            if added:
+                orm.Share.revoke(db, spawner, share_with, scopes=added)
+            LOG.exception("gpulab: could not record how long a link's access lasts")
+            raise
+    return share
+
+
+def _sweep_now() -> None:
+    from jupyterhub.app import JupyterHub
+
+    if _Hub.store is None or not JupyterHub.initialized():
+        return
+    db = JupyterHub.instance().db
+    try:
+        _Hub.store.sweep(db)
+    except jsonfile.RecordError as e:
+        LOG.error("Link-bound access not ended: %s", e)
+    except (SQLAlchemyError, OSError):  # a periodic callback: log, sweep again next time
+        db.rollback()
+        LOG.exception("Link-bound access not ended; trying again")
+
+
+def _start_sweeping(_session) -> None:
+    """After the hub's first commit on its event loop: sweep every ``every_s``."""
+    if _Hub.sweeper is not None:
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    from tornado.ioloop import IOLoop, PeriodicCallback
+
+    _Hub.sweeper = PeriodicCallback(_sweep_now, _Hub.every_s * 1000)
+    _Hub.sweeper.start()
+    IOLoop.current().add_callback(_sweep_now)
+
+
+def install(hub_dir: str | Path, revoke_within_s: int) -> None:
+    """In the hub's process (settings.py): record acceptances of links, and end
+    link-bound access within ``revoke_within_s`` of its link's end (the hub sweeps
+    every half of it; project servers take the other half)."""
+    _Hub.store = store_in(hub_dir)
+    _Hub.every_s = max(1.0, revoke_within_s / 2)
+    if _Hub.original_exchange is None:
+        _Hub.original_exchange = orm.ShareCode.exchange
+        orm.ShareCode.exchange = _exchange
+        event.listen(Session, "after_commit", _start_sweeping)
+
+
+def hub_store() -> LinkAccess | None:
+    """The hub's record (None outside a hub that installed it)."""
+    return _Hub.store
