@@ -31,16 +31,26 @@ the copy is created exclusively through safefs.py.
 from __future__ import annotations
 
 import os
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
 from jupyterhub.handlers import BaseHandler
+from jupyterhub.slugs import safe_slug
 from tornado import web
 from tornado.ioloop import IOLoop
 
 from gpulab_hub import hubsettings
-from gpulab_hub.projects import Project, ProjectError, project_name, safefs
+from gpulab_hub.projects import (
+    DEFAULT_PROJECT,
+    Project,
+    ProjectError,
+    options,
+    project_name,
+    safefs,
+)
 from gpulab_hub.sharing import installs, roles
 from gpulab_hub.sharing.notebooks import (
     NOTEBOOK,
@@ -53,6 +63,27 @@ from gpulab_hub.sharing.notebooks import (
 from gpulab_hub.sharing.public import find_link
 
 _COPY_TRIES = 100
+
+
+def new_project_names(typed: str) -> tuple[str, str]:
+    """(display name, project name) of a new project from what a person typed, as the
+    home page makes them (JupyterHub's ``sanitise_display_name`` and ``safe_slug``):
+    "Bob Copy" -> ("Bob Copy", "bob-copy"). FileRefused for a name that gives none."""
+    text = unicodedata.normalize("NFC", typed)
+    kept = "".join(ch for ch in text if ch == " " or unicodedata.category(ch)[0] in "LMNPS")
+    display = re.sub(" {2,}", " ", kept).strip()
+    if not display:
+        raise FileRefused(400, "Give the new project a name (letters or digits).")
+    try:
+        display = options.check_display_name(display)
+        name = project_name(safe_slug(display, avoid_collisions=False))
+    except (options.OptionsError, ProjectError, ValueError) as e:
+        raise FileRefused(400, str(e)) from e
+    if name == DEFAULT_PROJECT:
+        raise FileRefused(
+            400, f"\u201c{name}\u201d is a name gpulab keeps for itself: choose another."
+        )
+    return display, name
 
 
 def copy_names(name: str):
@@ -164,18 +195,19 @@ class CopyHandler(BaseHandler):
             return
         await self._page(source, default=self.get_argument("target", source.project))
 
-    def _new_project(self, name: str) -> str:
+    def _new_project(self, typed: str) -> str:
+        """A new project named as on the home page: the display name as typed, the
+        project name made from it (JupyterHub's rules, :func:`new_project_names`)."""
         user = self.current_user
-        try:
-            name = project_name(name)
-        except ProjectError as e:
-            raise FileRefused(400, str(e)) from e
+        display, name = new_project_names(typed)
         if name in user.orm_user.orm_spawners:
-            raise FileRefused(400, f"You have a project named {name} already; choose it above.")
+            raise FileRefused(
+                400, f"You have a project named {name} already: choose it above, or another name."
+            )
         limit = self.named_server_limit_per_user
         if limit and len(self._own_projects()) >= limit:
             raise FileRefused(400, f"You have {limit} projects, the most allowed.")
-        user.get_or_create_spawner(name, name)
+        user.get_or_create_spawner(name, display)
         return name
 
     def _target(self) -> str:
