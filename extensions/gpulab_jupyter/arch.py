@@ -10,7 +10,11 @@ image (``%gpu_install``, ``%gpu_info``). Standard library only, pure functions
 and tables; finding the GPUs lives elsewhere.
 
 A capability is written "9.0" (major.minor); "90", "sm_90", "compute_90" and
-(9, 0) are read too.
+(9, 0) are read too. Code is built for a *target*: a capability with NVIDIA's
+variant suffix, if any: "9.0" (plain), "9.0a" (architecture-specific, sm_90a,
+CUDA 12.0+) or "10.0f" (family-specific, sm_100f, CUDA 12.9+); "sm_90a",
+"compute_100f", "100f" and "9.0a+PTX" are read too. Which GPUs each runs on:
+:func:`target_runs_on`.
 """
 
 from __future__ import annotations
@@ -91,9 +95,18 @@ JOB_GIB = 4.0
 PACKAGE_JOB_GIB: dict[str, float] = {"flash-attn": 9.0, "xformers": 9.0, "vllm": 9.0}
 
 
+# Target variants (NVIDIA's suffixes of sm_XY / compute_XY).
+PLAIN, ARCH_SPECIFIC, FAMILY_SPECIFIC = "", "a", "f"
+VARIANT_WORDS = {
+    PLAIN: "",
+    ARCH_SPECIFIC: "architecture-specific",
+    FAMILY_SPECIFIC: "family-specific",
+}
+
+
 def key(cap: str) -> tuple[int, int]:
-    """'9.0' -> (9, 0), for sorting and comparing."""
-    major, _, minor = cap.partition(".")
+    """'9.0' -> (9, 0), for sorting and comparing ('9.0a' -> (9, 0) too)."""
+    major, _, minor = cap.rstrip(ARCH_SPECIFIC + FAMILY_SPECIFIC).partition(".")
     return int(major), int(minor or 0)
 
 
@@ -130,10 +143,35 @@ def normalize(cap: str | tuple[int, int]) -> str:
     return f"{major}.{minor}"
 
 
+def target(name: str | tuple[int, int]) -> str:
+    """'sm_90a' -> '9.0a', 'compute_100f' -> '10.0f', '9.0+PTX' -> '9.0', (9, 0) -> '9.0'.
+
+    Raises ValueError for anything else (one variant letter at most, 'a' or 'f').
+    """
+    if isinstance(name, tuple):
+        return normalize(name)
+    text = name.strip().lower().removesuffix("+ptx")
+    variant = text[-1:] if text[-1:] in (ARCH_SPECIFIC, FAMILY_SPECIFIC) else PLAIN
+    return normalize(text.removesuffix(variant) if variant else text) + variant
+
+
+def split_target(t: str) -> tuple[str, str]:
+    """'9.0a' -> ('9.0', 'a'); '9.0' -> ('9.0', '')."""
+    t = target(t)
+    variant = t[-1] if t[-1] in (ARCH_SPECIFIC, FAMILY_SPECIFIC) else PLAIN
+    return t.removesuffix(variant) if variant else t, variant
+
+
 def sm(cap: str) -> str:
-    """'9.0' -> 'sm_90'."""
+    """'9.0' -> 'sm_90'; '9.0a' -> 'sm_90a'."""
+    cap, variant = split_target(cap)
     major, minor = key(cap)
-    return f"sm_{major}{minor}"
+    return f"sm_{major}{minor}{variant}"
+
+
+def compute(cap: str) -> str:
+    """'9.0' -> 'compute_90'; '10.0f' -> 'compute_100f' (the PTX's name)."""
+    return "compute_" + sm(cap).removeprefix("sm_")
 
 
 def generation(cap: str) -> str:
@@ -156,7 +194,8 @@ def min_driver(cuda: str) -> str | None:
 
 
 def _sorted(capabilities) -> list[str]:
-    return sorted({normalize(c) for c in capabilities}, key=key)
+    """The capabilities (variants dropped: build variables name plain ones), sorted."""
+    return sorted({split_target(target(c))[0] for c in capabilities}, key=key)
 
 
 def torch_cuda_arch_list(capabilities) -> str:
@@ -200,47 +239,70 @@ def nvcc_gencode(capabilities) -> str:
 
 
 def split_arch_list(arch_list) -> tuple[set[str], set[str]]:
-    """(SASS capabilities, PTX capabilities) named by an arch list.
+    """(SASS targets, PTX targets) named by an arch list.
 
-    Accepts TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX") or torch.cuda.get_arch_list()
-    (["sm_80", "sm_90", "compute_90"]). Architectures older than Volta are dropped.
+    Accepts TORCH_CUDA_ARCH_LIST ("8.0;9.0a;10.0f+PTX") or torch.cuda.get_arch_list()
+    (["sm_80", "sm_90a", "compute_90"]); variants are kept ("9.0a", "10.0f").
+    Architectures older than Volta are dropped.
     """
     if isinstance(arch_list, str):
         arch_list = arch_list.replace(",", ";").replace(" ", ";").split(";")
     sass, ptx = set(), set()
     for token in (t.strip() for t in arch_list if t and t.strip()):
         try:
-            cap = normalize(token)
+            t = target(token)
         except ValueError:
             continue
-        if key(cap) < key(OLDEST):
+        if key(t) < key(OLDEST):
             continue
         if token.lower().startswith("compute_"):
-            ptx.add(cap)
+            ptx.add(t)
         else:
-            sass.add(cap)
+            sass.add(t)
             if token.upper().endswith("+PTX"):
-                ptx.add(cap)
+                ptx.add(t)
     return sass, ptx
 
 
-def how_it_runs(cap: str, sass=frozenset(), ptx=frozenset()) -> str | None:
-    """'native', 'ptx' or None: how code with ``sass`` and ``ptx`` runs on a GPU of ``cap``.
+def target_runs_on(cap: str, t: str, *, is_ptx: bool = False) -> bool:
+    """Does code built for target ``t`` (SASS, or PTX with ``is_ptx``) run on a GPU of ``cap``?
 
-    SASS runs on the same major with an equal or lower minor ('native'); PTX of an
-    equal or lower capability is compiled by the driver at load time ('ptx', minutes
-    on each first start); otherwise "no kernel image is available" (None).
+    NVIDIA's rules (CUDA Programming Guide, "Binary Compatibility" and "PTX
+    Compatibility"; CUDA 12.9's family-specific features):
+
+    - plain SASS sm_XY runs on compute capability X.Z with Z >= Y (same major);
+    - 'a' (architecture-specific, sm_90a) SASS and PTX run on X.Y only: the
+      driver never JIT-compiles compute_90a PTX for another GPU;
+    - 'f' (family-specific, sm_100f) SASS and PTX run on the family: X.Z with
+      Z >= Y (sm_100f on 10.0 and 10.3, not on 11.x or 12.x);
+    - plain PTX compute_XY is JIT-compiled for any capability >= X.Y.
     """
-    major, minor = key(cap)
-    if any(key(b)[0] == major and key(b)[1] <= minor for b in sass):
+    gpu = key(cap)
+    base, variant = split_target(t)
+    want = key(base)
+    if variant == ARCH_SPECIFIC:
+        return gpu == want
+    if variant == FAMILY_SPECIFIC or not is_ptx:
+        return gpu[0] == want[0] and gpu[1] >= want[1]
+    return gpu >= want
+
+
+def how_it_runs(cap: str, sass=frozenset(), ptx=frozenset()) -> str | None:
+    """'native', 'ptx' or None: how code with ``sass`` and ``ptx`` targets runs on ``cap``.
+
+    'native': SASS that runs there (:func:`target_runs_on`); 'ptx': PTX the driver
+    compiles at load time (minutes on each first start); otherwise "no kernel image
+    is available" (None).
+    """
+    if any(target_runs_on(cap, t) for t in sass):
         return "native"
-    if any(key(p) <= (major, minor) for p in ptx):
+    if any(target_runs_on(cap, t, is_ptx=True) for t in ptx):
         return "ptx"
     return None
 
 
 def runs_on(cap: str, sass=frozenset(), ptx=frozenset()) -> bool:
-    """Can code with SASS for ``sass`` and PTX for ``ptx`` run on a GPU of ``cap``?"""
+    """Can code with SASS for ``sass`` and PTX for ``ptx`` (targets) run on a GPU of ``cap``?"""
     return how_it_runs(cap, sass, ptx) is not None
 
 

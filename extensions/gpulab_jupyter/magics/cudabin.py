@@ -4,6 +4,14 @@ With ``cuobjdump`` on PATH its ``--list-elf`` / ``--list-ptx`` answer; without
 it, the ELF file's ``.nv_fatbin`` / ``__nv_relfatbin`` sections are read
 directly (fat binary containers: magic 0xBA55ED50, then entries of kind 1 =
 PTX or 2 = ELF cubin, each naming its SM architecture).
+
+Architecture-specific (sm_90a) and family-specific (sm_100f) code runs on fewer
+GPUs than plain code (:func:`gpulab_jupyter.arch.target_runs_on`), so the variant
+is read too: from cuobjdump's names (``x.1.sm_90a.cubin``, ``x.1.sm_100f.ptx``),
+and from the fat binary entry's flags (bit 20: 'a', bit 21: 'f', as nvcc 13.0
+writes them, compressed or not) or, for an uncompressed cubin, its ELF e_flags
+(EF_CUDA_ACCELERATORS: 0x800 in CUDA's ELF ABI 7, 0x8 in ABI 8, as LLVM's
+BinaryFormat/ELF.h defines them).
 """
 
 from __future__ import annotations
@@ -20,7 +28,16 @@ from .. import arch
 
 FATBIN_MAGIC = b"\x50\xed\x55\xba"  # 0xBA55ED50, little endian
 FATBIN_SECTIONS = (b".nv_fatbin", b"__nv_relfatbin")
-_CUOBJDUMP_ARCH = re.compile(r"\.(sm|compute)_(\d+)[a-z]?\.(cubin|ptx)")
+_CUOBJDUMP_ARCH = re.compile(r"\.(sm|compute)_(\d+)([af]?)\.(cubin|ptx)")
+# Fat binary entry: flags (u64 at offset 40) that mark the target's variant.
+ENTRY_FLAGS_OFFSET = 40
+ENTRY_ARCH_SPECIFIC = 1 << 20
+ENTRY_FAMILY_SPECIFIC = 1 << 21
+# A cubin's ELF header: EI_ABIVERSION (byte 8) and e_flags (u32 at 48).
+ELF_MAGIC = b"\x7fELF"
+EM_CUDA = 190
+EF_CUDA_ACCELERATORS_V1 = 0x800  # ELF ABI version 7 (CUDA 12)
+EF_CUDA_ACCELERATORS_V2 = 0x8  # ELF ABI version 8 (CUDA 13)
 
 
 @dataclass
@@ -34,8 +51,13 @@ class CudaCode:
         return bool(self.sass or self.ptx)
 
     def describe(self) -> str:
-        parts = [arch.sm(c) for c in sorted(self.sass, key=arch.key)]
-        parts += [f"PTX compute_{c.replace('.', '')}" for c in sorted(self.ptx, key=arch.key)]
+        """'sm_80, sm_90a, PTX compute_100f': the targets, as nvcc names them."""
+
+        def order(t: str):
+            return arch.key(t), t
+
+        parts = [arch.sm(c) for c in sorted(self.sass, key=order)]
+        parts += [f"PTX {arch.compute(c)}" for c in sorted(self.ptx, key=order)]
         return ", ".join(parts) or "no GPU code"
 
     def runs_on(self, cap: str) -> bool:
@@ -81,9 +103,28 @@ def _entries(data, start: int, end: int, code: CudaCode) -> None:
             if entry_header < 32:
                 break
             if number >= 10:
-                (code.ptx if kind == 1 else code.sass).add(arch.from_number(number))
+                variant = _entry_variant(data, entry, entry_header, kind)
+                (code.ptx if kind == 1 else code.sass).add(arch.from_number(number) + variant)
             entry += entry_header + payload
         pos = data.find(FATBIN_MAGIC, max(stop, pos + 16), end)
+
+
+def _entry_variant(data, entry: int, entry_header: int, kind: int) -> str:
+    """'a', 'f' or '' for the fat binary entry at ``entry``."""
+    if entry_header >= ENTRY_FLAGS_OFFSET + 8:
+        (flags,) = struct.unpack_from("<Q", data, entry + ENTRY_FLAGS_OFFSET)
+        if flags & ENTRY_ARCH_SPECIFIC:
+            return arch.ARCH_SPECIFIC
+        if flags & ENTRY_FAMILY_SPECIFIC:
+            return arch.FAMILY_SPECIFIC
+    cubin = entry + entry_header
+    if kind == 2 and cubin + 52 <= len(data) and data[cubin : cubin + 4] == ELF_MAGIC:
+        (machine,) = struct.unpack_from("<H", data, cubin + 18)
+        (e_flags,) = struct.unpack_from("<I", data, cubin + 48)
+        accelerators = EF_CUDA_ACCELERATORS_V1 if data[cubin + 8] < 8 else EF_CUDA_ACCELERATORS_V2
+        if machine == EM_CUDA and e_flags & accelerators:
+            return arch.ARCH_SPECIFIC
+    return arch.PLAIN
 
 
 def parse_elf(path: str) -> CudaCode:
@@ -116,9 +157,10 @@ def parse_cuobjdump(tool: str, path: str) -> CudaCode | None:
             return None
         if done.returncode != 0 and "does not contain" not in done.stderr:
             return None
-        for _kind, number, _ in _CUOBJDUMP_ARCH.findall(done.stdout):
+        for _kind, number, variant, _ in _CUOBJDUMP_ARCH.findall(done.stdout):
             if int(number) >= 10:
-                (code.ptx if flag == "--list-ptx" else code.sass).add(arch.from_number(int(number)))
+                t = arch.from_number(int(number)) + variant
+                (code.ptx if flag == "--list-ptx" else code.sass).add(t)
     return code
 
 
