@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch_wheel import cpu_torch_wheel
 
 from gpulab_hub import host
 
@@ -100,6 +101,7 @@ def hub_env(home: Path, **extra) -> dict:
             "GPULAB_IMAGE_REPO": f"{PREFIX}/project",
             "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",
             "GPULAB_BASE_FROM": f"{PREFIX}/debian:bookworm",
+            "GPULAB_TORCH": os.environ.get("GPULAB_TORCH") or cpu_torch_wheel(),  # CPU, on disk
             # a disk-filling build is stopped well before it fills the test machine
             "GPULAB_BUILD_DISK_LIMIT_MB": "768",
         }
