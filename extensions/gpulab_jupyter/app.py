@@ -49,6 +49,10 @@ class GPULabExtension(ExtensionApp):
 
             web_app.add_handlers = add_guarded_handlers
             hide_server_token(self.serverapp)
+            # Someone whose access ended is told so, with a way back (revoked.py).
+            from .revoked import install as install_403_page
+
+            install_403_page(web_app.settings)
             self.guard_routes()
             self.deliver_secrets()
 
