@@ -40,6 +40,8 @@ PROGRAM = re.compile(
 # panel show differ from what runs (control characters: newline, tab, escape, ...;
 # bidirectional overrides and other invisible format characters).
 HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn")
+CONTROL_NAMES = {"\0": "NUL", "\t": "TAB", "\n": "LINE FEED", "\r": "CARRIAGE RETURN",
+                 "\x1b": "ESCAPE"}  # fmt: skip
 MAX_NODES = 99
 RECORD_MAX_BYTES = 256 * 1024
 
@@ -201,9 +203,14 @@ def check_words(words, what: str) -> None:
         if bad is not None:
             raise JobError(
                 f"The {what} hold a character that does not show as itself "
-                f"({unicodedata.name(bad, f'U+{ord(bad):04X}')}), in {word!r}: write each "
+                f"({_char_name(bad)}), in {word!r}: write each "
                 "word as plain text (for a script of several lines, run a file: -- bash run.sh)."
             )
+
+
+def _char_name(c: str) -> str:
+    name = CONTROL_NAMES.get(c) or unicodedata.name(c, "")
+    return f"U+{ord(c):04X} {name}".strip()
 
 
 def check_command(command: tuple[str, ...], project: Path) -> None:
