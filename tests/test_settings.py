@@ -144,6 +144,12 @@ def test_defaults_give_a_working_single_machine_hub():
                 },
             ],  # fmt: skip
             "custom_scopes": {**sharing.roles.CUSTOM_SCOPES, **ssh.CUSTOM_SCOPES},
+            # what hub pages show: a share's terms (sharing/accept.py), sign-ups waiting
+            # for admins (accounts/)
+            "template_vars": {
+                "gpulab_share_terms": sharing.accept.share_terms,
+                "gpulab_signups_waiting": accounts.signups_waiting,
+            },
             "authenticator_class": "gpulab_hub.accounts.auth.GpulabAuthenticator",
             "allow_named_servers": True,
             "redirect_to_server": False,
