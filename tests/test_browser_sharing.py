@@ -64,7 +64,6 @@ def projects(people):
         user.stop_project(project)
 
 
-
 @pytest.fixture(scope="module")
 def contexts(browser, hub):
     """One logged-in browser context per person, kept across this module's tests."""
@@ -181,15 +180,12 @@ def make_link(frame, role: str) -> str:
 def accept(page: Page, link: str, role_text: str) -> None:
     """Open a share link, check what JupyterHub's page says, accept it."""
     page.goto(link)
-    expect(page.get_by_text(f"{OWNER}'s server({PROJECT})")).to_be_visible()
+    expect(page.locator("#share-offer")).to_contain_text(f"{OWNER} shares the project")
     expect(page.get_by_text(role_text)).to_be_visible()
     shot(page, f"accept-{role_text.split()[0]}")
-    page.get_by_role("button", name="Accept invitation").click()
-    # JupyterHub asks once before it tells another person's server who you are.
-    page.wait_for_url(re.compile(r"/hub/api/oauth2/authorize|/user/"), timeout=60_000)
-    if "/oauth2/authorize" in page.url:
-        expect(page.get_by_text(f"Server at /user/{OWNER}/{PROJECT}/")).to_be_visible()
-        page.get_by_role("button", name="Authorize").click()
+    page.get_by_role("button", name="Accept and open the project").click()
+    # Project servers are the hub's own: no OAuth confirm page on the way.
+    page.wait_for_url(re.compile(r"/user/"), timeout=60_000)
 
 
 def test_owner_shares_viewer_reads_and_saves_a_copy(hub, people, projects, contexts,
@@ -239,7 +235,7 @@ def test_owner_shares_viewer_reads_and_saves_a_copy(hub, people, projects, conte
 
     # 3. The viewer opens the link: JupyterHub's page says whose project and what access.
     viewer = contexts(VIEWER).pages[0]
-    accept(viewer, link, "read-only")
+    accept(viewer, link, "not run code")
 
     # 4. They land in the owner's JupyterLab, told it is read-only, and read the notebook.
     viewer.wait_for_url(f"**/user/{OWNER}/{PROJECT}/lab**", timeout=60_000)
@@ -305,7 +301,7 @@ def test_collaborator_sees_the_owners_edit_live(hub, people, projects, contexts,
     dialog.get_by_role("button", name="Done").click()
 
     collab = contexts(COLLABORATOR).pages[0]
-    accept(collab, link, "run code")
+    accept(collab, link, "run code in it")
     collab.wait_for_url(f"**/user/{OWNER}/{PROJECT}/lab**", timeout=60_000)
     lab_ready(collab)
     cpanel = open_notebook(collab, NOTEBOOK)
