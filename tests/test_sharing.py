@@ -115,7 +115,7 @@ def test_collaborator_works_in_the_project_until_revoked(people, project):
     # The project server keeps the hub's answer on a token for a while: a fresh one.
     bob.new_token()
 
-    r = page_post(alice, action="user", name="shbob")
+    r = page_post(alice, action="user", name="shbob", role="collaborator")
     assert r.status_code == 200, r.text
     assert "Shared with user shbob as collaborator." in r.text
     assert "<strong>shbob</strong>" in r.text
@@ -191,10 +191,11 @@ def test_link_grants_access_until_revoked(people, project, short_link):
     url = unescape(re.search(r'value="(http[^"]+accept-share\?code=[^"]+)"', r.text).group(1))
     accept_url = url.removeprefix(alice.base)
 
-    # JupyterHub's accept page says whose project it is.
+    # The accept page says whose project it is, and as what (a link is a viewer's first).
     offer = carol.http.get(carol.base + accept_url, timeout=10)
     assert offer.status_code == 200
-    assert f"{OWNER}'s server({PROJECT})" in offer.text
+    assert f"{OWNER} shares the project &lsquo;{PROJECT}&rsquo; with you as" in offer.text
+    assert "a viewer:" in offer.text
     assert accept(carol, accept_url).status_code == 302
     assert carol.api("GET", CONTENTS).status_code == 200
     assert "<strong>shcarol</strong>" in alice.http.get(alice.base + PAGE, timeout=30).text

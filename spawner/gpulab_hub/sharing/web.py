@@ -257,7 +257,7 @@ class ShareHandler(BaseHandler):
         orm.Share.grant(self.db, spawner, target, scopes=scopes)
         # Shared by name: nothing of theirs ends with a link any more.
         self.links.lasts_until_revoked(owner, project, kind, target.name)
-        return f"Shared with {kind} {name} as {role}; access lasts until revoked."
+        return f"Shared with {kind} {name} as {role}. Their access lasts until you revoke it."
 
     async def _link(self, token, owner: str, project: str) -> tuple[str, dict]:
         hours = self._hours()
