@@ -57,9 +57,9 @@ def gpu_diff(line: str = "") -> None:
 
 
 def gpu_job(line: str) -> None:
-    """Run a script or notebook as a job that outlives the browser: ``%gpu_job run
-    train.py --epochs 3``, ``--gpus all`` for torchrun; ``list``, ``logs [-f] ID``,
-    ``stop ID``, ``rerun ID``."""
+    """Run a script, notebook or any command as a job that outlives the browser:
+    ``%gpu_job run train.py --epochs 3``, ``--gpus all`` for torchrun, ``%gpu_job run --
+    accelerate launch train.py``; ``list``, ``logs [-f] ID``, ``stop ID``, ``rerun ID``."""
     from gpulab_jupyter.jobs.model import JobError
 
     from .job import gpu_job as run
