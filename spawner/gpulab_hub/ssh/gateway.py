@@ -600,6 +600,9 @@ class ChooseProject(asyncssh.SSHServerSession):
     def subsystem_requested(self, subsystem: str) -> bool:
         return True
 
+    def eof_received(self) -> bool:
+        return True  # the client's input ended (ssh < /dev/null): still say it
+
     def session_started(self) -> None:
         asyncio.ensure_future(self._tell())
 
