@@ -164,6 +164,7 @@ def test_save_a_copy_into_a_new_project_named_in_free_text(hub, browser, people,
     viewer.locator("#copy-submit").click()
     expect(viewer.get_by_text("Please match the requested format")).to_have_count(0)
     viewer.wait_for_url(re.compile(r"/user/bwviewer/bob-copy/"), timeout=300_000)
-    servers = people[VIEWER].api("GET", f"/hub/api/users/{VIEWER}").json()["servers"]
+    me = people[VIEWER].api("GET", f"/hub/api/users/{VIEWER}?include_stopped_servers=1")
+    servers = me.json()["servers"]
     assert servers["bob-copy"]["display_name"] == "Bob Copy", json.dumps(servers)[:500]
     people[VIEWER].stop_project("bob-copy")
