@@ -419,7 +419,11 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
                 projectimage.last_good, self.project, self._docker, self.image_repo
             )
             raise build_failed(
-                self.project.name, good.describe() if good else "", e.tail, self._build_log_url
+                self.project.name,
+                good.describe() if good else "",
+                e.tail,
+                self._build_log_url,
+                limit=e.message if e.limit else "",
             ) from e
         except options.OptionsError as e:
             raise SpawnError(str(e), reason="options") from e

@@ -109,7 +109,7 @@ def net() -> dict:
     return out
 
 
-def forks() -> dict:
+def forks(hold: float = 0) -> dict:
     children, refused = [], False
     for _ in range(5000):
         try:
@@ -121,6 +121,7 @@ def forks() -> dict:
             time.sleep(60)
             os._exit(0)
         children.append(pid)
+    time.sleep(hold)  # a bomb that keeps its processes, as a real one does
     for pid in children:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -136,10 +137,14 @@ def disk() -> dict:
                 f.flush()
                 os.fsync(f.fileno())
                 print(f"WROTE {mib}", flush=True)
-                time.sleep(0.1)
+                time.sleep(0.1 if len(sys.argv) < 3 else 0.5)
     return {"wrote": 4096}
 
 
 if __name__ == "__main__":
-    result = {"net": net, "forks": forks, "disk": disk}[sys.argv[1]]()
+    what = sys.argv[1]
+    if what == "forks" and len(sys.argv) > 2:
+        result = forks(float(sys.argv[2]))
+    else:
+        result = {"net": net, "forks": forks, "disk": disk}[what]()
     print("PROBE " + json.dumps(result), flush=True)

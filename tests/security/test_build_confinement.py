@@ -95,6 +95,7 @@ def test_a_build_step_holds_no_raw_socket_and_reaches_no_one(
         {"victim": victim, "host": host_address(), "port": host_service.port},
     )
     lines: list[str] = []
+    before = set(build_networks(docker_engine))
     build(docker_engine, p, confine.BuildLimits(timeout=120, cpus=0.5), lines)
     r = probe_result(lines)
     assert r["cpu_quota"].split()[0] == "50000", r["cpu_quota"]  # half a CPU
@@ -118,7 +119,7 @@ def test_a_build_step_holds_no_raw_socket_and_reaches_no_one(
         while chunk := s.recv(4096):
             answer += chunk
         assert SECRET.encode() in answer
-    assert build_networks(docker_engine) == []  # the build's network went with it
+    assert set(build_networks(docker_engine)) <= before  # the build's network went with it
 
 
 def test_a_fork_bomb_stops_at_the_process_limit(docker_engine, local_debian, tmp_path):
@@ -138,6 +139,7 @@ def test_a_disk_fill_is_stopped_at_the_disk_limit(docker_engine, local_debian, t
         tmp_path, "disk", f"FROM {local_debian}\nCOPY probe.py /\nRUN python3 /probe.py disk\n"
     )
     lines: list[str] = []
+    before = set(build_networks(docker_engine))
     started = time.monotonic()
     with pytest.raises(images.BuildError, match="wrote more than 100 MiB to disk"):
         build(docker_engine, p, confine.BuildLimits(timeout=300, disk=100 << 20), lines)
@@ -145,9 +147,9 @@ def test_a_disk_fill_is_stopped_at_the_disk_limit(docker_engine, local_debian, t
     wrote = [int(line.split()[1]) for line in lines if line.startswith("WROTE ")]
     assert wrote and max(wrote) < 400, wrote  # MiB: stopped near the limit
     assert projectimage.last_good(p) is None and projectimage.last_build_failed(p)
-    assert build_networks(docker_engine) == []
+    assert set(build_networks(docker_engine)) <= before
     steps = docker_engine.call("containers", all=True, filters={"ancestor": local_debian})
-    assert steps == []  # the killed step's container is gone too
+    assert [c for c in steps if not c["Names"][0].startswith(f"/{PREFIX}")] == []  # step gone
 
 
 def test_a_build_that_never_ends_is_stopped_at_its_time_limit(
@@ -157,11 +159,12 @@ def test_a_build_that_never_ends_is_stopped_at_its_time_limit(
         tmp_path, "endless", f"FROM {local_debian}\nRUN while :; do echo tick; sleep 1; done\n"
     )
     lines: list[str] = []
+    before = set(build_networks(docker_engine))
     started = time.monotonic()
     with pytest.raises(images.BuildError, match="took longer than 4 s and was stopped"):
         build(docker_engine, p, confine.BuildLimits(timeout=4), lines)
     assert time.monotonic() - started < 15
-    assert build_networks(docker_engine) == []
+    assert set(build_networks(docker_engine)) <= before
 
 
 def test_a_flood_of_output_keeps_the_head_and_the_tail(docker_engine, local_debian, tmp_path):

@@ -20,6 +20,7 @@ from gpulab_hub.doctor.cli import add_parser as add_doctor_parser
 from gpulab_hub.gpus import allocator
 from gpulab_hub.gpus import inventory as gpu_inventory
 from gpulab_hub.images import base as baseimage
+from gpulab_hub.images import confine
 
 INSTANCE_LABEL = "gpulab.instance"
 HUB_PIDFILE = "gpulab-hub.pid"
@@ -110,6 +111,8 @@ def cmd_up(args, environ) -> int:
     network = where.network
     host.ensure_network(dk, network)
     host.ensure_firewall(dk, network, int(s["GPULAB_HUB_PORT"]))
+    for name in confine.remove_stale(dk.call, network):
+        print(f"Removed the build network {name} an earlier hub left behind")
     env = settings.with_hub_ip(environ)
     host.ensure_base_image(dk, repo_dir(), hub_dir, base_spec(s), where.base_image, network=network)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -177,6 +180,9 @@ def cmd_down(args, environ) -> int:
         label = f"{INSTANCE_LABEL}={s['GPULAB_CONTAINER_PREFIX']}"
         for name in host.remove_containers(dk, label):
             print(f"Stopped project container {name}")
+        if spawner is not None:
+            for name in confine.remove_stale(dk.call, spawner.network_name):
+                print(f"Stopped the build on {name}")
     if host.stop_dockerd(hub_dir):
         print("Stopped the Docker engine gpulab had started.")
     return 0

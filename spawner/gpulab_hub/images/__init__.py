@@ -33,8 +33,12 @@ LOG_TAIL = 20
 class BuildError(Exception):
     """A build failed; ``str()`` is the message for the user, ``tail`` the last log lines."""
 
-    def __init__(self, message: str, tail: list[str], log_path: Path | None = None):
+    def __init__(
+        self, message: str, tail: list[str], log_path: Path | None = None, limit: bool = False
+    ):
         self.tail = tail
+        self.message = message
+        self.limit = limit  # stopped by a build limit (time, disk), not by a step's own failure
         self.log_path = log_path
         text = message
         if tail:
@@ -146,13 +150,15 @@ def build(
         try:
             confine.check_engine(info, runtime)
         except confine.BuildRefused as e:
-            raise BuildError(str(e), []) from e
+            raise BuildError(str(e), [], limit=True) from e
     log_path.parent.mkdir(parents=True, exist_ok=True)
     tail: deque[str] = deque(maxlen=LOG_TAIL)
     log = confine.CappedLog(log_path, limits.log_bytes)
     try:
         with confine.BuildNetwork(docker_call, network) as net:
-            watch = confine.StepWatch(docker_call, net.name, limits)
+            watch = confine.StepWatch(
+                docker_call, net.name, limits, root_dir=info.get("DockerRootDir")
+            )
             watch.start()
             try:
                 _stream(docker_call, context, tag, labels, limits, info, net, watch, log, tail,
@@ -199,6 +205,7 @@ def _stream(docker_call, context, tag, labels, limits, info, net, watch, log, ta
             f"The image build for {tag} took longer than {limits.timeout:.0f} s and was stopped.",
             list(tail),
             log.path,
+            limit=True,
         )
     if watch.stopped == "disk":
         raise BuildError(
@@ -207,6 +214,7 @@ def _stream(docker_call, context, tag, labels, limits, info, net, watch, log, ta
             "project, not in the image.",
             list(tail),
             log.path,
+            limit=True,
         )
     if failed:
         raise BuildError(f"The image build for {tag} failed.", list(tail), log.path)

@@ -19,6 +19,7 @@ gets no more than a running project (docs/security.md, "Builds"):
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import threading
@@ -132,12 +133,49 @@ class BuildNetwork:
                 log.info("gpulab: removing build step %s: %s", c["Id"][:12], e)
 
 
+def remove_stale(docker_call, base_name: str) -> list[str]:
+    """Remove the build networks of ``base_name`` a hub that is gone left behind (and the
+    build steps still running on them): at ``gpulab up`` and ``gpulab down``, when no
+    build of this hub runs. Returns the names removed."""
+    import docker.errors
+
+    gone = []
+    prefix = f"{base_name}-build-"
+    for net in docker_call("networks", filters={"label": "gpulab.network=build"}):
+        name = net.get("Name", "")
+        if not name.startswith(prefix):
+            continue
+        stale = BuildNetwork(docker_call, base_name)
+        stale.name = name
+        try:
+            stale._detach_all()
+            docker_call("remove_network", name)
+        except docker.errors.APIError as e:
+            log.warning("gpulab: could not remove the old build network %s: %s", name, e)
+            continue
+        gone.append(name)
+    return gone
+
+
 class StepWatch(threading.Thread):
     """Every ``every`` seconds, the running step of a build is killed when the build is
     past its deadline or its disk limit (what it added: the newest committed layer's
-    image above its stage's base, plus what the running step wrote)."""
+    image above its stage's base, plus what the running step wrote).
 
-    def __init__(self, docker_call, network: str, limits: BuildLimits, every: float = 1.0):
+    Asking Docker for a step's size walks its files, which costs a busy step (pip
+    writing thousands of files) real time; so where the engine's data folder is on
+    this machine (``root_dir``), the watch first reads how much free space the disk
+    lost since the build began (one statvfs): a build cannot have written more than
+    that, and only past the limit is Docker asked for the exact figure."""
+
+    def __init__(
+        self,
+        docker_call,
+        network: str,
+        limits: BuildLimits,
+        every: float = 1.0,
+        root_dir: str | None = None,
+    ):
         super().__init__(name="gpulab-build-watch", daemon=True)
         self.docker_call, self.network, self.limits, self.every = (
             docker_call,
@@ -149,6 +187,9 @@ class StepWatch(threading.Thread):
         self.base_size = self.layer_size = 0
         self.stopped: str = ""  # "time" or "disk" once it killed a step for that
         self.used_bytes = 0
+        self.exact_checks = 0  # times Docker was asked for the sizes
+        self.root_dir = root_dir if root_dir and os.path.isdir(root_dir) else None
+        self._free_at_start = self._free()
         self._from_next = False
         self._done = threading.Event()
 
@@ -189,11 +230,28 @@ class StepWatch(threading.Thread):
             except docker.errors.APIError as e:
                 log.info("gpulab: stopping build step %s: %s", c["Id"][:12], e)
 
+    def _free(self) -> int | None:
+        if self.root_dir is None:
+            return None
+        try:
+            st = os.statvfs(self.root_dir)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def _may_be_over(self) -> bool:
+        """Whether the build may be past its disk limit (False only when sure it is not)."""
+        free = self._free()
+        if free is None or self._free_at_start is None:
+            return True
+        return self._free_at_start - free > self.limits.disk
+
     def run(self) -> None:
         while not self._done.wait(self.every):
             if time.monotonic() > self.deadline:
                 self.stopped = "time"
-            else:
+            elif self._may_be_over():
+                self.exact_checks += 1
                 self.used_bytes = self.layer_size + sum(
                     int(c.get("SizeRw") or 0) for c in self._steps(size=True)
                 )

@@ -78,10 +78,15 @@ class SpawnError(SpawnException):
         return self.message
 
 
-def build_failed(project: str, last_good: str, log_tail, log_url: str) -> SpawnError:
+def build_failed(
+    project: str, last_good: str, log_tail, log_url: str, limit: str = ""
+) -> SpawnError:
     """The Dockerfile of ``project`` did not build; ``last_good`` describes the last
-    image that built ("" when there is none)."""
+    image that built ("" when there is none); ``limit``: the build limit that stopped it,
+    in the user's words ("" when a step failed by itself)."""
     message = f"The Dockerfile of project {project} failed to build, so the project did not start."
+    if limit:
+        message += " " + limit
     if last_good:
         message += (
             f" The last image that built ({last_good}) is kept: start it to fix the "
