@@ -155,8 +155,16 @@ def test_share_link_accept_and_revoke_in_a_persons_words(hub, browser, people, p
 
 
 def test_save_a_copy_into_a_new_project_named_in_free_text(hub, browser, people, project):
-    """The viewer (test above) saves a copy into a new project called "Bob Copy"."""
+    """A viewer saves a copy into a new project called "Bob Copy"."""
     base = hub.url
+    # The owner shares with them by name: viewer unless chosen otherwise.
+    owner = page_of(browser, hub, OWNER)
+    owner.goto(f"{base}/hub/gpulab/share/{PROJECT}")
+    owner.locator("#share-form").get_by_label("name").fill(VIEWER)
+    owner.locator("#share-form").get_by_role("button", name="Share").click()
+    expect(owner.locator("#share-message")).to_have_text(
+        f"Shared with user {VIEWER} as viewer. Their access lasts until you revoke it."
+    )
     viewer = page_of(browser, hub, VIEWER)
     query = urlencode({"owner": OWNER, "project": PROJECT, "path": NOTEBOOK})
     viewer.goto(f"{base}/hub/gpulab/copy?{query}")
