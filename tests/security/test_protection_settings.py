@@ -36,6 +36,13 @@ def test_userns_on_and_off():
     assert off.status == WARN and "userns-remap" in off.fix
 
 
+def test_an_engine_without_gpulabs_build_runtime_fails_with_the_fix():
+    confined = {"DefaultRuntime": "gpulab", "Runtimes": {"gpulab": {}, "runc": {}}}
+    assert protections.check_builds(confined).status == OK
+    f = protections.check_builds({"DefaultRuntime": "runc", "Runtimes": {"runc": {}}})
+    assert f.status == FAIL and "'runc'" in f.seen and "gpulab-build-runtime" in f.fix
+
+
 def test_missing_cgroup_controllers_are_named():
     assert protections.check_kernel_limits(REMAPPED).status == OK
     f = protections.check_kernel_limits({**REMAPPED, "PidsLimit": False})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import docker.errors
 
+from gpulab_hub import host
 from gpulab_hub.cluster import hubjobs
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 from gpulab_hub.projects import objects
@@ -59,6 +60,29 @@ def check_kernel_limits(info: dict) -> Finding:
             "or the cgroup v2 subtree, then restart Docker.",
         )
     return Finding(fid, OK, "process, memory and CPU limits can be enforced (cgroups)")
+
+
+def check_builds(info: dict) -> Finding:
+    """security.builds: image builds run confined (gpulab's engine runtime, images/confine.py)."""
+    fid = "security.builds"
+    if host.build_confined(info):
+        return Finding(
+            fid,
+            OK,
+            "image builds are confined: the engine creates containers through gpulab's "
+            "runtime (build steps: no raw sockets, no privilege gain, a process limit), each "
+            "build on a network of its own",
+        )
+    return Finding(
+        fid,
+        FAIL,
+        f"this engine's default runtime is {info.get('DefaultRuntime')!r}, not gpulab's: "
+        "build steps would run as root with raw sockets, so projects will not build",
+        "Let `gpulab up` start the Docker engine, or add gpulab's runtime to it: in "
+        '/etc/docker/daemon.json, "runtimes": {"gpulab": {"path": "<gpulab\'s '
+        'venv>/bin/gpulab-build-runtime"}} and "default-runtime": "gpulab", then restart '
+        "Docker (docs/security.md, \"Builds are confined like projects\").",
+    )
 
 
 def check_network(network: dict | None, name: str) -> Finding:
@@ -156,6 +180,7 @@ def findings(dk, info: dict, network_name: str, probes) -> list[Finding]:
     return [
         check_userns(info),
         check_kernel_limits(info),
+        check_builds(info),
         check_network(network, network_name),
         check_containers(inspected),
     ]
