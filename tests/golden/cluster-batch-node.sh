@@ -60,9 +60,9 @@ trap 'gpulab_remove; rm -f -- "$out"' EXIT
   --network gpulab-net \
   --mount type=bind,source=/srv/gpulab/projects/alice/vision,target=/workspace \
   --mount type=bind,source=/srv/gpulab/data/datasets,target=/data/datasets,readonly \
-  --mount type=bind,source=/srv/gpulab/data/models/alice,target=/data/models \
-  --mount type=bind,source=/srv/gpulab/data/outputs/alice,target=/data/outputs \
-  -v gpulab-hf-alice:/cache/huggingface:rw \
+  --mount type=bind,source=/srv/gpulab/data/projects/alice/vision/models,target=/data/models \
+  --mount type=bind,source=/srv/gpulab/data/projects/alice/vision/outputs,target=/data/outputs \
+  --mount type=bind,source=/srv/gpulab/data/projects/alice/vision/huggingface,target=/cache/huggingface \
   --shm-size 8g \
   --cap-drop ALL \
   --security-opt no-new-privileges \
@@ -80,6 +80,7 @@ GPULAB_WORKSPACE=/workspace
 GPULAB_PROJECT_DIR=/workspace
 GPULAB_DATA=/data
 HF_HOME=/cache/huggingface
+HF_TOKEN_PATH=/tmp/gpulab-huggingface/token
 NVIDIA_VISIBLE_DEVICES=void
 CUDA_VISIBLE_DEVICES=
 GPULAB_ENV
