@@ -6,7 +6,7 @@ FROM ${BASE}
 ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends nodejs npm ca-certificates \
+ && apt-get install -y --no-install-recommends nodejs npm ca-certificates iptables \
  && rm -rf /var/lib/apt/lists/* \
  && npm install -g --no-fund --no-audit configurable-http-proxy@4 \
  && npm cache clean --force

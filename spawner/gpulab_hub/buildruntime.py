@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """gpulab's OCI runtime for the Docker engine: runc, with build steps confined.
 
 Docker's classic builder runs each ``RUN`` step of a project's Dockerfile as root
