@@ -23,6 +23,28 @@ def test_project_template_has_base_and_managed_block():
     assert start < end
 
 
+def test_project_template_header_speaks_to_a_new_user():
+    text = images.render(
+        IMAGES, "project.Dockerfile.j2", base_image="gpulab/base:latest", display_name="x"
+    )
+    header = text[: text.index("\nFROM ")]
+    # what the file is, that each start builds it and reuses what did not change,
+    # who writes the managed block, and what FROM may name (with where to read more)
+    for words in (
+        "this Dockerfile describes the project's software",
+        "Each time the project starts, gpulab builds it",
+        "reusing every step that did not change",
+        "The base image is the admin's choice",
+        "FROM may name only this hub's base images",
+        '"What a Dockerfile may name"',
+    ):
+        assert words in " ".join(header.replace("# ", "").split()), words
+    assert "%gpu_install writes the packages" in text
+    # no build-tool pragmas or internals a user cannot act on
+    for internal in ("hadolint", "hashes its ID", "image's tag"):
+        assert internal not in header, internal
+
+
 def test_template_parameters_are_required():
     with pytest.raises(UndefinedError):
         images.render(IMAGES, "project.Dockerfile.j2", display_name="x")
