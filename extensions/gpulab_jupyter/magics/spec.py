@@ -36,6 +36,9 @@ _APT = re.compile(r"[a-z0-9][a-z0-9+.\-]{0,99}(=[A-Za-z0-9.+~:\-]{1,100})?")
 MAX_CHECK = 2000  # characters of --check code
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _OPTION = re.compile(r"(^|[\s;,])-{1,2}[A-Za-z]")
+_ONE_OPTION = re.compile(r"-{1,2}[A-Za-z][A-Za-z0-9-]*(=\S*)?")  # one word: "--index-url=…"
+_SHELL = re.compile(r"[;&|`$<>]")
+MAX_SHOWN = 80  # characters of a refused spec repeated in the message
 _DIRECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*@")
 
 
@@ -103,6 +106,22 @@ def _local_name(path: str) -> str:
     )
 
 
+def _not_a_requirement(text: str) -> str:
+    """Why ``text`` (one word as the magic received it) is refused, in the user's words."""
+    shown = text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
+    if _ONE_OPTION.fullmatch(text):
+        return (
+            f"`{shown}` is a pip option, not a package: %gpu_install takes package names "
+            "like `six` or `six==1.17.0`, one per word, and options of its own before them "
+            "(unquoted; %gpu_install? lists them)."
+        )
+    return (
+        f"`{shown}` is not a package requirement: %gpu_install takes package names like "
+        "`six` or `six==1.17.0`, one per word"
+        + (" (it runs no shell commands)." if _SHELL.search(text) else ".")
+    )
+
+
 def parse_spec(text: str, allow_url: bool = False, allow_local: bool = False) -> Spec:
     """Validate one spec; raise SpecError with a message for the user."""
     text = text.strip()
@@ -111,10 +130,7 @@ def parse_spec(text: str, allow_url: bool = False, allow_local: bool = False) ->
     if _CONTROL.search(text):
         raise SpecError(f"The spec {text!r} contains control characters.")
     if text.startswith("-") or _OPTION.search(text):
-        raise SpecError(
-            f"{text!r} holds a pip option: options cannot be passed inside package specs. "
-            "Use %gpu_install's own options (see %gpu_install?)."
-        )
+        raise SpecError(_not_a_requirement(text))
     direct = _DIRECT.match(text) is not None
     if not direct and "://" in text and not text.startswith("file:"):
         raise SpecError(f"{text!r} is a bare URL: write it as NAME @ URL (and pass --allow-url).")
@@ -130,7 +146,7 @@ def parse_spec(text: str, allow_url: bool = False, allow_local: bool = False) ->
     try:
         req = Requirement(text)
     except InvalidRequirement as e:
-        raise SpecError(f"{text!r} is not a valid package spec (PEP 508): {e}") from e
+        raise SpecError(_not_a_requirement(text)) from e
     if req.marker is not None:
         raise SpecError(f"{text!r}: environment markers are not supported by %gpu_install.")
     name = canonicalize_name(req.name)
