@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import select
 import shutil
 import signal
@@ -102,18 +103,54 @@ class Docker:
 BUILD_RUNTIME = "gpulab"
 
 
-def build_runtime_path() -> str:
-    """gpulab's runtime program, installed beside the interpreter that runs gpulab."""
-    return str(Path(sys.executable).parent / "gpulab-build-runtime")
+# The engine calls its runtime for every container (create, start, state, delete...):
+# a shell script hands each call straight to runc, and only the creation of a gpulab
+# build step (its spec names the build's cgroup parent) goes through buildruntime.py,
+# run by Python without site packages (it needs the standard library only).
+_RUNTIME_SCRIPT = """#!/bin/sh
+# gpulab's engine runtime, written by gpulab when it started this dockerd
+# (gpulab_hub/buildruntime.py says what it does).
+bundle=. prev= create=
+for a in "$@"; do
+  case "$prev" in --bundle|-b) bundle=$a ;; esac
+  case "$a" in --bundle=*) bundle=${{a#--bundle=}} ;; create|run) create=1 ;; esac
+  prev=$a
+done
+if [ -n "$create" ] && grep -q 'gpulab-build-pids' "$bundle/config.json" 2>/dev/null; then
+  exec {python} -I -S {module} "$@"
+fi
+exec {runc} "$@"
+"""
 
 
-def dockerd_args() -> tuple[str, ...]:
+def write_build_runtime(state_dir: Path) -> Path:
+    """gpulab's engine runtime (a script in ``state_dir``, root's, 0755), written anew."""
+    from gpulab_hub import buildruntime
+
+    for value in (sys.executable, buildruntime.__file__, buildruntime.find_runc()):
+        if not re.fullmatch(r"/[A-Za-z0-9_./+-]+", value):
+            raise HostError(f"gpulab's engine runtime cannot name the path {value!r}.")
+    text = _RUNTIME_SCRIPT.format(
+        python=sys.executable, module=buildruntime.__file__, runc=buildruntime.find_runc()
+    )
+    path = state_dir / "gpulab-build-runtime"
+    tmp = state_dir / ".gpulab-build-runtime.tmp"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+    return path
+
+
+def dockerd_args(runtime: Path) -> tuple[str, ...]:
     """How gpulab starts dockerd when none runs: container root is an unprivileged host
     uid (user-namespace remapping onto the "dockremap" range), and every container is
-    created through gpulab's runtime, which confines build steps (buildruntime.py)."""
+    created through gpulab's ``runtime``, which confines build steps (buildruntime.py)."""
     return (
         "--userns-remap=default",
-        f"--add-runtime={BUILD_RUNTIME}={build_runtime_path()}",
+        f"--add-runtime={BUILD_RUNTIME}={runtime}",
         f"--default-runtime={BUILD_RUNTIME}",
     )
 
@@ -130,7 +167,8 @@ def ensure_dockerd(
     """Start dockerd when no engine answers. Returns the PID it started, else None."""
     if dk.reachable():
         return None
-    args = dockerd_args() if args is None else args
+    state_dir.mkdir(parents=True, exist_ok=True)
+    args = dockerd_args(write_build_runtime(state_dir)) if args is None else args
     dockerd = shutil.which("dockerd")
     if not dockerd:
         raise HostError(
