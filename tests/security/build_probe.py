@@ -70,24 +70,23 @@ def status_field(name: str) -> str:
     return ""
 
 
-def pids_max() -> str:
-    for path in ("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max"):
+def first_readable(*paths: str) -> str:
+    """The first of these cgroup files that exists (cgroup v1, then v2), stripped."""
+    for path in paths:
         try:
             with open(path) as f:
                 return f.read().strip()
         except OSError:
             continue
     return ""
+
+
+def pids_max() -> str:
+    return first_readable("/sys/fs/cgroup/pids/pids.max", "/sys/fs/cgroup/pids.max")
 
 
 def cpu_quota() -> str:
-    for path in ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max"):
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError:
-            continue
-    return ""
+    return first_readable("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max")
 
 
 def net() -> dict:
