@@ -226,6 +226,9 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             self._docker, project, self.image_repo, allowed=tuple(self.allowed_base_images)
         )
         if plan.context is None:
+            # the image exists (built before, by this project or one with its content):
+            # it is this project's last good image, as after a build
+            projectimage.record(project, plan.tag, failed=False)
             self._emit(70, f"Using the image {plan.tag} (the Dockerfile is unchanged)")
         return plan
 
