@@ -109,20 +109,24 @@ def _gpu_fields(g: GpuChoices) -> str:
 
 
 def _last_good_fields(description: str) -> str:
+    """The choice after a failed build: the last image that built comes first and is
+    chosen (building the same Dockerfile again would fail the same way)."""
     return f"""
-<p>The last build of this project's Dockerfile failed.</p>
-<div class="form-check">
-  <input class="form-check-input" type="radio" name="image_choice" value="rebuild"
-         id="gpulab-rebuild" checked>
-  <label class="form-check-label" for="gpulab-rebuild">Build the Dockerfile again</label>
-</div>
+<p id="gpulab-build-failed-note">The last build of this project's Dockerfile failed.
+  Start the last image that built to fix the Dockerfile from inside; build it again
+  once it is fixed.</p>
 <div class="form-check">
   <input class="form-check-input" type="radio" name="image_choice" value="last-good"
-         id="gpulab-last-good">
+         id="gpulab-last-good" checked>
   <label class="form-check-label" for="gpulab-last-good">
     Start the last image that built ({escape(description)}) and fix the
     Dockerfile from inside
   </label>
+</div>
+<div class="form-check">
+  <input class="form-check-input" type="radio" name="image_choice" value="rebuild"
+         id="gpulab-rebuild">
+  <label class="form-check-label" for="gpulab-rebuild">Build the Dockerfile again</label>
 </div>"""
 
 
