@@ -139,6 +139,7 @@ def site(docker_engine, local_debian, tmp_path_factory) -> Site:
     c.ProjectSpawner.image_repo = f"{PREFIX}/project"
     c.ProjectSpawner.mem_limit = 1 << 30
     c.ProjectSpawner.pids_limit = 256
+    c.ProjectSpawner.allowed_base_images = [local_debian]  # what the test projects start FROM
     spawner = hubsettings.spawner_of(c)
     hub = hubsettings.from_spawner(spawner)
     host.ensure_network(docker_engine, hub.network)
