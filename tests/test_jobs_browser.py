@@ -212,6 +212,37 @@ def test_a_job_runs_shows_its_output_and_stops(lab, page):
     assert not [e for e in page.errors if "gpulab" in e.lower()], page.errors
 
 
+def test_the_jobs_tab_is_named_and_a_command_job_shows_its_command_line(lab, page):
+    # The Jobs tab in the left sidebar reads "Jobs", not an unlabelled icon.
+    tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpulab-jobs"]')
+    tab.wait_for(timeout=30_000)
+    assert tab.locator(".lm-TabBar-tabLabel").inner_text().strip() == "Jobs"
+    assert tab.locator(".lm-TabBar-tabLabel").is_visible()
+    # A command job (gpulab-job run -- bash -c '…'): the panel shows the command as it
+    # was typed, each word quoted as a shell reads it back, not the job's id.
+    url, token, _, _ = lab
+    words = ["bash", "-c", 'echo "it\'s done"; sleep 60']
+    r = requests.post(f"{url}/api/gpulab/v1/jobs", params={"token": token},
+                      json={"command": words}, timeout=30)  # fmt: skip
+    assert r.status_code == 201, r.text
+    job = r.json()
+    typed = """bash -c 'echo "it'"'"'s done"; sleep 60'"""
+    assert job["command_line"] == f"-- {typed}"
+    try:
+        panel = show_jobs_panel(page)
+        item = panel.locator(f'[data-job-id="{job["id"]}"]')
+        item.wait_for(timeout=30_000)
+        assert item.locator("[data-gpulab=job-title]").inner_text() == typed
+        assert job["id"] not in item.inner_text()
+        # Shown whole (it wraps), not cut off.
+        shown = item.locator("[data-gpulab=job-title]")
+        assert shown.evaluate("e => e.scrollWidth <= e.clientWidth")
+        item.locator("[data-gpulab=job-title]").screenshot(path=str(OUT / "jobs-command-title.png"))
+        page.screenshot(path=str(OUT / "jobs-command.png"))
+    finally:
+        assert api(lab, f"jobs/{job['id']}/stop", "POST")["state"] == "stopped"
+
+
 def test_a_job_that_ends_is_announced(lab, page):
     run_from_file_browser(page, "quick.py")
     toast = page.locator(".Toastify__toast").filter(has_text="Job quick.py succeeded after")
@@ -296,7 +327,7 @@ def test_a_viewer_is_offered_no_run_stop_or_rerun(lab, page):
         job_item(page, "stopped").first.locator("[data-gpulab=job-rerun]").click()
         toast = page.locator(".Toastify__toast").filter(has_text=REFUSAL)
         toast.wait_for(timeout=15_000)
-        assert re.match(r"Re-run [\w. ]+: " + re.escape(REFUSAL), toast.inner_text().strip())
+        assert re.match(r"Re-run .+: " + re.escape(REFUSAL), toast.inner_text().strip())
     finally:
         page.unroute("**/api/gpulab/v1/jobs/*/rerun*")
 

@@ -17,6 +17,8 @@ export interface IJobRequest {
   gpus?: string;
   precision?: string;
   name?: string;
+  /** Any command, run as it is (`-- bash train.sh`): then no target and no args. */
+  command?: string[];
 }
 
 export interface IJob {
@@ -33,6 +35,8 @@ export interface IJob {
   output: string;
   /** The supervisor's process id while it runs. */
   pid: number | null;
+  /** What it runs as the user typed it after `gpulab-job run`, shell-quoted (`-- bash train.sh`). */
+  command_line?: string;
   /** GET jobs/<id> only: the end of its output, terminal codes removed. */
   log_tail?: string;
 }
@@ -72,9 +76,35 @@ export async function postAPI<T>(endPoint: string, body: unknown = {}): Promise<
   return (await response.json()) as T;
 }
 
-/** What the user calls a job: its name, else the file it runs. */
+/** Characters a shell word may hold unquoted (Python's `shlex.quote`). */
+const SAFE_WORD = /^[\w@%+=:,./-]+$/;
+
+/** One word as a shell reads it back: `it's` → `'it'"'"'s'` (as Python's `shlex.quote`). */
+export function shellQuote(word: string): string {
+  if (!word) {
+    return "''";
+  }
+  return SAFE_WORD.test(word) ? word : `'${word.replace(/'/g, `'"'"'`)}'`;
+}
+
+/** Words as a shell reads them back, each one itself (as Python's `shlex.join`). */
+export function shellJoin(words: string[]): string {
+  return words.map(shellQuote).join(' ');
+}
+
+/** A command job's command as typed (`bash train.sh`), quoted; '' for a script or notebook. */
+export function commandText(job: IJob): string {
+  const command = job.request.command || [];
+  if (!command.length) {
+    return '';
+  }
+  const line = job.command_line || '';
+  return line.startsWith('-- ') ? line.slice(3) : line || shellJoin(command);
+}
+
+/** What the user calls a job: its name, else the command or the file it runs. */
 export function jobTitle(job: IJob): string {
-  return job.request.name || job.request.target || job.id;
+  return job.request.name || commandText(job) || job.request.target || job.id;
 }
 
 /** `45s`, `12m 03s`, `2h 05m`. */

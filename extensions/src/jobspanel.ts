@@ -12,7 +12,15 @@ import { IProcess } from './api';
 import { gib, statusText } from './format';
 import { IdleWatch, keptText } from './idle';
 import { JobsModel, SHOWN } from './jobs';
-import { FINISHED, IJob, duration, elapsed, jobTitle } from './jobsapi';
+import {
+  FINISHED,
+  IJob,
+  commandText,
+  duration,
+  elapsed,
+  jobTitle,
+  shellJoin
+} from './jobsapi';
 import { GpuModel } from './model';
 
 /** How many lines of a job's output the panel shows. */
@@ -62,13 +70,13 @@ export function lastLines(text: string, n: number): string {
   return lines.filter(l => l.trim()).slice(-n).join('\n');
 }
 
-/** What runs, with the interpreter by its name (`python3 -u train.py`), not its path. */
+/** What runs, with the interpreter by its name (`python3 -u train.py`), not its path; quoted. */
 export function shortCommand(argv: string[]): string {
   if (!argv.length) {
     return '';
   }
   const program = argv[0].split('/').pop() || argv[0];
-  return [program, ...argv.slice(1)].join(' ');
+  return shellJoin([program, ...argv.slice(1)]);
 }
 
 /** "GPU 0: 11.2 GiB in 1 process" for a job's processes ('' when none holds a GPU). */
@@ -204,6 +212,10 @@ export class JobsPanel extends Widget {
     badge.dataset.gpulab = 'job-state';
     top.appendChild(badge);
     const title = el('span', 'jp-gpulab-JobTitle', jobTitle(job));
+    title.dataset.gpulab = 'job-title';
+    if (commandText(job) && !job.request.name) {
+      title.classList.add('jp-mod-command'); // shown whole: every word counts
+    }
     title.title = `Job ${job.id}`;
     top.appendChild(title);
     const time = el('span', 'jp-gpulab-JobElapsed', duration(elapsed(job, this._since())));
@@ -212,9 +224,15 @@ export class JobsPanel extends Widget {
     top.appendChild(time);
     item.appendChild(top);
 
-    const command = (job.argv || []).join(' ');
-    const cmd = el('div', 'jp-gpulab-JobCommand', shortCommand(job.argv || []) || job.request.target);
-    cmd.title = command;
+    // A command job runs its words as typed (quoted as a shell reads them back);
+    // a script or notebook, the interpreter's command line that gpulab made.
+    const typed = commandText(job);
+    const runs = typed || shortCommand(job.argv || []) || job.request.target;
+    const cmd = el('div', 'jp-gpulab-JobCommand', runs);
+    cmd.dataset.gpulab = 'job-command';
+    cmd.title = typed ? `gpulab-job run ${job.command_line}` : shellJoin(job.argv || []);
+    // A command job without a name has its command as its title already.
+    cmd.hidden = !!typed && !job.request.name;
     item.appendChild(cmd);
     const end = this._endLine(job);
     if (end) {

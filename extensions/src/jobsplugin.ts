@@ -92,7 +92,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     panel.id = 'gpulab-jobs';
     panel.title.icon = runIcon;
-    panel.title.label = '';
+    // Named beside its icon, not an unlabelled icon; the caption says more on hover.
+    panel.title.label = 'Jobs';
     app.shell.add(panel, 'left', { rank: 600 });
     if (restorer) {
       restorer.add(panel, 'gpulab-jobs');
