@@ -39,7 +39,6 @@ BROKEN = "RUN printf '\\033[31mred-step-output\\033[0m\\n' && false\n"
 SLOW_BROKEN = "RUN echo slow-step-output && sleep 3 && false\n"
 
 
-
 @pytest.fixture
 def page(request, browser):
     """One browser page (own cookies), screenshotted when the test fails."""
@@ -94,6 +93,10 @@ def expect_build_failure_page(p: Page) -> None:
     expect(failure.get_by_role("link", name="Open the whole build log")).to_be_visible()
     expect(p.get_by_role("button", name="Build the Dockerfile again")).to_be_visible()
     expect(p.get_by_role("button", name="Start the last image that built")).to_be_visible()
+    # the same Dockerfile would fail again: the last image that built is the first choice
+    expect(p.locator("#gpulab-choices button").first).to_have_text(
+        "Start the last image that built"
+    )
     for bare in ("Unhandled error", "Spawn failed", "HTTP 500", "Relaunch"):
         expect(p.get_by_text(bare)).to_have_count(0)
 
@@ -134,11 +137,14 @@ def test_a_dockerfile_that_fails_fast(hub, docker_engine, owner: HubUser, page: 
     assert "\x1b" not in log.text_content() and "\nred-step-output\n" in log.text_content()
     shot(page, "spawn-02-build-log.png")
 
-    # 2. The spawn form now offers the choice; "Build the Dockerfile again" (a POST).
+    # 2. The spawn form now offers the choice, the last image that built ticked (the same
+    # Dockerfile would fail again); "Build the Dockerfile again" (a POST).
     page.goto(f"{base}/hub/spawn/{USER}/{PROJECT}")
     expect(page.get_by_role("heading", name=f"Start project {PROJECT}")).to_be_visible()
-    expect(page.get_by_label("Build the Dockerfile again")).to_be_checked()
+    expect(page.get_by_label("Start the last image that built (")).to_be_checked()
+    expect(page.get_by_label("Build the Dockerfile again")).not_to_be_checked()
     shot(page, "spawn-03-form.png")
+    page.get_by_label("Build the Dockerfile again").check()
     page.get_by_role("button", name=f"Start {PROJECT}").click()
     expect_build_failure_page(page)
     shot(page, "spawn-04-build-failed-again.png")
@@ -172,9 +178,20 @@ def test_a_dockerfile_that_fails_fast(hub, docker_engine, owner: HubUser, page: 
         timeout=60_000
     )
     # In JupyterLab: a notification with the note and the build log, and a status item.
-    expect(page.locator("[data-gpulab=image-state]")).to_have_text("Last good image")
-    toast = page.get_by_text("Running the last image that built (").first
+    item = page.locator("[data-gpulab=image-state]")
+    expect(item).to_have_text("Last good image")
+    # The note whole: the hub's note is longer than the 140 characters JupyterLab's
+    # notifications keep, so the notification says it in one whole sentence and the
+    # status bar item carries the note (which image, when the build failed).
+    toast = page.locator(".Toastify__toast").filter(has_text="Running the last image that built")
     expect(toast).to_be_visible(timeout=15_000)
+    expect(toast).to_contain_text(
+        "Running the last image that built: the Dockerfile's latest build failed. "
+        "Fix the Dockerfile, then restart the project."
+    )
+    expect(toast).not_to_contain_text("…")
+    expect(item).to_have_attribute("title", re.compile(r"^Running the last image that built \("))
+    expect(item).to_have_attribute("title", re.compile(r"build of .* failed\."))
     expect(page.get_by_role("button", name="Open build log").first).to_be_visible()
     # No prompt about Jupyter's news in front of the user's work (the image turns it off).
     page.wait_for_timeout(2_000)  # JupyterLab asks, when it does, with its first toasts

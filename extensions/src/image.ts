@@ -22,6 +22,17 @@ export function buildLogUrl(hubPath: string): string {
     : '';
 }
 
+/** JupyterLab cuts a notification's message at 140 characters (mid-word): a longer note
+ * (the hub's names the image and when the build failed) shows whole in the status bar
+ * item and the GPU panel, and the notification says it in a sentence that fits. */
+const TOAST_MAX = 140;
+export function toastText(text: string): string {
+  return text.length <= TOAST_MAX
+    ? text
+    : "Running the last image that built: the Dockerfile's latest build failed. " +
+        'Fix the Dockerfile, then restart the project.';
+}
+
 function openLog(url: string): void {
   window.open(url, '_blank', 'noopener');
 }
@@ -71,7 +82,7 @@ function tell(app: JupyterFrontEnd, statusBar: IStatusBar | null, image: IImageS
   }
   // Once the page is laid out, so that the notification is seen.
   void app.restored.then(() => {
-    Notification.warning(text, {
+    Notification.warning(toastText(text), {
       autoClose: false,
       actions: url ? [{ label: 'Open build log', callback: () => openLog(url) }] : []
     });
