@@ -402,6 +402,42 @@ def test_status_bar_says_stale_when_the_api_fails_and_backs_off(lab, browser):
     pg.close()
 
 
+def test_status_bar_says_no_access_when_the_server_refuses(lab, browser):
+    # A collaborator whose access was revoked: the project's server answers 403. The
+    # status bar says so in words, not "stale (HTTP 403)", and the panel shows no GPU.
+    answers = canned(time.time())
+    refusing = {"on": False}
+
+    def answer(route):
+        if refusing["on"]:
+            route.fulfill(status=403, content_type="application/json",
+                          body='{"message": "Forbidden"}')  # fmt: skip
+            return
+        path = route.request.url.split(API, 1)[1].split("?", 1)[0]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers[path]))
+
+    pg = open_lab(browser, lab, answer)
+    item = pg.locator("[data-gpulab=status]")
+    pg.wait_for_function("() => document.querySelector('[data-gpulab=status]').textContent"
+                         ".includes('GiB')")  # fmt: skip
+    refusing["on"] = True
+    pg.wait_for_function(
+        "() => document.querySelector('[data-gpulab=status]').textContent.includes('no access')",
+        timeout=15_000,
+    )
+    assert item.inner_text().strip() == "GPU — no access"
+    assert item.get_attribute("title") == "You no longer have access to this project"
+    pg.locator("#jp-main-statusbar").screenshot(path=str(OUT / "lab-status-bar-no-access.png"))
+    item.click()
+    notice = pg.locator("[data-gpulab=no-access]")
+    notice.wait_for(timeout=30_000)
+    assert notice.inner_text() == "You no longer have access to this project."
+    assert pg.locator(".jp-gpulab-Card").count() == 0  # the project's GPUs are not shown
+    pg.wait_for_timeout(300)
+    pg.screenshot(path=str(OUT / "lab-gpu-panel-no-access.png"))
+    pg.close()
+
+
 def test_status_bar_says_stale_when_the_sampler_reports_an_error(lab, browser):
     answers = canned(time.time())
     answers["gpu"].update(stale=True, error="NVMLError_GpuIsLost: GPU is lost",
@@ -502,8 +538,10 @@ def test_last_good_image_is_told_where_the_user_looks(last_good_lab, browser):
     box.wait_for(timeout=15_000)
     assert box.get_attribute("data-reason") == "no_driver"
     assert box.locator("h3").inner_text() == "No NVIDIA driver"
-    assert box.locator(".jp-gpulab-Reason").inner_text().startswith(
-        "This host has no NVIDIA driver: gpulab found no GPU on it"
+    assert (
+        box.locator(".jp-gpulab-Reason")
+        .inner_text()
+        .startswith("This host has no NVIDIA driver: gpulab found no GPU on it")
     )
     hint = box.locator(".jp-gpulab-Hint").inner_text()
     assert hint.startswith("Your code runs on the CPU. For a GPU, whoever runs gpulab needs")

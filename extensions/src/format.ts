@@ -25,7 +25,13 @@ export interface IStale {
   detail: string;
   /** When the numbers on show were read (Unix seconds), or null if there are none. */
   numbersFrom: number | null;
+  /** The server refused this person (HTTP 403): their access to the project ended. */
+  noAccess?: boolean;
 }
+
+/** What the status bar says, and its hover text, when the server refuses this person. */
+export const NO_ACCESS_TEXT = 'GPU — no access';
+export const NO_ACCESS_TITLE = 'You no longer have access to this project';
 
 const GIB = 1024 ** 3;
 
@@ -116,11 +122,14 @@ export function clock(seconds: number): string {
 
 /** The status bar text when the numbers are not current: `GPU — stale (HTTP 500)`. */
 export function staleText(stale: IStale): string {
-  return `GPU — stale (${stale.short})`;
+  return stale.noAccess ? NO_ACCESS_TEXT : `GPU — stale (${stale.short})`;
 }
 
 /** The hover text when the numbers are not current: why, and the last ones, marked so. */
 export function staleTitle(s: IStale, status: IStatus | null): string {
+  if (s.noAccess) {
+    return NO_ACCESS_TITLE;
+  }
   const lines = [`GPU status is stale: ${s.detail}`];
   if (s.numbersFrom !== null && status) {
     lines.push(`Last known numbers, from ${clock(s.numbersFrom)}:`);

@@ -10,7 +10,7 @@ import { IPoll, Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { IHistory, IImageState, IProcesses, IStatus, fetchInfo, requestAPI } from './api';
-import { IStale } from './format';
+import { IStale, NO_ACCESS_TITLE } from './format';
 
 /** The longest wait between polls while the server does not answer (ms). */
 const MAX_BACKOFF = 60 * 1000;
@@ -64,6 +64,10 @@ export class GpuModel {
    */
   get stale(): IStale | null {
     const numbersFrom = this.status && this.status.gpus.length ? this.status.timestamp : null;
+    if (this.error && this.errorShort === 'HTTP 403') {
+      // Refused, not unreachable: this person's access to the project ended.
+      return { short: 'no access', detail: NO_ACCESS_TITLE, numbersFrom: null, noAccess: true };
+    }
     if (this.error) {
       const detail = `The server did not answer: ${this.error}`;
       return { short: this.errorShort, detail, numbersFrom };

@@ -99,6 +99,14 @@ export class GpuPanel extends Widget {
     if (image && image.state === 'last-good') {
       body.appendChild(this.renderLastGood(image.note, image.build_log_url));
     }
+    if (stale && stale.noAccess) {
+      // Refused: nothing of the project is shown any more, and retrying cannot help.
+      const box = el('p', 'jp-gpulab-Error jp-gpulab-StaleNotice', `${stale.detail}.`);
+      box.setAttribute('data-gpulab', 'no-access');
+      body.appendChild(box);
+      this.node.replaceChildren(body);
+      return;
+    }
     if (stale) {
       // The last numbers stay, greyed and dated: never shown as if they were current.
       body.classList.add('jp-gpulab-is-stale');
