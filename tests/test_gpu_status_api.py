@@ -275,11 +275,22 @@ def test_bad_numbers_are_a_400(fetch):
 
 def test_info_route_still_answers(fetch):
     body = get_json(fetch, "info")
-    assert set(body) == {"version", "project", "owner", "workspace", "image", "image_state",
-                         "refusal"}  # fmt: skip
+    assert set(body) == {"version", "project", "display_name", "owner", "workspace", "image",
+                         "image_state", "refusal"}  # fmt: skip
+    assert body["display_name"] == ""  # outside gpulab: no project to name
     # Outside gpulab: the image is what it is, and no one is refused in a role's words.
     assert body["image_state"] == {"state": "latest", "note": "", "build_log_url": ""}
     assert body["refusal"] == ""
+
+
+def test_project_info_names_the_project_in_one_bounded_line():
+    from gpulab_jupyter.handlers import project_info
+
+    named = {"GPULAB_PROJECT": "alice-first", "GPULAB_PROJECT_DISPLAY_NAME": " Alice\n First "}
+    assert project_info(named)["display_name"] == "Alice First"
+    assert project_info({"GPULAB_PROJECT": "alice-first"})["display_name"] == "alice-first"
+    long = {"GPULAB_PROJECT": "p", "GPULAB_PROJECT_DISPLAY_NAME": "x" * 500}
+    assert project_info(long)["display_name"] == "x" * 100
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,13 @@ def lab(tmp_path_factory):
     (project / "quick.py").write_text(QUICK)
     (project / "fail.py").write_text(FAIL)
     (project / "hello.ipynb").write_text(json.dumps(NOTEBOOK))
-    env = {"GPULAB_IDLE_TIMEOUT": str(IDLE_TIMEOUT), "GPULAB_PROJECT_DIR": str(project)}
+    env = {
+        "GPULAB_IDLE_TIMEOUT": str(IDLE_TIMEOUT),
+        "GPULAB_PROJECT_DIR": str(project),
+        # as gpulab's spawner names the project it serves (the tab title says it)
+        "GPULAB_PROJECT": "alice-first",
+        "GPULAB_PROJECT_DISPLAY_NAME": "Alice First",
+    }
     # Running jobs are counted as activity every second (every 30 s by default).
     args = ("--ActivityReporter.every_s=1",)
     with running_lab(home, env, root=project, args=args) as (url, token, log):
@@ -238,6 +244,9 @@ def test_the_jobs_tab_is_named_and_a_command_job_shows_its_command_line(lab, pag
         shown = item.locator("[data-gpulab=job-title]")
         assert shown.evaluate("e => e.scrollWidth <= e.clientWidth")
         item.locator("[data-gpulab=job-title]").screenshot(path=str(OUT / "jobs-command-title.png"))
+        # The browser tab names the project: "output.log — Alice First — gpulab".
+        page.wait_for_function("() => document.title.endsWith(' — Alice First — gpulab')")
+        assert re.fullmatch(r"\S+ — Alice First — gpulab", page.title()), page.title()
         page.screenshot(path=str(OUT / "jobs-command.png"))
     finally:
         assert api(lab, f"jobs/{job['id']}/stop", "POST")["state"] == "stopped"

@@ -26,6 +26,7 @@ IMAGE_STATES = ("latest", "last-good")
 # A path on the hub (no scheme, no host, no "//"): the only links the page builds from it.
 HUB_PATH = re.compile(r"/(?!/)[A-Za-z0-9._~%/-]*(\?[A-Za-z0-9._~%=&-]*)?")
 NOTE_MAX = 300
+DISPLAY_NAME_MAX = 100  # as the hub bounds a project's display name
 
 
 def image_state(environ) -> dict:
@@ -43,8 +44,12 @@ def image_state(environ) -> dict:
 
 def project_info(environ):
     """What this container knows about the project it serves (pure, for tests)."""
+    project = environ.get("GPULAB_PROJECT", "")
+    # The name the owner gave the project ("Alice First"), one line; else its id.
+    display = " ".join(environ.get("GPULAB_PROJECT_DISPLAY_NAME", "").split())[:DISPLAY_NAME_MAX]
     return {
-        "project": environ.get("GPULAB_PROJECT", ""),
+        "project": project,
+        "display_name": display or project,
         "owner": environ.get("GPULAB_OWNER", ""),
         "workspace": environ.get("GPULAB_WORKSPACE", os.getcwd()),
         "image": environ.get("JUPYTER_IMAGE_SPEC", ""),

@@ -138,6 +138,8 @@ export interface IImageState {
 export interface IInfo {
   version: string;
   project: string;
+  /** What people call the project ("Alice First"); the project's id without one; '' outside gpulab. */
+  display_name: string;
   owner: string;
   workspace: string;
   image: string;

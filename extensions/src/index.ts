@@ -14,9 +14,11 @@ import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/appu
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
+import { fetchInfo } from './api';
 import { DEFAULT_THRESHOLDS, IThresholds } from './format';
 import imageState from './image';
 import { GpuModel } from './model';
+import { nameProjectInTitle } from './pagetitle';
 import { GpuPanel } from './panel';
 import sharing from './share';
 import { GpuStatusItem } from './statusbar';
@@ -109,6 +111,10 @@ const plugin: JupyterFrontEndPlugin<GpuModel> = {
         .catch(reason => console.error('gpulab-jupyter: settings not loaded', reason));
     }
     model.start();
+    // The browser tab names the project (under gpulab's hub; a plain JupyterLab has none).
+    fetchInfo()
+      .then(info => nameProjectInTitle(info.display_name || ''))
+      .catch(() => undefined); // the model's start says why the server did not answer
     return model;
   }
 };
