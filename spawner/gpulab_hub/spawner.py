@@ -354,6 +354,10 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
     def get_env(self):
         env = super().get_env()
         env["GPULAB_PROJECT"] = project_name(self.name)
+        # JupyterLab's tab title names the project as its people know it (a project is
+        # renamed only while it is stopped, so the start's name holds while it runs)
+        display = self.orm_spawner.display_name if self.orm_spawner else ""
+        env["GPULAB_PROJECT_DISPLAY_NAME"] = options.one_line(display or project_name(self.name))
         env["GPULAB_OWNER"] = self.user.name
         # Which image this start runs, for the project's user (docs/projects.md)
         state, note = getattr(self, "_image_note", ("latest", ""))
