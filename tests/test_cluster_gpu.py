@@ -174,8 +174,7 @@ def project_job(kit, tmp: Path, name: str, command: list[str], gpus: int, env=No
     project = tmp / name
     project.mkdir(parents=True, exist_ok=True)
     project.chmod(0o777)  # the notebook user writes there (no user-namespace shift here)
-    for sub in ("datasets", "models/alice", "outputs/alice"):
-        (tmp / "data" / sub).mkdir(parents=True, exist_ok=True)
+    (tmp / "data" / "datasets").mkdir(parents=True, exist_ok=True)
     settings = objects.ContainerSettings(
         name=f"{PREFIX}-alice--{name}",
         image=IMAGE,
@@ -191,6 +190,9 @@ def project_job(kit, tmp: Path, name: str, command: list[str], gpus: int, env=No
         mem_limit=16 * 2**30,
         labels={"gpulab.instance": PREFIX, "gpulab.owner": "alice", "gpulab.project": name},
     )
+    for folder in objects.data_folders(settings):  # the project's own, as the hub makes them
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder).chmod(0o777)
     job = BatchJob(
         cluster=PREFIX,
         container=settings,
