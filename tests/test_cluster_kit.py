@@ -43,6 +43,8 @@ from gpulab_hub.cluster import batch
 from gpulab_hub.projects import objects
 
 pytestmark = pytest.mark.docker
+# the project's own data folders (data follows the share), as the hub makes them
+DATA = ("models", "outputs", "huggingface")
 
 NOOP_EPILOG = "#!/bin/sh\nexit 0\n"
 
@@ -264,7 +266,7 @@ def sleeper(cluster, docker_engine, tmp_path_factory):
         node_docker(cluster, n.name, "pull", ref)
         host.ensure_network(cluster.node_engine(n.name), f"{PREFIX}-net")
     (work / "project").mkdir()
-    for sub in ("datasets", "models/alice", "outputs/alice"):
+    for sub in ("datasets", *(f"projects/alice/project/{d}" for d in DATA)):
         (work / "data" / sub).mkdir(parents=True)
     yield ref, work
     # The module's end: its containers and project networks leave the nodes (the cluster

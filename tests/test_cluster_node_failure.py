@@ -33,6 +33,8 @@ from gpulab_hub.cluster import batch
 from gpulab_hub.projects import objects
 
 pytestmark = pytest.mark.docker
+# the project's own data folders (data follows the share), as the hub makes them
+DATA = ("models", "outputs", "huggingface")
 
 KIT_PREFIX = f"{PREFIX}nf"  # a cluster of its own: it changes slurm.conf
 SLURMD_TIMEOUT = 6  # seconds without an answer before Slurm declares a node down
@@ -68,7 +70,7 @@ def cluster(docker_engine, tmp_path_factory):
             )  # fmt: skip
             host.ensure_network(kit.node_engine(n.name), f"{KIT_PREFIX}-net")
         (work / "project").mkdir()
-        for sub in ("datasets", "models/alice", "outputs/alice"):
+        for sub in ("datasets", *(f"projects/alice/project/{d}" for d in DATA)):
             (work / "data" / sub).mkdir(parents=True)
         yield kit, ref, work
     assert daemons_left(kit) == [], "daemons outlived the test cluster"
