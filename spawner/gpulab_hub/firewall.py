@@ -10,8 +10,9 @@ answers every project and every build. gpulab's chain in the INPUT table
   project) pass;
 - a build's network (bridge interfaces ``gpb<hex>``, one per build, images.build)
   reaches nothing of the host;
-- the projects' network reaches the hub's API port only (``GPULAB-<bridge>``,
-  rebuilt at each ``gpulab up``, so a changed port never leaves an old rule).
+- the projects' network reaches the hub's API port only (``GPULAB-<bridge>``: a
+  RETURN per hub port, first, then DROP; ``gpulab down`` takes its port's rule
+  away, so two hubs on one network, as in tests, each keep theirs).
 
 Re-runnable: every rule is checked (``iptables -C``) before it is added.
 """
@@ -87,12 +88,29 @@ def ensure_projects(bridge: str, hub_port: int) -> None:
     if not 0 < int(hub_port) < 65536:
         raise FirewallError(f"Not a port: {hub_port!r}")
     ensure_base()
-    sub = f"GPULAB-{bridge}"[:28]
+    sub = _projects_chain(bridge)
     _ensure_chain(sub)
-    _iptables("-F", sub)
-    _iptables("-A", sub, "-p", "tcp", "--dport", str(int(hub_port)), "-j", "RETURN")
-    _iptables("-A", sub, "-j", "DROP")
+    _ensure_rule(sub, *_port_rule(hub_port), first=True)
+    _ensure_rule(sub, "-j", "DROP")  # appended once: the ports' rules go before it
     _ensure_rule(CHAIN, "-i", bridge, "-j", sub)
+
+
+def forget_projects_port(bridge: str, hub_port: int) -> None:
+    """``gpulab down``: the hub's port is no longer open to the projects' network."""
+    check_iface(bridge)
+    sub = _projects_chain(bridge)
+    while _iptables("-C", sub, *_port_rule(hub_port), check=False):
+        _iptables("-D", sub, *_port_rule(hub_port))
+
+
+def _projects_chain(bridge: str) -> str:
+    return f"GPULAB-{bridge}"[:28]
+
+
+def _port_rule(hub_port: int) -> tuple[str, ...]:
+    if not 0 < int(hub_port) < 65536:
+        raise FirewallError(f"Not a port: {hub_port!r}")
+    return ("-p", "tcp", "--dport", str(int(hub_port)), "-j", "RETURN")
 
 
 def bridge_of(network: dict) -> str:

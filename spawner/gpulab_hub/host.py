@@ -287,6 +287,16 @@ def ensure_firewall(dk: Docker, network: str, hub_port: int) -> None:
         raise HostError(str(e)) from e
 
 
+def forget_firewall(dk: Docker, network: str, hub_port: int) -> None:
+    """``gpulab down``: close the hub's port to the projects' network again (when the
+    network and the rules are still there)."""
+    try:
+        bridge = firewall.bridge_of(dk.call("inspect_network", network))
+        firewall.forget_projects_port(bridge, hub_port)
+    except (docker.errors.NotFound, firewall.FirewallError):
+        return
+
+
 def ensure_owned_folder(path: Path, uid: int, gid: int) -> None:
     """Make ``path`` (in a hub-owned parent) and give it to uid:gid; an existing
     folder is left as it is. A link or a non-folder there is refused."""

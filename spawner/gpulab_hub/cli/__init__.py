@@ -183,6 +183,7 @@ def cmd_down(args, environ) -> int:
         if spawner is not None:
             for name in confine.remove_stale(dk.call, spawner.network_name):
                 print(f"Stopped the build on {name}")
+            host.forget_firewall(dk, spawner.network_name, int(s["GPULAB_HUB_PORT"]))
     if host.stop_dockerd(hub_dir):
         print("Stopped the Docker engine gpulab had started.")
     return 0
