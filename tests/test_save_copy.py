@@ -173,7 +173,11 @@ def test_copy_into_a_new_project_offers_to_start_it(people, projects):
     assert landing.status_code == 424, landing.status_code
     assert f"/hub/spawn/{READER}/cp-fresh" in landing.text
     # Not a name JupyterHub allows, nor someone else's project as the target.
-    assert save_copy(bob, new_project="../cp", **where).status_code == 400
+    # A new project's name is free text, as on the home page: "../cp" is only its display
+    # name; the project is "cp", in bob's own folder, and nothing lands outside it.
+    assert save_copy(bob, new_project="../cp", **where).status_code == 302
+    assert (projects / READER / "cp" / "results (copy).ipynb").is_file()
+    assert not (projects / "cp").exists() and not (projects.parent / "cp").exists()
     r = save_copy(bob, target=SRC, **where)
     assert r.status_code == 400 and "Choose one of your projects" in r.text
 
