@@ -435,7 +435,9 @@ def test_views_per_address_are_limited_whatever_headers_the_visitor_sends(pubhub
     assert set(statuses) == {200, 429}, statuses
     # A burst of 30, then one view every 2 s at most.
     assert statuses.count(200) <= 30 + elapsed / 2 + 1, (statuses, elapsed)
-    assert 1 <= int(refused.headers["Retry-After"]) <= 2
+    assert refused is not None, statuses
+    # one view every 2 s: the next is at most 2 s away, never "now"
+    assert int(refused.headers["Retry-After"]) in (1, 2), refused.headers
     assert refused.text.startswith("Too many views from your address: at most 30 a minute.")
     assert SHOWN not in refused.text
     # Another address is counted apart.
