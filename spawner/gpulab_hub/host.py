@@ -127,12 +127,12 @@ def write_build_runtime(state_dir: Path) -> Path:
     """gpulab's engine runtime (a script in ``state_dir``, root's, 0755), written anew."""
     from gpulab_hub import buildruntime
 
-    for value in (sys.executable, buildruntime.__file__, buildruntime.find_runc()):
+    paths = {"python": sys.executable, "module": buildruntime.__file__}
+    paths["runc"] = buildruntime.find_runc()
+    for value in paths.values():
         if not re.fullmatch(r"/[A-Za-z0-9_./+-]+", value):
             raise HostError(f"gpulab's engine runtime cannot name the path {value!r}.")
-    text = _RUNTIME_SCRIPT.format(
-        python=sys.executable, module=buildruntime.__file__, runc=buildruntime.find_runc()
-    )
+    text = _RUNTIME_SCRIPT.format(**paths)
     path = state_dir / "gpulab-build-runtime"
     tmp = state_dir / ".gpulab-build-runtime.tmp"
     tmp.unlink(missing_ok=True)

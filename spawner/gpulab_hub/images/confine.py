@@ -116,21 +116,29 @@ class BuildNetwork:
                 if attempt == 19:
                     log.warning("gpulab: could not remove the build network %s: %s", self.name, e)
                     return
-                self._detach_all()
+                remove_steps(self.docker_call, self.name)
                 time.sleep(0.5)
 
-    def _detach_all(self) -> None:
-        import docker.errors
 
+def steps_on(docker_call, network: str, *, size: bool = False, stopped: bool = False) -> list[dict]:
+    """The build steps (containers) on a build's ``network``; [] when Docker cannot say."""
+    import docker.errors
+
+    try:
+        return docker_call("containers", all=stopped, filters={"network": network}, size=size)
+    except docker.errors.APIError:
+        return []
+
+
+def remove_steps(docker_call, network: str) -> None:
+    """Remove every build step on ``network``, running or not."""
+    import docker.errors
+
+    for c in steps_on(docker_call, network, stopped=True):
         try:
-            containers = self.docker_call("containers", all=True, filters={"network": self.name})
-        except docker.errors.APIError:
-            return
-        for c in containers:
-            try:
-                self.docker_call("remove_container", c["Id"], force=True)
-            except docker.errors.APIError as e:
-                log.info("gpulab: removing build step %s: %s", c["Id"][:12], e)
+            docker_call("remove_container", c["Id"], force=True)
+        except docker.errors.APIError as e:
+            log.info("gpulab: removing build step %s: %s", c["Id"][:12], e)
 
 
 def remove_stale(docker_call, base_name: str) -> list[str]:
@@ -145,10 +153,8 @@ def remove_stale(docker_call, base_name: str) -> list[str]:
         name = net.get("Name", "")
         if not name.startswith(prefix):
             continue
-        stale = BuildNetwork(docker_call, base_name)
-        stale.name = name
         try:
-            stale._detach_all()
+            remove_steps(docker_call, name)
             docker_call("remove_network", name)
         except docker.errors.APIError as e:
             log.warning("gpulab: could not remove the old build network %s: %s", name, e)
@@ -213,18 +219,10 @@ class StepWatch(threading.Thread):
         except (docker.errors.APIError, ValueError, TypeError):
             return 0
 
-    def _steps(self, size: bool = False) -> list[dict]:
-        import docker.errors
-
-        try:
-            return self.docker_call("containers", filters={"network": self.network}, size=size)
-        except docker.errors.APIError:
-            return []
-
     def kill_steps(self) -> None:
         import docker.errors
 
-        for c in self._steps():
+        for c in steps_on(self.docker_call, self.network):
             try:
                 self.docker_call("kill", c["Id"])
             except docker.errors.APIError as e:
@@ -253,7 +251,8 @@ class StepWatch(threading.Thread):
             elif self._may_be_over():
                 self.exact_checks += 1
                 self.used_bytes = self.layer_size + sum(
-                    int(c.get("SizeRw") or 0) for c in self._steps(size=True)
+                    int(c.get("SizeRw") or 0)
+                    for c in steps_on(self.docker_call, self.network, size=True)
                 )
                 if self.used_bytes > self.limits.disk:
                     self.stopped = "disk"
