@@ -419,6 +419,8 @@ def ensure_base_image(
     local = namespace not in ("library", "docker.io") and "." not in namespace
     if rest == "debian:bookworm" and local:
         ensure_local_debian(dk, spec.base_image, cache_dir(), log)
+    else:
+        ensure_pulled(dk, spec.base_image, log)
     wheels = user_wheels(repo_dir, state_dir / "wheels")
     log(
         f"Making sure the {spec.variant.upper()} base image {alias} is built "
@@ -435,6 +437,31 @@ def ensure_base_image(
         alias,
         network=network,
     )
+
+
+def ensure_pulled(dk: Docker, ref: str, log=print) -> None:
+    """Pull ``ref`` (what the base image is built FROM) unless the engine has it; a
+    host that cannot reach the registry is told what to set instead."""
+    if images.image_id(dk.call, ref):
+        return
+    repo, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag:
+        repo, tag = ref, "latest"
+    log(f"Pulling {ref}, what the base image is built FROM (once; a few GB for CUDA)...")
+    problem = ""
+    try:
+        for event in dk.call("pull", repo, tag=tag, stream=True, decode=True):
+            problem = event.get("error", problem) if isinstance(event, dict) else problem
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        problem = str(e)
+    if problem or not images.image_id(dk.call, ref):
+        raise HostError(
+            f"Could not pull {ref}, what gpulab's base image is built FROM: "
+            f"{(problem or 'the engine has no such image')[:300]}. On a host without "
+            f"access to that registry, set GPULAB_BASE_FROM to an image the engine has, "
+            f"or to gpulab/debian:bookworm (made here with debootstrap; torch then "
+            f"comes from the package index, GPULAB_TORCH)."
+        )
 
 
 def remove_containers(dk: Docker, label: str) -> list[str]:

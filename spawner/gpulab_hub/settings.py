@@ -26,7 +26,8 @@ DEFAULTS = {
     "GPULAB_ADMIN": "admin",
     "GPULAB_ADMIN_PASSWORD": "",
     "GPULAB_BASE_IMAGE": "gpulab/base:latest",
-    "GPULAB_BASE_FROM": "gpulab/debian:bookworm",
+    # "": the host decides (images/base.py default_from): a CUDA image on GPU hosts
+    "GPULAB_BASE_FROM": "",
     "GPULAB_TORCH_CUDA_ARCH_LIST": "",
     "GPULAB_TORCH": "",
     "GPULAB_GPU_POLICY": "exclusive",

@@ -72,10 +72,18 @@ def base_spec(s: dict[str, str]) -> baseimage.BaseSpec:
         print(f"GPUs: {len(inv.gpus)} ({', '.join(names)}), driver {inv.driver}")
     else:
         print(f"GPUs: none ({inv.problem})")
+    return base_spec_for(s, inv)
+
+
+def base_spec_for(s: dict[str, str], inv) -> baseimage.BaseSpec:
+    """The base image for these settings and this GPU inventory (pure). Left unset,
+    GPULAB_BASE_FROM and GPULAB_TORCH follow the host: on a GPU host a CUDA image
+    and PyPI's CUDA torch, so ``torch.cuda.is_available()`` holds in a new project;
+    without GPUs the local Debian and no torch."""
     caps = tuple(inv.capabilities)
     gpu = bool(caps or s["GPULAB_TORCH_CUDA_ARCH_LIST"])
     return baseimage.BaseSpec(
-        base_image=s["GPULAB_BASE_FROM"],
+        base_image=s["GPULAB_BASE_FROM"] or baseimage.default_from(gpu),
         capabilities=caps,
         gpu_names=tuple(sorted({d.name for d in inv.gpus})),
         arch_list=s["GPULAB_TORCH_CUDA_ARCH_LIST"],

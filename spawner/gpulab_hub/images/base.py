@@ -12,6 +12,15 @@ from gpulab_jupyter import arch
 
 TEMPLATES = {"gpu": "base-gpu.Dockerfile.j2", "cpu": "base-cpu.Dockerfile.j2"}
 JUPYTERLAB_VERSION = "4.6.6"
+# What the base image is built FROM where the admin chose nothing: on a GPU host
+# NVIDIA's CUDA image (nvcc and cuDNN for compiled extensions; torch brings its own
+# CUDA libraries), without GPUs the Debian gpulab makes locally with debootstrap.
+CUDA_FROM = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
+LOCAL_FROM = "gpulab/debian:bookworm"
+
+
+def default_from(gpu: bool) -> str:
+    return CUDA_FROM if gpu else LOCAL_FROM
 
 
 def _jupyterhub_version() -> str:
