@@ -202,6 +202,7 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             self.project_template,
             base_image=self.base_image,
             display_name=options.one_line(display or project.name),
+            stack_lines=options.stack_lines(self.user_options),
         )
 
     def _plan_image(self, use_last_good: bool) -> projectimage.Plan:

@@ -13,7 +13,9 @@ from html import escape
 
 from jupyterhub.slugs import is_valid_display_name
 
-ALLOWED = {"use_last_good": bool, "gpus": int, "gpu_type": str, "mig_profile": str}
+from gpulab_hub.images import stacks
+
+ALLOWED = {"use_last_good": bool, "gpus": int, "gpu_type": str, "mig_profile": str, "stack": str}
 MAX_GPUS = 64
 MAX_DISPLAY_NAME = 100
 # Whole-value patterns, used with fullmatch only ("$" also matches before a final newline).
@@ -44,7 +46,24 @@ def validate(user_options: dict) -> dict:
         raise OptionsError("Spawn option 'mig_profile' must look like '1g.10gb'.")
     if clean.get("gpu_type") and not _TYPE.fullmatch(clean["gpu_type"]):
         raise OptionsError("Spawn option 'gpu_type' must be a GPU model name such as 'H100'.")
+    if "stack" in clean:
+        stack_of(clean)
     return clean
+
+
+def stack_of(user_options: dict | None) -> str:
+    """The starting point a new project's Dockerfile is first written with (the spawn
+    option 'stack', a name from the stacks list matched whole; "minimal" where none)."""
+    name = (user_options or {}).get("stack", stacks.DEFAULT)
+    try:
+        return stacks.get(name).name
+    except stacks.UnknownStack as e:
+        raise OptionsError(str(e)) from e
+
+
+def stack_lines(user_options: dict | None) -> str:
+    """The Dockerfile lines of the starting point in ``user_options`` (see stack_of)."""
+    return stacks.lines(stack_of(user_options))
 
 
 def check_display_name(name: str) -> str:
@@ -149,9 +168,18 @@ def _first(formdata: dict[str, list[str]], key: str) -> str | None:
     return values[0] if values else None
 
 
-def from_form(formdata: dict[str, list[str]]) -> dict:
-    """Form fields -> user_options (then checked by validate())."""
+def from_form(formdata: dict[str, list[str]], spawner=None) -> dict:
+    """Form fields -> user_options (then checked by validate()).
+
+    The starting point chosen when the project was made (JupyterHub keeps the
+    'stack' option of its creation in the database) is kept unless the form names one:
+    a project created now and started later still gets it on its first start."""
     opts: dict = {}
+    stack = _first(formdata, "stack")
+    if stack is None and spawner is not None:
+        stack = (getattr(spawner.orm_spawner, "user_options", None) or {}).get("stack")
+    if stack is not None:
+        opts["stack"] = stack
     choice = _first(formdata, "image_choice")
     if choice is not None:
         if choice not in ("rebuild", "last-good"):
