@@ -93,6 +93,8 @@ def test_docker_run_args_carry_the_whole_spec():
             "gpulab.owner=alice",
             "--label",
             "gpulab.project=vision",
+            "--hostname",
+            "vision",
             "--user",
             "1000:100",
             "--workdir",

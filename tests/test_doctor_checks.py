@@ -463,7 +463,8 @@ def test_a_probe_container_is_a_project_container_without_the_projects_folders(t
         "gpulab.doctor": "gl"
     }
     assert probe_spec["volumes"] == [drivers] and "ports" not in probe_spec
-    for key in ("name", "labels", "volumes", "ports"):
+    assert "hostname" not in probe_spec and project_spec["hostname"] == "one"  # no project's
+    for key in ("name", "hostname", "labels", "volumes", "ports"):
         probe_spec.pop(key, None)
         project_spec.pop(key)
     assert probe_spec == project_spec  # image, command, user, environment, working folder

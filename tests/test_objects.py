@@ -80,6 +80,7 @@ def test_project_spec_on_the_bridge_network():
     spec = container_spec(settings(shm_size="16g", pids_limit=4096))
     assert spec == {
         "name": "gpulab-alice--vision",
+        "hostname": "vision",  # a terminal's prompt: jovyan@vision, not a container ID
         "image": "gpulab/project:0123456789abcdef",
         "command": ["jupyterhub-singleuser", "--notebook-dir=/workspace"],
         "environment": EXPECTED_ENV,
@@ -217,6 +218,19 @@ def test_limits_and_custom_mount_points():
     assert spec["working_dir"] == "/home/jovyan/work"
     assert spec["environment"]["HF_HOME"] == "/hf"
     assert spec["environment"]["GPULAB_DATA"] == "/mnt/data"
+
+
+def test_hostname_is_the_project_name_as_one_dns_label():
+    # the longest project name (30 characters) is a DNS label too
+    longest = "a" + "b-" * 14 + "c"
+    for project in ("first", "alice-first", "p2", longest):
+        spec = container_spec(settings(project_dir=f"/srv/gpulab/projects/alice/{project}"))
+        assert spec["hostname"] == project
+        assert len(spec["hostname"]) <= 63
+    # a folder that names no project gives no hostname of it (Docker picks one)
+    for folder in ("/nonexistent/Not_A_Label", "/srv/x/-bad", "/srv/x/a.b", "/srv/x/" + "a" * 64):
+        spec = container_spec(settings(project_dir=folder, data_scope="user"))
+        assert "hostname" not in spec
 
 
 def test_spec_does_not_alias_its_inputs():

@@ -23,6 +23,7 @@ gpu_opts=()
   --label gpulab.owner=alice \
   --label gpulab.project=vision \
   --label gpulab.slurm.cluster=lab \
+  --hostname vision \
   --user 1000:100 \
   --workdir /workspace \
   --expose 8888/tcp \

@@ -68,6 +68,7 @@ gpu_opts+=(-e PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
   --label gpulab.owner=alice \
   --label gpulab.project=vision \
   --label gpulab.slurm.cluster=lab \
+  --hostname vision \
   --user 1000:100 \
   --workdir /workspace \
   --expose 8888/tcp \

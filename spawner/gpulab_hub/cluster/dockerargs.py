@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from gpulab_hub.cluster import ClusterError
 
 _CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+_HOSTNAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # one DNS label
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}")
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _LABEL_KEY = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
@@ -48,6 +49,7 @@ _HOST_KEYS = {
 }
 _SPEC_KEYS = {
     "name",
+    "hostname",
     "image",
     "command",
     "environment",
@@ -179,6 +181,8 @@ def run_args(spec: dict) -> DockerRun:
         if not isinstance(value, str) or any(c in value for c in "\n\r\0"):
             raise ClusterError(f"Label {key} has a value a batch script cannot hold")
         opts += ["--label", f"{key}={value}"]
+    if "hostname" in spec:
+        opts += ["--hostname", _match(_HOSTNAME, spec["hostname"], "Hostname")]
     opts += ["--user", _match(_USER, spec["user"], "User")]
     opts += ["--workdir", _match(_CONTAINER_PATH, spec["working_dir"], "Working folder")]
     for port in spec["ports"]:

@@ -99,6 +99,7 @@ def probe_spec(
         gpus=gpus or objects.GpuAssignment(),
     )
     spec = objects.container_spec(settings)
+    spec.pop("hostname", None)  # a probe is no project: Docker names its host
     folders = objects.volume_binds(dataclasses.replace(settings, gpus=objects.GpuAssignment()))
     hc = spec["host_config"]
     hc["binds"] = {k: v for k, v in hc["binds"].items() if k not in folders}

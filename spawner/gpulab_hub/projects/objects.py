@@ -261,14 +261,29 @@ def host_config(s: ContainerSettings) -> dict:
     return config
 
 
+# One DNS label (RFC 1123): what a container's hostname may be.
+_HOSTNAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def container_hostname(s: ContainerSettings) -> str | None:
+    """The container's hostname: its project's name (the last part of the project
+    folder, ``first``), so a terminal's prompt reads ``jovyan@first`` instead of a
+    container ID; None (Docker's own) where that is no project name."""
+    project = os.path.basename(s.project_dir.rstrip("/"))
+    if not is_valid_safe_slug(project) or _HOSTNAME.fullmatch(project) is None:
+        return None
+    return project
+
+
 def container_spec(s: ContainerSettings) -> dict:
     """Keyword arguments for ``APIClient.create_container``.
 
     ``host_config`` is left as plain keyword arguments; the caller passes it
     through ``create_host_config`` (which only validates and renames).
     """
-    return {
+    spec = {
         "name": s.name,
+        "hostname": container_hostname(s),
         "image": s.image,
         "command": list(s.command),
         "environment": container_env(s),
@@ -279,6 +294,9 @@ def container_spec(s: ContainerSettings) -> dict:
         "ports": {f"{s.port}/tcp": None},
         "host_config": host_config(s),
     }
+    if spec["hostname"] is None:
+        del spec["hostname"]
+    return spec
 
 
 def userns_offset(docker_info: dict) -> tuple[int, int]:
