@@ -168,3 +168,15 @@ def test_each_stack_passes_hadolint(stack, tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_docs_table_says_what_each_stack_installs():
+    text = (REPO / "docs" / "projects.md").read_text()
+    section = text[text.index("## Starting points") : text.index("## A project's data")]
+    for stack in stacks.STACKS:
+        assert f"| {stack.label} |" in section, stack.label
+        for req in stack.requirements:
+            assert req in section, req
+        run = stacks.lines(stack.name).split("RUN ", 1)[-1].replace(" \\\n", "")
+        if stack.requirements:
+            assert f"`RUN {run.strip()}`" in section, run

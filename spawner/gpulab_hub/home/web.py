@@ -15,6 +15,7 @@ from tornado import web
 
 from gpulab_hub import hubsettings
 from gpulab_hub.home import PAGE, facts
+from gpulab_hub.images import stacks
 from gpulab_hub.projects.deletion import GpulabDeletion
 from gpulab_hub.sharing.received import policies_now, policy_store, received_rows, server_state
 
@@ -120,6 +121,7 @@ class HomeHandler(BaseHandler):
             notices=self._notices(user, deleted, archived_as),
             limit=await self.get_current_user_named_server_limit(),
             archive=GpulabDeletion(config=self.settings["config"]).archive,
+            stacks=stacks.STACKS,
             refresh=any(r.state in ("starting", "stopping") for r in [*rows, *shared]),
         )
         self.finish(html)
