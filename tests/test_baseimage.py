@@ -96,6 +96,7 @@ def test_context_trusts_host_certificates_and_carries_wheels(tmp_path):
         "Dockerfile",
         "ca-certificates/.keep",
         "ca-certificates/corp-proxy.crt",
+        "nvidia-smi.sh",
         f"wheels/{WHEEL}",
         f"wheels/{torch.name}",
     ]

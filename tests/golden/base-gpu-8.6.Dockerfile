@@ -26,6 +26,12 @@ RUN if [ ! -x /usr/lib/openssh/sftp-server ]; then \
 # TLS-intercepting proxy (corporate networks).
 COPY ca-certificates/ /usr/local/share/ca-certificates/gpulab/
 RUN update-ca-certificates
+
+# nvidia-smi, which Colab users type first: the driver's own where the project has a
+# GPU (the stand-in finds it and runs it), else plain words on why this project has
+# none and how to start it with one, exit status 9 (images/nvidia-smi.sh, docs/gpus.md).
+COPY nvidia-smi.sh /usr/local/bin/nvidia-smi
+RUN chmod 0755 /usr/local/bin/nvidia-smi
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \

@@ -96,12 +96,14 @@ def ca_certificates(source_dir: str | Path) -> dict[str, bytes]:
 
 
 def context(images_dir, spec: BaseSpec, wheels: list[Path], ca_dir) -> dict[str, bytes]:
-    """Files of the base image's build context (Dockerfile, wheels, CA certificates)."""
+    """Files of the base image's build context (Dockerfile, wheels, CA certificates,
+    the nvidia-smi stand-in)."""
     _, torch_files = torch_requirement(spec)
     files = {f"wheels/{w.name}": w.read_bytes() for w in wheels}
     files.update({name: p.read_bytes() for name, p in torch_files.items()})
     files.update(ca_certificates(ca_dir))
     files.setdefault("ca-certificates/.keep", b"")
+    files["nvidia-smi.sh"] = (Path(images_dir) / "nvidia-smi.sh").read_bytes()  # stand-in
     files["Dockerfile"] = render(images_dir, spec, [w.name for w in wheels]).encode()
     return files
 
