@@ -1,0 +1,109 @@
+"""Reclaiming idle GPUs while someone waits: who is warned, who is stopped (pure).
+
+A holder is idle when it has no busy kernel, no running job, no SSH session, its
+GPUs are unused (utilisation below ``Settings.busy_util``; unknown utilisation, as
+on WSL2, counts as in use) and it has been so for ``Settings.idle_after``. While
+starts wait for GPUs, idle holders are warned ("someone is waiting for this GPU:
+this project stops in 10 min unless you use it") and stopped, files kept, once
+``Settings.grace`` has passed since the warning with no use in between. Only as
+many holders as the waiting starts need GPUs are chosen: over-budget users first,
+then those warned earliest, then those idle longest. A holder with a running job
+or a busy GPU is never chosen, whatever else holds. Nobody waiting: no one is
+warned or stopped, and standing warnings are withdrawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the hub knows about one holder (a project holding GPUs) right now."""
+
+    owner: str
+    project: str
+    gpus: int = 1  # devices it holds
+    busy_kernel: bool = False
+    running_job: bool = False
+    ssh_session: bool = False
+    gpu_util: float | None = None  # percent, recent average over its GPUs; None: unknown
+    idle_since: float = 0.0  # epoch seconds: last kernel, job, SSH or GPU activity
+    warned_at: float | None = None  # when it was warned; None: not warned
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.owner, self.project)
+
+
+@dataclass(frozen=True)
+class Settings:
+    grace: float = 600.0  # seconds from the warning to the stop (admin-set)
+    idle_after: float = 600.0  # seconds idle before a holder is warned
+    busy_util: float = 5.0  # percent: at or above, the GPU is in use
+
+    def __post_init__(self) -> None:
+        if min(self.grace, self.idle_after, self.busy_util) < 0:
+            raise ValueError(f"GPU reclaim settings cannot be negative: {self}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    warn: tuple[Facts, ...] = ()  # warn now (not warned yet)
+    stop: tuple[Facts, ...] = ()  # stop now: warned, grace over, still idle
+    withdraw: tuple[Facts, ...] = ()  # warned, but used since or no longer needed
+
+
+def in_use(f: Facts, busy_util: float) -> bool:
+    """Whether the holder is using its GPU: kernel, job, SSH, or a GPU not known idle."""
+    gpu_busy = f.gpu_util is None or f.gpu_util >= busy_util
+    return f.busy_kernel or f.running_job or f.ssh_session or gpu_busy
+
+
+def decide(
+    holders: Sequence[Facts],
+    waiting: int,
+    now: float,
+    settings: Settings = Settings(),
+    over_budget: Collection[str] = (),
+) -> Decision:
+    """Whom to warn and whom to stop, for ``waiting`` GPUs wanted by the queue (0: none)."""
+    s = settings
+    idle = [
+        f
+        for f in holders
+        if not in_use(f, s.busy_util)
+        and now - f.idle_since >= s.idle_after
+        and (f.warned_at is None or f.idle_since <= f.warned_at)  # no use since the warning
+    ]
+    idle.sort(
+        key=lambda f: (
+            f.owner not in over_budget,
+            f.warned_at is None,
+            f.warned_at or 0.0,
+            f.idle_since,
+            f.key,
+        )
+    )
+    chosen: list[Facts] = []
+    wanted = max(0, waiting)
+    for f in idle:
+        if wanted <= 0:
+            break
+        chosen.append(f)
+        wanted -= max(1, f.gpus)
+    keys = {f.key for f in chosen}
+    return Decision(
+        warn=tuple(f for f in chosen if f.warned_at is None),
+        stop=tuple(f for f in chosen if f.warned_at is not None and now - f.warned_at >= s.grace),
+        withdraw=tuple(f for f in holders if f.warned_at is not None and f.key not in keys),
+    )
+
+
+def warning_words(grace: float) -> str:
+    """What the warned project's JupyterLab shows."""
+    return (
+        f"someone is waiting for this GPU: this project stops in {round(grace / 60)} min "
+        "unless you use it (its files are kept)"
+    )

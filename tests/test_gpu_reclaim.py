@@ -1,0 +1,122 @@
+"""Reclaiming idle GPUs while someone waits, as a pure decision: who is warned,
+who is stopped, and that a holder with a running job or a busy GPU never is."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulab_hub.gpus.reclaim import Decision, Facts, Settings, decide, warning_words
+
+NOW = 1_750_000_000.0
+MIN = 60.0
+
+
+def idle(owner: str, minutes: float, warned_min: float | None = None, **kw) -> Facts:
+    """A holder idle for ``minutes``, warned ``warned_min`` minutes ago (None: not)."""
+    warned = None if warned_min is None else NOW - warned_min * MIN
+    return Facts(
+        owner, kw.pop("project", "p"), gpu_util=kw.pop("gpu_util", 0.0),
+        idle_since=NOW - minutes * MIN, warned_at=warned, **kw,
+    )  # fmt: skip
+
+
+def test_nobody_waiting_nobody_is_warned_and_warnings_are_withdrawn():
+    a, b = idle("ann", 50), idle("bob", 50, warned_min=3)
+    assert decide([a, b], waiting=0, now=NOW) == Decision(withdraw=(b,))
+
+
+def test_idle_holders_are_warned_then_stopped_after_the_grace_time():
+    fresh = idle("ann", 15)
+    assert decide([fresh], waiting=1, now=NOW) == Decision(warn=(fresh,))
+    early = idle("ann", 15, warned_min=9)
+    assert decide([early], waiting=1, now=NOW) == Decision()  # warned, grace not over
+    late = idle("ann", 25, warned_min=10)
+    assert decide([late], waiting=1, now=NOW) == Decision(stop=(late,))
+    s = Settings(grace=30 * MIN)
+    assert decide([late], waiting=1, now=NOW, settings=s) == Decision()
+    assert warning_words(600) == (
+        "someone is waiting for this GPU: this project stops in 10 min unless you use it "
+        "(its files are kept)"
+    )
+
+
+def test_a_holder_used_since_its_warning_keeps_its_gpu():
+    used = idle("ann", 2, warned_min=8)  # warned 8 min ago, active 2 min ago
+    assert decide([used], waiting=1, now=NOW) == Decision(withdraw=(used,))
+
+
+def test_not_idle_long_enough_or_in_use_in_any_way_is_never_chosen():
+    spared = [
+        idle("ann", 5),  # idle, but only 5 min
+        idle("bob", 90, running_job=True),
+        idle("cat", 90, busy_kernel=True),
+        idle("dan", 90, ssh_session=True),
+        idle("eve", 90, gpu_util=40.0),
+        idle("fay", 90, gpu_util=None),  # utilisation unknown (WSL2): counted as in use
+        idle("gus", 90, warned_min=30, running_job=True),  # a job started after the warning
+    ]
+    assert decide(spared, waiting=5, now=NOW) == Decision(withdraw=(spared[-1],))
+
+
+def test_only_as_many_as_the_queue_needs_over_budget_first_then_warned_then_longest_idle():
+    a, b = idle("ann", 200), idle("bob", 30)
+    c = idle("cat", 20, warned_min=12)
+    d = idle("dan", 12, project="big", gpus=2)
+    assert decide([a, b, c, d], waiting=1, now=NOW) == Decision(stop=(c,))
+    assert decide([a, b, c, d], waiting=2, now=NOW) == Decision(warn=(a,), stop=(c,))
+    over = decide([a, b, c, d], waiting=2, now=NOW, over_budget={"dan"})
+    assert over == Decision(warn=(d,), withdraw=(c,))  # dan's two GPUs cover both
+    assert decide([a, b, c, d], waiting=9, now=NOW) == Decision(warn=(a, b, d), stop=(c,))
+
+
+FACTS = st.builds(
+    Facts,
+    owner=st.sampled_from(["ann", "bob", "cat", "dan"]),
+    project=st.sampled_from(["p", "q", "r"]),
+    gpus=st.integers(1, 3),
+    busy_kernel=st.booleans(),
+    running_job=st.booleans(),
+    ssh_session=st.booleans(),
+    gpu_util=st.none() | st.floats(0, 100),
+    idle_since=st.floats(NOW - 5 * 3600, NOW),
+    warned_at=st.none() | st.floats(NOW - 3600, NOW),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    holders=st.lists(FACTS, max_size=8, unique_by=lambda f: f.key),
+    waiting=st.integers(0, 6),
+    over=st.sets(st.sampled_from(["ann", "bob", "cat", "dan"])),
+)
+def test_a_job_or_a_busy_gpu_is_never_reclaimed_and_nothing_is_reclaimed_unneeded(
+    holders, waiting, over
+):
+    s = Settings()
+    got = decide(holders, waiting, NOW, s, over_budget=over)
+    chosen = got.warn + got.stop
+    for f in chosen:
+        assert not (f.running_job or f.busy_kernel or f.ssh_session)
+        assert f.gpu_util is not None and f.gpu_util < s.busy_util
+        assert NOW - f.idle_since >= s.idle_after
+    for f in got.stop:
+        assert f.warned_at is not None and NOW - f.warned_at >= s.grace
+        assert f.idle_since <= f.warned_at  # not used since the warning
+    if waiting == 0:
+        assert chosen == ()
+    # no more holders than the queue needs: without any one of them, it would be short
+    kept = [f for f in holders if f.warned_at is not None and f not in got.withdraw]
+    picked = set(chosen) | set(kept)
+    if picked:
+        assert sum(f.gpus for f in picked) - max(f.gpus for f in picked) < waiting
+    # over-budget holders go first: no idle over-budget holder is passed over
+    eligible_over = [
+        f for f in holders
+        if f.owner in over and f not in got.withdraw and f.warned_at is None
+        and NOW - f.idle_since >= s.idle_after
+        and not (f.running_job or f.busy_kernel or f.ssh_session)
+        and f.gpu_util is not None and f.gpu_util < s.busy_util
+    ]  # fmt: skip
+    if any(f.owner not in over for f in chosen):
+        assert all(f in chosen for f in eligible_over)
