@@ -151,8 +151,11 @@ def test_nvidia_smi_in_a_one_gpu_project_lists_exactly_that_gpu(tmp_path):
         gpus=objects.GpuAssignment(uuids=(one.uuid,), minors=(one.minor,), isolation=isolation),
     )
     spec = objects.container_spec(settings)
-    spec["host_config"]["binds"][str(script)] = {"bind": "/usr/local/bin/nvidia-smi", "mode": "ro"}
-    spec["environment"]["PATH"] = "/usr/local/bin:/usr/bin:/bin"  # a login shell's
+    # this image's /usr is the host's, read-only: the stand-in goes first on PATH beside it
+    binds = spec["host_config"]["binds"]
+    binds.update(hostimage.binds("/opt/torch"))
+    binds[str(script)] = {"bind": "/opt/gpulab-bin/nvidia-smi", "mode": "ro"}
+    spec["environment"]["PATH"] = "/opt/gpulab-bin:/usr/local/bin:/usr/bin:/bin"
     spec["host_config"] = dk.client.create_host_config(**spec["host_config"])
     c = dk.call("create_container", **spec)
     try:
