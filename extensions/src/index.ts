@@ -14,6 +14,7 @@ import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/appu
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
+import accessEnded from './accessended';
 import { fetchInfo } from './api';
 import { DEFAULT_THRESHOLDS, IThresholds } from './format';
 import imageState from './image';
@@ -119,4 +120,4 @@ const plugin: JupyterFrontEndPlugin<GpuModel> = {
   }
 };
 
-export default [plugin, sharing, imageState, jobs];
+export default [plugin, sharing, imageState, jobs, accessEnded];

@@ -86,16 +86,30 @@ async function withTimeout<T>(promise: Promise<T>, ms: number, fallback: T): Pro
 /** Commands that run code or (re)start a kernel. */
 const RUNS_CODE = /^(notebook|runmenu|kernelmenu|console):[\w-]*(run|restart|execute)/;
 
+/** Commands that run code or start, stop or change a kernel: disabled where the user may not run code. */
+export const KERNEL_COMMANDS =
+  /^((notebook|runmenu|kernelmenu|console):[\w-]*(run|restart|execute|interrupt|shutdown|change-kernel|reconnect)|(runmenu|kernelmenu):)/;
+
 /**
- * Where the user may not run code, the run commands (keys, toolbar, menus)
- * show ``refuse`` instead: without a kernel, JupyterLab would clear the outputs
- * of the cells it was asked to run. Markdown cells still render.
+ * Where the user may not run code, the run commands look disabled (toolbar
+ * buttons, menus) and are not executable; those still reached (a palette, an
+ * extension) show ``refuse`` instead: without a kernel, JupyterLab would clear
+ * the outputs of the cells it was asked to run. Markdown cells still render.
  */
 function guardRunCommands(app: JupyterFrontEnd, refuse: () => void): void {
   const commands = app.commands;
+  const isEnabled = commands.isEnabled.bind(commands);
+  commands.isEnabled = (id: string, args?: ReadonlyPartialJSONObject) =>
+    !KERNEL_COMMANDS.test(id) && isEnabled(id, args);
+  // One by one: toolbar buttons ignore a change that names no command.
+  for (const id of commands.listCommands()) {
+    if (KERNEL_COMMANDS.test(id)) {
+      commands.notifyCommandChanged(id);
+    }
+  }
   const execute = commands.execute.bind(commands);
   commands.execute = (id: string, args?: ReadonlyPartialJSONObject) => {
-    if (!RUNS_CODE.test(id)) {
+    if (!RUNS_CODE.test(id) && !KERNEL_COMMANDS.test(id)) {
       return execute(id, args);
     }
     type Notebook = { activeCell?: { model?: { type?: string } } };
