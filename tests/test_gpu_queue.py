@@ -27,6 +27,7 @@ from gpulab_hub.gpus.queue import (
     Grant,
     QueueError,
     QueueStore,
+    blockers,
     next_grant,
     order,
     waiting_words,
@@ -69,6 +70,18 @@ def test_waiting_words_name_place_and_holders():
     assert waiting_words(0) == "waiting for a GPU: next in line"
     with pytest.raises(ValueError):
         waiting_words(-1)
+
+
+def test_the_holders_in_a_refusals_way_become_the_words_of_the_spawn_page():
+    devices = [gpu(0), gpu(1)]
+    held = {"GPU-0000": (Holder("alice", "train", T0),), "GPU-0001": (Holder("bob", "sweep", T0),)}
+    with pytest.raises(AllocationError) as refused:
+        choose(devices, held, Request("cat", "p", 1), Policy())
+    who = blockers(refused.value.busy, {("bob", "sweep"): 35.0}, jobs=[("alice", "train")])
+    assert waiting_words(2, who) == (
+        "waiting for a GPU: 2 ahead; GPU 0 is held by alice/train (running a job); "
+        "GPU 1 is held by bob/sweep (idle 35 min)"
+    )
 
 
 # --- order and grants (pure) ---------------------------------------------------------

@@ -145,6 +145,23 @@ class Blocker:
     job: bool = False  # running a job (never reclaimed)
 
 
+def blockers(
+    busy: Sequence[tuple[Device, tuple[Holder, ...]]],
+    idle_min: Mapping[tuple[str, str], float | None],
+    jobs: Collection[tuple[str, str]] = (),
+) -> list[Blocker]:
+    """The holders in ``busy`` (an ``AllocationError``'s) as the spawn page names them.
+
+    ``idle_min``: minutes each (owner, project) has been idle (missing or None: in
+    use); ``jobs``: those running a job."""
+    out = []
+    for d, hs in busy:
+        name = f"{'MIG slice' if d.parent_uuid else 'GPU'} {d.index}"
+        for h in hs:
+            out.append(Blocker(name, h.owner, h.project, idle_min.get(h.key), h.key in jobs))
+    return out
+
+
 def waiting_words(position: int, blockers: Sequence[Blocker] = ()) -> str:
     """The spawn page's sentence for a start waiting at ``position`` (0: next in line),
     e.g. "waiting for a GPU: 2 ahead; GPU 1 is held by bob/sweep (idle 35 min)"."""
