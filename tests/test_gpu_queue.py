@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,51 @@ def test_processes_enqueueing_and_granting_at_once_lose_nothing_and_grant_nothin
     assert len(left) == hubs * per_hub - 2 * len(devices)
     record = AllocationStore(tmp_path / "gpu-allocations.json").holdings()
     assert {u: hs[0].key for u, hs in record.items()} == {uuids[0]: (o, p) for o, p, uuids in again}
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["enqueue", "cancel", "grant", "stop", "restart"]),
+        st.integers(0, 5),  # which project
+        st.integers(0, 2),  # GPUs it asks for
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=OPS)
+def test_any_sequence_of_starts_cancels_grants_stops_and_restarts_keeps_the_books(ops):
+    """Against a model: a waiting start is in the queue until it is granted or
+    cancelled, never in it twice; no GPU is ever held by two projects."""
+    devices = [gpu(i) for i in range(2)]
+    with tempfile.TemporaryDirectory() as d:
+        t = [T0]
+        stores = lambda: (  # noqa: E731
+            QueueStore(Path(d) / "q.json", clock=lambda: t[0]),
+            AllocationStore(Path(d) / "a.json", clock=lambda: t[0]),
+        )
+        q, allocs = stores()
+        waiting: dict[tuple[str, str], int] = {}  # the model: key -> GPUs asked for
+        running: set[tuple[str, str]] = set()
+        for op, n, count in ops:
+            t[0] += 1
+            key = (f"u{n % 3}", f"p{n}")
+            if op == "enqueue" and key not in running:
+                q.enqueue(Request(*key, count))
+                waiting[key] = count
+            elif op == "cancel":
+                assert q.cancel(*key) == (waiting.pop(key, None) is not None)
+            elif op == "grant":
+                for g in q.grant(allocs, devices, Policy(), usage={}):
+                    assert waiting.pop(g.entry.key) == len(g.devices)
+                    running.add(g.entry.key)
+            elif op == "stop" and key in running:
+                allocs.release(*key)
+                running.discard(key)
+            elif op == "restart":
+                q, allocs = stores()
+            assert {e.key: e.request.count for e in q.entries()} == waiting
+            held = allocs.holdings()
+            assert all(len(hs) == 1 for hs in held.values())  # exclusive: one holder each
+            assert {h.key for hs in held.values() for h in hs} <= running
