@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from gpulab_hub import accounts, culling, doctor, home, secrets, sharing, ssh
-from gpulab_hub.projects import buildlog, objects, rename
+from gpulab_hub.projects import buildlog, objects, rename, title
 from gpulab_hub.sharing import accept, groupshares, origins
 
 DEFAULTS = {
@@ -170,6 +170,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # Access through a link ends with it unless its owner chose otherwise; the accept
     # page in gpulab's words; no OAuth confirm page for projects (sharing/accept.py).
     accept.configure(c, hub_dir, revoke_within_s(s))
+    # Hub pages name a project by its display name (projects/title.py).
+    title.configure(c)
     # Each user's servers on an origin of their own (JupyterHub's subdomain_host), needed
     # wherever others reach the hub; a strict CSP on the hub's pages (docs/deployment.md).
     origins.apply(c, s["GPULAB_SUBDOMAIN_HOST"])

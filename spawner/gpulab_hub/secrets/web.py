@@ -15,6 +15,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from gpulab_hub import hubsettings
+from gpulab_hub.projects.title import title
 from gpulab_hub.secrets import crypt
 from gpulab_hub.secrets.names import (
     MAX_SECRETS,
@@ -68,6 +69,7 @@ class SecretsPageHandler(BaseHandler):
             "gpulab-secrets.html",
             secrets=secrets,
             projects=self._projects(),
+            titles={n: title(s) for n, s in self.current_user.orm_user.orm_spawners.items()},
             selections=selections,
             message=message,
             error=error,

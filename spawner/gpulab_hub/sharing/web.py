@@ -34,6 +34,7 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from gpulab_hub import accounts, hubsettings, jsonfile
+from gpulab_hub.projects.title import title
 from gpulab_hub.sharing import linkaccess, origins, roles
 from gpulab_hub.sharing.groupshares import GroupShareRoles
 from gpulab_hub.sharing.policy import ProjectSharing, SharingPolicyStore
@@ -351,6 +352,7 @@ class ShareHandler(BaseHandler):
         html = await self.render_template(
             "gpulab-share.html",
             project=project,
+            project_title=title(spawner) if spawner is not None else project,
             owner=owner,
             resharing=resharing,
             embed=self.embed,

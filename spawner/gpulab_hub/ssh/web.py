@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from gpulab_hub.projects.title import title
 from gpulab_hub.sharing import roles
 from gpulab_hub.ssh import names, valid_host
 from gpulab_hub.ssh.keys import KeyRefused, KeyStore, StoredKey
@@ -43,6 +44,7 @@ class Connect:
     role: str  # "owner", "collaborator", "viewer"
     login: str  # "" where no login name can name it
     command: str
+    title: str = ""  # the project as people know it (projects/title.py)
 
 
 @dataclass(frozen=True)
@@ -113,27 +115,29 @@ class SSHPageHandler(BaseHandler):
         self.port = port
         self.given_public_url = public_url
 
-    def _row(self, owner: str, project: str, role: str, host: str) -> Connect:
+    def _row(self, spawner, role: str, host: str) -> Connect:
+        owner, project = spawner.user.name, spawner.name
         me = self.current_user.name
         login = names.login_name(me, owner, project)
         if names.parse_login(login) != names.Login(me, owner, project):
             login = ""  # e.g. an owner whose name holds "+" (names.py)
-        return Connect(owner, project, role, login, command(self.port, login, host))
+        return Connect(owner, project, role, login, command(self.port, login, host), title(spawner))
 
     def _connect_rows(self) -> list[Connect]:
         """The user's own projects, then the projects shared with them (one row each,
         with the role of their own share and their groups' together)."""
         me = self.current_user.orm_user
         host = ssh_host(self.given_public_url, self.request.host)
-        rows = [self._row(me.name, p, "owner", host) for p in sorted(me.orm_spawners) if p]
+        mine = me.orm_spawners
+        rows = [self._row(mine[p], "owner", host) for p in sorted(mine) if p]
         shared = {}
         for share in me.all_shared_with_me:
             if share.owner is not None and share.spawner is not None:
                 shared[(share.owner.name, share.spawner.name)] = share.spawner
-        for (owner, project), spawner in sorted(shared.items()):
+        for _where, spawner in sorted(shared.items()):
             role = roles.role_on(self.db, me, spawner)
             if role in ("collaborator", "viewer"):
-                rows.append(self._row(owner, project, role, host))
+                rows.append(self._row(spawner, role, host))
         return rows
 
     async def _page(self, status: int = 200, message: str = "", error: str = ""):
