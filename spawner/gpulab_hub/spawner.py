@@ -41,6 +41,7 @@ from gpulab_hub.projects import (
 from gpulab_hub.projects.safefs import ensure_project
 from gpulab_hub.projects.settings import ProjectSettings
 from gpulab_hub.projects.startfail import MIN_FAILURE_S, SpawnError, build_failed
+from gpulab_hub.projects.title import title
 
 _STEP = re.compile(r"^Step (\d+)/(\d+)")
 
@@ -357,8 +358,7 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
         env["GPULAB_PROJECT"] = project_name(self.name)
         # JupyterLab's tab title names the project as its people know it (a project is
         # renamed only while it is stopped, so the start's name holds while it runs)
-        display = self.orm_spawner.display_name if self.orm_spawner else ""
-        env["GPULAB_PROJECT_DISPLAY_NAME"] = options.one_line(display or project_name(self.name))
+        env["GPULAB_PROJECT_DISPLAY_NAME"] = title(self)
         env["GPULAB_OWNER"] = self.user.name
         # Which image this start runs, for the project's user (docs/projects.md)
         state, note = getattr(self, "_image_note", ("latest", ""))

@@ -14,10 +14,10 @@ from gpulab_hub.projects.options import one_line
 def title(orm_spawner) -> str:
     """The display name of a project (an ``orm.Spawner``, or a Spawner with one), else
     its short name; one line of printable characters."""
-    orm_spawner = getattr(orm_spawner, "orm_spawner", orm_spawner)
-    if orm_spawner is None:
-        return DEFAULT_PROJECT
-    return one_line(orm_spawner.display_name or orm_spawner.name or DEFAULT_PROJECT)
+    found = getattr(orm_spawner, "orm_spawner", orm_spawner)
+    display = getattr(found, "display_name", "") if found is not None else ""
+    name = getattr(found if found is not None else orm_spawner, "name", "")
+    return one_line(display or name or DEFAULT_PROJECT)
 
 
 def page_titles(user):
