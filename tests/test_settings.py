@@ -7,7 +7,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing, ssh
-from gpulab_hub.projects import rename
+from gpulab_hub.projects import rename, title
 
 
 def applied(environ) -> Config:
@@ -148,6 +148,7 @@ def test_defaults_give_a_working_single_machine_hub():
             # for admins (accounts/)
             "template_vars": {
                 "gpulab_share_terms": sharing.accept.share_terms,
+                "gpulab_project_title": title.page_titles,
                 "gpulab_signups_waiting": accounts.signups_waiting,
             },
             "authenticator_class": "gpulab_hub.accounts.auth.GpulabAuthenticator",
