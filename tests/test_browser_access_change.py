@@ -33,6 +33,12 @@ CODE = "x = 6 * 7\nprint('answer', x)"
 KERNEL_WORDS = ("Kernel died", "Dead kernel", "Kernel Restarting", "Kernel Dead")
 # GPULAB_REVOKE_WITHIN_S of the tests' hub (conftest.py), plus a page's reaction.
 REVOKE_WITHIN_S = 8
+# The notebooks name their kernel, as a notebook saved by JupyterLab does: opening one
+# starts (or, for a viewer, would start) python3 without JupyterLab's kernel picker.
+KERNEL_METADATA = {
+    "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+    "language_info": {"name": "python"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +58,9 @@ def project(people):
     owner.stop_project(PROJECT)
     owner.start_project(PROJECT)
     for path in (NOTEBOOK, VIEWER_NOTEBOOK):
-        body = {"type": "notebook", "format": "json", "content": notebook(CODE)}
+        content = notebook(CODE)
+        content["metadata"] = dict(KERNEL_METADATA)
+        body = {"type": "notebook", "format": "json", "content": content}
         put = owner.api("PUT", f"/user/{OWNER}/{PROJECT}/api/contents/{path}", json=body)
         assert put.status_code in (200, 201), put.text
     yield
