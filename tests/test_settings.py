@@ -170,6 +170,8 @@ def test_defaults_give_a_working_single_machine_hub():
             "prefix": "gpulab",
             "network_name": "gpulab-net",
             "allocations_file": "/srv/gpulab/hub/gpu-allocations.json",
+            "queue_file": "/srv/gpulab/hub/gpu-queue.json",
+            "usage_file": "/srv/gpulab/hub/gpu-usage.jsonl",
             "gpu_policy": "exclusive",
             "gpu_isolation": "auto",
             "driver_dir": "/usr/local/nvidia",

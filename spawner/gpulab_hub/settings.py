@@ -210,6 +210,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.ProjectSpawner.prefix = s["GPULAB_CONTAINER_PREFIX"]
     c.ProjectSpawner.network_name = network
     c.ProjectSpawner.allocations_file = str(hub_dir / "gpu-allocations.json")
+    c.ProjectSpawner.queue_file = str(hub_dir / "gpu-queue.json")
+    c.ProjectSpawner.usage_file = str(hub_dir / "gpu-usage.jsonl")
     c.ProjectSpawner.gpu_policy = s["GPULAB_GPU_POLICY"]
     c.ProjectSpawner.gpu_isolation = s["GPULAB_GPU_ISOLATION"]
     c.ProjectSpawner.driver_dir = s["GPULAB_DRIVER_DIR"]
@@ -233,8 +235,10 @@ def apply(c, environ, images_dir: str | Path) -> None:
         if not disk_mb.isdigit() or len(disk_mb) > 9 or int(disk_mb) < 1:
             raise ValueError("GPULAB_BUILD_DISK_LIMIT_MB must be a whole number of MiB.")
         c.ProjectSpawner.build_disk_limit = int(disk_mb) << 20
-    # Builds report progress on the spawn page; give them time.
-    c.Spawner.start_timeout = 3600
+    # Builds report progress on the spawn page; give them time. A start may also wait
+    # in the GPU queue (up to ProjectSpawner.gpu_queue_max_wait, a day by default, and
+    # cancelled by the user's Stop): JupyterHub's limit covers the whole start.
+    c.Spawner.start_timeout = 3600 + 24 * 3600
     c.Spawner.http_timeout = 120
     # Idle projects stop (and free their GPUs), never one with a running job or a busy
     # GPU: JupyterHub's idle culler as a service (culling.py, docs/jobs.md).

@@ -22,7 +22,7 @@ from dockerspawner import DockerSpawner
 from traitlets import TraitError, default, validate
 
 from gpulab_hub import host, images
-from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuSettings
 from gpulab_hub.images import builds, confine
@@ -475,13 +475,32 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             gpu_type=opts.get("gpu_type", ""),
             mig_profile=opts.get("mig_profile", ""),
         )
-        self._gpus, devices = await self._run(
-            gpu_spawner.reserve, self, self._docker, self.prefix, request
-        )
+        try:
+            self._gpus, devices = await self._run(
+                gpu_spawner.reserve, self, self._docker, self.prefix, request
+            )
+        except allocator.AllocationError as e:
+            if not (self.gpu_queue and e.busy):  # off, or never possible on this host
+                raise
+            devices, self._gpus = await waiting.wait(
+                self, self._docker, self.prefix, request, self._run, self._emit,
+                self._budget_members(),
+            )  # fmt: skip
         for d in devices:
             self._emit(75, f"Reserved GPU {d.index} ({d.name}, {d.uuid})")
 
+    def _budget_members(self) -> dict[str, list[str]]:
+        """The users of each group the GPU budgets name (from the hub's database)."""
+        from jupyterhub import orm
+
+        named = waiting.budget_groups(self)
+        if not named:
+            return {}
+        found = self.user.db.query(orm.Group).filter(orm.Group.name.in_(named)).all()
+        return {g.name: [u.name for u in g.users] for g in found}
+
     async def stop(self, now=False):
+        await self._run(waiting.cancel, self, self.user.name, self.project.name)
         await super().stop(now=now)
         await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
 

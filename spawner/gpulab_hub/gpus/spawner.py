@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import docker.errors
-from traitlets import Bool, HasTraits, Int, List, Unicode
+from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode
 
 from gpulab_hub import gpus
-from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import allocator, usage
 from gpulab_hub.projects import objects
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
@@ -103,6 +103,57 @@ class GpuSettings(HasTraits):
         hub, so a restart neither frees a GPU in use nor double-books one.
         Default: /srv/gpulab/hub/gpu-allocations.json.
         Example: ``c.ProjectSpawner.allocations_file = "/var/lib/gpulab/gpus.json"``""",
+    )
+    gpu_queue = Bool(
+        True,
+        config=True,
+        help="""When no GPU fits a start, it waits in a queue (the spawn page says
+        where it stands and who holds the GPUs) instead of being refused; it starts
+        by itself when its turn comes. A start the host can never satisfy (more GPUs
+        than it has, a type it lacks) is refused at once either way. Default: True.
+        Example: ``c.ProjectSpawner.gpu_queue = False``""",
+    )
+    gpu_queue_max_wait = Float(
+        24 * 3600.0,
+        config=True,
+        help="""Seconds a start waits in the GPU queue before it gives up (and says
+        so on the spawn page). Keep ``Spawner.start_timeout`` above this plus the
+        longest build: gpulab's settings set it to this default plus an hour.
+        Default: 86400 (a day). Example: ``c.ProjectSpawner.gpu_queue_max_wait = 4 * 3600``""",
+    )
+    queue_file = Unicode(
+        "/srv/gpulab/hub/gpu-queue.json",
+        config=True,
+        help="""File of the starts waiting for a GPU, beside ``allocations_file``; it
+        outlives the hub, so a restart keeps every waiting start's place.
+        Default: /srv/gpulab/hub/gpu-queue.json.
+        Example: ``c.ProjectSpawner.queue_file = "/var/lib/gpulab/gpu-queue.json"``""",
+    )
+    usage_file = Unicode(
+        "/srv/gpulab/hub/gpu-usage.jsonl",
+        config=True,
+        help="""Append-only ledger of every GPU holding (who, which project, which GPU,
+        from, to), beside ``allocations_file``: what fair share and budgets read.
+        Default: /srv/gpulab/hub/gpu-usage.jsonl.
+        Example: ``c.ProjectSpawner.usage_file = "/var/lib/gpulab/gpu-usage.jsonl"``""",
+    )
+    gpu_usage_window = Float(
+        7 * 24 * 3600.0,
+        config=True,
+        help="""Seconds of GPU use the queue's fair-share order counts (the least
+        used over this window go first) and budgets are measured over.
+        Default: 604800 (7 days). Example: ``c.ProjectSpawner.gpu_usage_window = 86400``""",
+    )
+    gpu_budget_hours = Dict(
+        key_trait=Unicode(),
+        value_trait=Float(),
+        config=True,
+        help="""GPU-hour budgets over ``gpu_usage_window``: a user's name, or
+        "group:<name>" for each member of a JupyterHub group (the smallest of a
+        user's groups counts; a user's own entry wins), or "*" for everyone else.
+        A user over budget still gets a GPU nobody else waits for, but waits after
+        the others. Default: {} (no budgets).
+        Example: ``c.ProjectSpawner.gpu_budget_hours = {"*": 40, "group:students": 20}``""",
     )
 
 
@@ -271,6 +322,14 @@ def reserve(
             raise
         with _pending_lock:
             _pending[key] = tuple(d.uuid for d in devices)
+    return assign(s, docker_call, key, devices), devices
+
+
+def assign(
+    s: GpuSettings, docker_call, key: tuple[str, str], devices: list[gpus.Device]
+) -> objects.GpuAssignment:
+    """Blocking: the container's GPU settings for the devices ``key`` was given
+    (by :func:`reserve`, or by the queue); releases them where Docker cannot give them."""
     isolation = isolation_of(s.gpu_isolation, docker_call)
     if isolation == objects.DEVICES and any(d.parent_uuid for d in devices):
         release(s, *key)
@@ -284,14 +343,13 @@ def reserve(
             "This host has GPUs but Docker cannot give them to containers (no NVIDIA "
             "runtime and no /dev/nvidiactl); run `gpulab doctor`."
         )
-    assignment = objects.GpuAssignment(
+    return objects.GpuAssignment(
         uuids=tuple(d.uuid for d in devices),
         minors=tuple(sorted({d.minor for d in devices})),
         isolation=isolation,
         driver_dir=s.driver_dir,
         alloc_conf=s.pytorch_cuda_alloc_conf,
     )
-    return assignment, devices
 
 
 def release(
@@ -306,7 +364,39 @@ def release(
     with _pending_lock:
         _pending.pop((owner, project), None)
     try:
-        return store_of(s, docker_call, prefix).release(owner, project)
+        store = store_of(s, docker_call, prefix)
+        with store.locked():
+            held = store.holdings()
+            freed = store.release(owner, project)
     except (allocator.AllocationError, OSError, docker.errors.DockerException) as e:
         _log(s).error("GPUs of %s/%s not released: %s", owner, project, e)
         return []
+    record_usage(s, owner, project, {u: held[u] for u in freed})
+    return freed
+
+
+def ledger_of(s: GpuSettings) -> usage.UsageLedger:
+    return usage.UsageLedger(Path(s.usage_file), clock=lambda: clock(), log=_log(s))
+
+
+def record_usage(s: GpuSettings, owner: str, project: str, held: allocator.Held) -> None:
+    """Append the holdings of (owner, project) in ``held`` that just ended to the usage
+    ledger, one record per device. Never raises: a stop goes on, the error is logged."""
+    now = clock()
+    try:
+        names = {d.uuid: allocator.label(d) for d in cached_inventory().devices}
+        records = [
+            usage.Record(owner, project, u, _label(names.get(u, "")), min(h.since, now), now, None)
+            for u, hs in held.items()
+            for h in hs
+            if h.key == (owner, project)
+        ]
+        ledger_of(s).append(records)
+    except (usage.UsageError, OSError, ValueError) as e:
+        _log(s).error("GPU usage of %s/%s not recorded: %s", owner, project, e)
+
+
+def _label(text: str) -> str:
+    """``text`` as the ledger keeps a label (its characters, its length), else ''."""
+    kept = "".join(c for c in text if usage.LABEL.fullmatch(c))[:128]
+    return kept if usage.LABEL.fullmatch(kept) else ""

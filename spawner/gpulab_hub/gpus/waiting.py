@@ -1,0 +1,205 @@
+"""A start that finds no GPU free waits in the GPU queue (queue.py) instead of failing.
+
+``wait`` is the spawner's side: it puts the start's request in the queue, then every
+``TICK`` seconds serves the queue (dead holders released first, then
+``QueueStore.grant`` in fair-share order with the usage ledger's hours and the
+budgets) and looks for its own entry: granted (its devices are in the allocation
+record), still waiting (the spawn page gets the waiting words whenever they
+change), or gone (cancelled). Whichever waiting start's tick grants an entry, the
+entry's own start notices it within a tick, so a released GPU goes to the next in
+line within about a second. Every file operation runs on the spawner's executor.
+
+A start that is cancelled (the project stopped while it waits), fails or gives up
+leaves the queue, and gives back devices it was granted but did not use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulab_hub import gpus
+from gpulab_hub.gpus import allocator, queue, usage
+from gpulab_hub.gpus import spawner as gpu_spawner
+
+TICK = 1.0  # seconds between looks at the queue
+GROUP = "group:"  # gpu_budget_hours keys naming a JupyterHub group
+EVERYONE = "*"  # gpu_budget_hours key for users without a budget of their own
+
+
+class QueueCancelled(allocator.AllocationError):
+    """The start left the queue without a GPU (its project was stopped)."""
+
+
+def s_log(s):
+    return gpu_spawner._log(s)
+
+
+def queue_of(s: gpu_spawner.GpuSettings) -> queue.QueueStore:
+    return queue.QueueStore(Path(s.queue_file), clock=lambda: gpu_spawner.clock(), log=s_log(s))
+
+
+def budgets_of(s: gpu_spawner.GpuSettings, members: Mapping[str, list[str]]) -> usage.Budgets:
+    """The ``gpu_budget_hours`` setting as ``Budgets``; ``members``: each group's users."""
+    b = dict(s.gpu_budget_hours)
+    return usage.Budgets(
+        users={k: v for k, v in b.items() if not k.startswith(GROUP) and k != EVERYONE},
+        groups={k[len(GROUP) :]: v for k, v in b.items() if k.startswith(GROUP)},
+        members=dict(members),
+        default=b.get(EVERYONE),
+    )
+
+
+def budget_groups(s: gpu_spawner.GpuSettings) -> list[str]:
+    """The JupyterHub groups the budgets name (their members are looked up by the hub)."""
+    return sorted(k[len(GROUP) :] for k in s.gpu_budget_hours if k.startswith(GROUP))
+
+
+@dataclass
+class Look:
+    """What one tick saw of this start's entry."""
+
+    devices: list[gpus.Device] | None = None  # granted: its devices
+    words: str = ""  # waiting: the spawn page's sentence
+    gone: bool = False  # neither waiting nor granted
+
+
+def _fair_share(s, allocations, members) -> tuple[dict[str, float], frozenset[str]]:
+    hours = gpu_spawner.ledger_of(s).hours_by_user(s.gpu_usage_window, held=allocations.holdings())
+    return hours, budgets_of(s, members).over(hours)
+
+
+def _alive(allocations: allocator.AllocationStore, docker_call, prefix: str):
+    """Liveness as ``reserve`` judges it: a spawn of this hub under way, a project
+    container that exists, or a holding reserved within RESERVE_GRACE (its container
+    may not exist yet; another start may have just been granted it)."""
+    live = gpu_spawner.Liveness(docker_call, prefix)
+    now = gpu_spawner.clock()
+    fresh = {
+        h.key
+        for hs in allocations.holdings().values()
+        for h in hs
+        if now - h.reserved < gpu_spawner.RESERVE_GRACE
+    }
+    return lambda o, p: (o, p) in fresh or live(o, p)
+
+
+def serve(s, docker_call, prefix: str, members: Mapping[str, list[str]]) -> list[queue.Grant]:
+    """Blocking: release dead holders, then grant what the queue's order allows now."""
+    inv = gpu_spawner.cached_inventory()
+    allocations = gpu_spawner.store_of(s, docker_call, prefix)
+    q = queue_of(s)
+    with q.locked(), allocations.locked():
+        dead = allocations.release_dead(_alive(allocations, docker_call, prefix))
+        for key in dead:
+            s_log(s).info("GPU queue: %s/%s holds GPUs without a container: released", *key)
+        hours, over = _fair_share(s, allocations, members)
+        return q.grant(allocations, inv.devices, gpu_spawner.policy_of(s), hours, over)
+
+
+def look(s, docker_call, prefix: str, request: allocator.Request, members) -> Look:
+    """Blocking: serve the queue, then what became of ``request``'s entry."""
+    serve(s, docker_call, prefix, members)
+    key = (request.owner, request.project)
+    inv = gpu_spawner.cached_inventory()
+    allocations = gpu_spawner.store_of(s, docker_call, prefix)
+    q = queue_of(s)
+    with q.locked(), allocations.locked():
+        held = allocations.holdings()
+        hours, over = _fair_share(s, allocations, members)
+        place = q.position(*key, usage=hours, over_budget=over)
+        if place is None:
+            mine = set(allocations.held_by(*key))
+            if not mine:
+                return Look(gone=True)
+            with gpu_spawner._pending_lock:  # under way from here, as after reserve
+                gpu_spawner._pending[key] = tuple(sorted(mine))
+            return Look(devices=[d for d in inv.devices if d.uuid in mine])
+    try:
+        allocator.choose(inv.devices, held, request, gpu_spawner.policy_of(s))
+        busy = ()  # it would fit: others are ahead of it
+    except allocator.AllocationError as e:
+        busy = e.busy
+    return Look(words=queue.waiting_words(place, queue.blockers(busy, {})))
+
+
+def enqueue(s, docker_call, prefix: str, request: allocator.Request) -> None:
+    """Blocking: put ``request`` in the queue. What its project still holds from an
+    earlier run (it is starting, so nothing runs it) is released first."""
+    gpu_spawner.release(s, request.owner, request.project, docker_call, prefix)
+    queue_of(s).enqueue(request)
+
+
+def leave(s, docker_call, prefix: str, owner: str, project: str) -> None:
+    """Blocking: the start ends without running: out of the queue, and what it was
+    granted (if anything) given back."""
+    try:
+        queue_of(s).cancel(owner, project)
+    except (queue.QueueError, OSError) as e:
+        s_log(s).error("GPU queue: %s/%s not taken out of the queue: %s", owner, project, e)
+    gpu_spawner.release(s, owner, project, docker_call, prefix)
+
+
+def cancel(s, owner: str, project: str) -> bool:
+    """Blocking: take (owner, project) out of the queue (its project stopped); never raises."""
+    if not Path(s.queue_file).exists():  # nobody ever waited: nothing to make
+        return False
+    try:
+        return queue_of(s).cancel(owner, project)
+    except (queue.QueueError, OSError) as e:
+        s_log(s).error("GPU queue: %s/%s not taken out of the queue: %s", owner, project, e)
+        return False
+
+
+async def wait(
+    s,
+    docker_call,
+    prefix: str,
+    request: allocator.Request,
+    run: Callable[..., Awaitable],
+    emit: Callable[[int, str], None],
+    members: Mapping[str, list[str]] | None = None,
+) -> tuple[list[gpus.Device], object]:
+    """Wait in the queue until ``request`` is granted -> (devices, GpuAssignment).
+
+    ``run(fn, *args)`` runs a blocking call off the event loop; ``emit(progress,
+    message)`` tells the spawn page. Raises AllocationError when the wait is given
+    up (``gpu_queue_max_wait``) or its entry leaves the queue without a GPU.
+    """
+    members = dict(members or {})
+    key = (request.owner, request.project)
+    await run(enqueue, s, docker_call, prefix, request)
+    started = time.monotonic()
+    said = ""
+    done = False
+    try:
+        while True:
+            seen = await run(look, s, docker_call, prefix, request, members)
+            if seen.devices is not None:
+                emit(74, "A GPU is free: starting")
+                assignment = await run(gpu_spawner.assign, s, docker_call, key, seen.devices)
+                done = True
+                return seen.devices, assignment
+            if seen.gone:
+                raise QueueCancelled(
+                    f"{request.owner}/{request.project} left the GPU queue without a GPU "
+                    "(it was cancelled). Start it again to wait for one."
+                )
+            if seen.words != said:
+                said = seen.words
+                emit(72, said)
+            if time.monotonic() - started > s.gpu_queue_max_wait:
+                hours = s.gpu_queue_max_wait / 3600
+                raise allocator.AllocationError(
+                    f"{request.owner}/{request.project} waited {hours:g} h for a GPU, "
+                    f"the longest a start waits here, and gave up ({said}). "
+                    "Start it again to wait again, or start it with 0 GPUs."
+                )
+            await asyncio.sleep(TICK)
+    finally:
+        if not done:
+            # shielded: a cancelled start still leaves the queue and frees its grant
+            await asyncio.shield(run(leave, s, docker_call, prefix, *key))

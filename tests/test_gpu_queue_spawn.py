@@ -1,0 +1,189 @@
+"""The GPU queue through ProjectSpawner's own start path (``_reserve_gpus``, as ``start``
+calls it) and its stop path (``stop``'s queue cancel, ``release`` as stop and poll
+call it), on a host of two GPUs given as plain data (faults_kit.inventory) and a
+recorded Docker engine: no GPU, no NVML, no hub.
+
+What a user notices: the third start for two GPUs waits and the spawn page says
+where it stands and who holds the GPUs; it starts within about two seconds of a
+release; Stop takes a waiting start out of the queue; a stop leaves a usage record;
+many starts at once never share a GPU; a start the host can never satisfy is refused
+at once with today's words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+from faults_kit import PREFIX, RecordedDocker, inventory
+
+from gpulab_hub.gpus import allocator, waiting
+from gpulab_hub.gpus import spawner as gpu_spawner
+from gpulab_hub.gpus.queue import QueueStore
+from gpulab_hub.gpus.usage import UsageLedger
+from gpulab_hub.spawner import ProjectSpawner
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """Two GPUs, the hub's three GPU files in a fresh folder, no spawn under way."""
+    monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(2))
+    gpu_spawner.forget_pending()
+    yield SimpleNamespace(dir=tmp_path, docker=RecordedDocker())
+    gpu_spawner.forget_pending()
+
+
+def spawner(host, owner: str, project: str, **settings) -> ProjectSpawner:
+    sp = ProjectSpawner(
+        allocations_file=str(host.dir / "gpu-allocations.json"),
+        queue_file=str(host.dir / "gpu-queue.json"),
+        usage_file=str(host.dir / "gpu-usage.jsonl"),
+        gpu_isolation="runtime",
+        prefix=PREFIX,
+        **settings,
+    )
+    sp.user = SimpleNamespace(name=owner, groups=[], db=None)
+    sp.orm_spawner = SimpleNamespace(name=project, display_name=project, server=None)
+    sp._docker = host.docker
+    sp._progress_events = []
+    return sp
+
+
+def said(sp: ProjectSpawner) -> list[str]:
+    return [e["message"] for e in sp._progress_events]
+
+
+def holdings(host) -> dict[str, list[str]]:
+    raw = json.loads((host.dir / "gpu-allocations.json").read_text())["holdings"]
+    return {u: [f"{h['owner']}/{h['project']}" for h in hs] for u, hs in raw.items()}
+
+
+async def until(check, timeout: float = 5.0):
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_release(host):
+    alice, bob = spawner(host, "alice", "train"), spawner(host, "bob", "sweep")
+    await alice._reserve_gpus({"gpus": 1})
+    await bob._reserve_gpus({"gpus": 1})
+    carol, dave = spawner(host, "carol", "fit"), spawner(host, "dave", "eval")
+    c = asyncio.create_task(carol._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU") for m in said(carol)))
+    d = asyncio.create_task(dave._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU") for m in said(dave)))
+    assert said(carol)[-1] == (
+        "waiting for a GPU: next in line; GPU 0 is held by alice/train (in use); "
+        "GPU 1 is held by bob/sweep (in use)"
+    )
+    assert said(dave)[-1].startswith("waiting for a GPU: 1 ahead; GPU 0 is held by alice/train")
+    assert not c.done() and not d.done()
+    assert [e.project for e in QueueStore(host.dir / "gpu-queue.json").entries()] == [
+        "fit",
+        "eval",
+    ]
+
+    freed_at = time.monotonic()
+    gpu_spawner.release(alice, "alice", "train")  # alice stops (ProjectSpawner.stop)
+    await asyncio.wait_for(c, 5)
+    assert time.monotonic() - freed_at < 2.0
+    assert carol._gpus.uuids == ("GPU-0000-fault",)  # the one alice freed
+    assert "Reserved GPU 0 (NVIDIA H100 80GB HBM3, GPU-0000-fault)" in said(carol)
+    assert holdings(host) == {"GPU-0000-fault": ["carol/fit"], "GPU-0001-fault": ["bob/sweep"]}
+    # dave moved up, and now sees carol in his way
+    await until(lambda: said(dave)[-1].startswith("waiting for a GPU: next in line"))
+    assert "GPU 0 is held by carol/fit (in use)" in said(dave)[-1]
+
+    # alice's holding is in the usage ledger: her project, her GPU, from, to
+    (rec,) = list(UsageLedger(host.dir / "gpu-usage.jsonl").records())
+    assert (rec.owner, rec.project, rec.uuid) == ("alice", "train", "GPU-0000-fault")
+    assert rec.label == "GPU 0 (NVIDIA H100 80GB HBM3)"
+    assert rec.start <= rec.end <= time.time()
+
+    # dave's Stop while he waits (ProjectSpawner.stop cancels his entry): his start
+    # ends with words, the queue is empty, and bob's release goes to nobody
+    assert waiting.cancel(dave, "dave", "eval")
+    with pytest.raises(allocator.AllocationError, match="left the GPU queue without a GPU"):
+        await asyncio.wait_for(d, 5)
+    assert QueueStore(host.dir / "gpu-queue.json").entries() == []
+    gpu_spawner.release(bob, "bob", "sweep")
+    assert holdings(host) == {"GPU-0000-fault": ["carol/fit"]}
+
+
+async def test_a_cancelled_start_leaves_the_queue(host):
+    """JupyterHub's DELETE on a pending spawn cancels the start's task: it leaves the
+    queue, and the release that comes later goes to the next in line, not to it."""
+    first, second = spawner(host, "alice", "a"), spawner(host, "bob", "b")
+    await first._reserve_gpus({"gpus": 2})
+    waiter = spawner(host, "carol", "c")
+    task = asyncio.create_task(waiter._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU") for m in said(waiter)))
+    nxt = asyncio.create_task(second._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU: 1 ahead") for m in said(second)))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [e.owner for e in QueueStore(host.dir / "gpu-queue.json").entries()] == ["bob"]
+    gpu_spawner.release(first, "alice", "a")
+    await asyncio.wait_for(nxt, 5)
+    assert "carol/c" not in sum(holdings(host).values(), [])
+
+
+async def test_a_start_the_host_can_never_satisfy_is_refused_at_once(host):
+    sp = spawner(host, "alice", "big")
+    with pytest.raises(allocator.AllocationError, match="this host has 2 GPUs"):
+        await asyncio.wait_for(sp._reserve_gpus({"gpus": 3}), 2)
+    assert not (host.dir / "gpu-queue.json").exists()
+
+
+async def test_with_the_queue_off_a_full_host_refuses_with_todays_words(host):
+    await spawner(host, "alice", "a")._reserve_gpus({"gpus": 2})
+    sp = spawner(host, "bob", "b", gpu_queue=False)
+    with pytest.raises(allocator.AllocationError, match="held by alice/a since"):
+        await sp._reserve_gpus({"gpus": 1})
+
+
+async def test_many_starts_at_once_never_share_a_gpu_and_all_are_served(host):
+    sps = [spawner(host, f"u{i}", "p") for i in range(8)]
+    tasks = [asyncio.create_task(sp._reserve_gpus({"gpus": 1})) for sp in sps]
+    served: list[str] = []
+    while len(served) < len(sps):
+        done = [sp for sp, t in zip(sps, tasks, strict=True) if t.done()]
+        for sp in done:
+            if sp.user.name in served:
+                continue
+            tasks[sps.index(sp)].result()
+            held = holdings(host)
+            assert all(len(hs) == 1 for hs in held.values()), held  # never two on a GPU
+            assert len(held) <= 2
+            served.append(sp.user.name)
+            gpu_spawner.release(sp, sp.user.name, "p")  # it ran, then stopped
+        await asyncio.sleep(0.05)
+    assert sorted(served) == sorted(sp.user.name for sp in sps)
+    assert QueueStore(host.dir / "gpu-queue.json").entries() == []
+    assert len(list(UsageLedger(host.dir / "gpu-usage.jsonl").records())) == 8
+
+
+async def test_fair_share_serves_the_user_with_less_recent_gpu_time_first(host):
+    ledger = UsageLedger(host.dir / "gpu-usage.jsonl")
+    from gpulab_hub.gpus.usage import Record
+
+    now = time.time()
+    ledger.append([Record("heavy", "x", "GPU-0000-fault", "GPU 0", now - 7200, now - 3600)])
+    holder = spawner(host, "alice", "a")
+    await holder._reserve_gpus({"gpus": 2})
+    heavy, light = spawner(host, "heavy", "h"), spawner(host, "light", "l")
+    h = asyncio.create_task(heavy._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting") for m in said(heavy)))
+    lt = asyncio.create_task(light._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting") for m in said(light)))
+    # light came second but used less: light is next in line
+    await until(lambda: said(heavy)[-1].startswith("waiting for a GPU: 1 ahead"))
+    gpu_spawner.release(holder, "alice", "a")
+    await asyncio.wait_for(asyncio.gather(h, lt), 5)
+    assert {heavy._gpus.uuids[0], light._gpus.uuids[0]} == {"GPU-0000-fault", "GPU-0001-fault"}
