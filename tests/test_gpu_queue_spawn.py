@@ -187,3 +187,22 @@ async def test_fair_share_serves_the_user_with_less_recent_gpu_time_first(host):
     gpu_spawner.release(holder, "alice", "a")
     await asyncio.wait_for(asyncio.gather(h, lt), 5)
     assert {heavy._gpus.uuids[0], light._gpus.uuids[0]} == {"GPU-0000-fault", "GPU-0001-fault"}
+
+
+async def test_the_home_page_knows_which_projects_wait_for_a_gpu(host, monkeypatch):
+    from gpulab_hub import hubsettings
+    from gpulab_hub.home import facts
+
+    await spawner(host, "alice", "a")._reserve_gpus({"gpus": 2})
+    waiter = spawner(host, "bob", "queued")
+    task = asyncio.create_task(waiter._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU") for m in said(waiter)))
+    where = hubsettings.from_spawner(waiter)
+    monkeypatch.setattr(facts, "_device_names", lambda: {})
+    found = await asyncio.to_thread(facts.projects, where, "bob", ["queued", "other"])
+    assert found["queued"].gpu_waiting and not found["other"].gpu_waiting
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    found = await asyncio.to_thread(facts.projects, where, "bob", ["queued"])
+    assert not found["queued"].gpu_waiting

@@ -39,6 +39,7 @@ class HubSettings:
     allowed_base_images: tuple[str, ...]  # what project Dockerfiles may name (policy.py)
     prefix: str
     network: str
+    queue_file: Path = Path("/srv/gpulab/hub/gpu-queue.json")  # starts waiting for a GPU
 
     @property
     def sharing_policy(self) -> Path:
@@ -87,6 +88,7 @@ def from_spawner(sp) -> HubSettings:
         allowed_base_images=tuple(sp.allowed_base_images),
         prefix=sp.prefix,
         network=sp.network_name,
+        queue_file=Path(sp.queue_file),
     )
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from gpulab_hub import gpus, hubsettings
-from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import allocator, queue
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, safefs
 from gpulab_jupyter.jobs.model import JOB_ID
@@ -45,6 +45,7 @@ class Facts:
     gpus_unknown: str  # why the GPUs cannot be told now ("" when they can)
     build: Build
     jobs_running: int = 0  # jobs started and not ended (meaningful while the project runs)
+    gpu_waiting: bool = False  # its start waits in the GPU queue
 
 
 def _device_names() -> dict[str, str]:
@@ -70,6 +71,18 @@ def _held(where: hubsettings.HubSettings, owner: str) -> tuple[dict[str, list[st
             if h.owner == owner:
                 held.setdefault(h.project, []).append(uuid)
     return held, ""
+
+
+def _waiting(where: hubsettings.HubSettings, owner: str) -> set[str]:
+    """``owner``'s projects whose start waits in the GPU queue."""
+    if not where.queue_file.exists():
+        return set()
+    try:
+        entries = queue.QueueStore(where.queue_file).entries()
+    except (queue.QueueError, OSError) as e:
+        LOG.warning("gpulab: the home page cannot read the GPU queue: %s", e)
+        return set()
+    return {e.project for e in entries if e.owner == owner}
 
 
 def _build(where: hubsettings.HubSettings, owner: str, name: str) -> Build:
@@ -125,6 +138,7 @@ def projects(
     """Blocking: the facts of ``owner``'s projects ``names`` (jobs counted for the
     ``running`` ones)."""
     held, unknown = _held(where, owner)
+    waiting = _waiting(where, owner)
     devices = _device_names() if held else {}
     return {
         name: Facts(
@@ -136,6 +150,7 @@ def projects(
             jobs_running=jobs_running(Project(where.projects_root, owner, name))
             if name in running
             else 0,
+            gpu_waiting=name in waiting,
         )
         for name in names
     }
