@@ -240,7 +240,8 @@ def test_the_page_says_how_to_connect(hub, people):
     assert commands[MEMBER] == [f"ssh -p {port} {MEMBER}+{OWNER}~{PROJECT}@127.0.0.1"]
     assert commands[VIEWER] == [] and commands[REVOKED] == []
     viewer = page(people[VIEWER])
-    assert f"{OWNER}/{PROJECT}: you are a viewer; viewers get no shell" in viewer
+    # the project by its display name (none given here: its name), and whose it is
+    assert f"{PROJECT} ({OWNER}'s): you are a viewer; viewers get no shell" in viewer
     owner = " ".join(page(people[OWNER]).split())  # the words, as a reader sees them
     assert 'href="/hub/token"' in owner
     assert "If your SSH client cannot use keys" in owner and "use a token from the" in owner
