@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from gpulab_hub import hubfiles, settings
+from gpulab_hub.gpus import metrics
 from gpulab_hub.secrets import crypt
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -15,3 +16,5 @@ hubfiles.start_private(hub_dir)
 crypt.ensure_key(hub_dir)
 images = Path(__file__).resolve().parent / "images"
 settings.apply(c, settings.with_hub_ip(os.environ), images_dir=images)
+# gpulab's GPU figures on /hub/metrics, beside JupyterHub's (gpus/metrics.py).
+metrics.register(metrics.Sources.of_config(c))

@@ -10,9 +10,10 @@ say() { printf '==> %s\n' "$*"; }
 
 # Debian packages: the Docker engine, debootstrap (local base image when no
 # registry is reachable), Node.js for the proxy; Chromium and docker-compose for tests;
-# Slurm, munge and docker-registry for the test cluster (tests/cluster_kit.py).
+# Slurm, munge and docker-registry for the test cluster (tests/cluster_kit.py);
+# Prometheus to scrape the hub's /hub/metrics (tests/test_metrics.py).
 pkgs=(docker.io debootstrap nodejs npm)
-[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry)
+[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   if [ "$p" = npm ] || [ "$p" = nodejs ]; then
