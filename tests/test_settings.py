@@ -170,8 +170,6 @@ def test_defaults_give_a_working_single_machine_hub():
             "prefix": "gpulab",
             "network_name": "gpulab-net",
             "allocations_file": "/srv/gpulab/hub/gpu-allocations.json",
-            "queue_file": "/srv/gpulab/hub/gpu-queue.json",
-            "usage_file": "/srv/gpulab/hub/gpu-usage.jsonl",
             "gpu_policy": "exclusive",
             "gpu_isolation": "auto",
             "driver_dir": "/usr/local/nvidia",
@@ -341,3 +339,13 @@ def test_the_revocation_window_is_a_site_setting():
     for bad in ("1", "3601", "8s", "-5", "08\n"):
         with pytest.raises(ValueError, match="GPULAB_REVOKE_WITHIN_S"):
             applied({"GPULAB_REVOKE_WITHIN_S": bad})
+
+
+def test_the_gpu_queue_and_usage_ledger_sit_beside_the_allocation_record(tmp_path):
+    from gpulab_hub.gpus.spawner import GpuSettings
+
+    s = GpuSettings(allocations_file=str(tmp_path / "hub" / "gpu-allocations.json"))
+    assert s.queue_file == str(tmp_path / "hub" / "gpu-queue.json")
+    assert s.usage_file == str(tmp_path / "hub" / "gpu-usage.jsonl")
+    moved = GpuSettings(allocations_file="/a/gpus.json", usage_file="/b/use.jsonl")
+    assert (moved.queue_file, moved.usage_file) == ("/a/gpu-queue.json", "/b/use.jsonl")

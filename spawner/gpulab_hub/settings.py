@@ -210,8 +210,6 @@ def apply(c, environ, images_dir: str | Path) -> None:
     c.ProjectSpawner.prefix = s["GPULAB_CONTAINER_PREFIX"]
     c.ProjectSpawner.network_name = network
     c.ProjectSpawner.allocations_file = str(hub_dir / "gpu-allocations.json")
-    c.ProjectSpawner.queue_file = str(hub_dir / "gpu-queue.json")
-    c.ProjectSpawner.usage_file = str(hub_dir / "gpu-usage.jsonl")
     c.ProjectSpawner.gpu_policy = s["GPULAB_GPU_POLICY"]
     c.ProjectSpawner.gpu_isolation = s["GPULAB_GPU_ISOLATION"]
     c.ProjectSpawner.driver_dir = s["GPULAB_DRIVER_DIR"]

@@ -52,17 +52,14 @@ class Sources:
         from gpulab_hub.gpus.spawner import GpuSettings, cached_inventory
 
         def resolve() -> Sources:
+            names = ("allocations_file", "queue_file", "usage_file", "gpu_usage_window")
             section = c.ProjectSpawner
-            traits = GpuSettings.class_traits()
-
-            def get(name):
-                return section[name] if name in section else traits[name].default_value
-
+            s = GpuSettings(**{n: section[n] for n in names if n in section})
             return cls(
-                Path(get("allocations_file")),
-                Path(get("queue_file")),
-                Path(get("usage_file")),
-                window=float(get("gpu_usage_window")),
+                Path(s.allocations_file),
+                Path(s.queue_file),
+                Path(s.usage_file),
+                window=float(s.gpu_usage_window),
                 inventory=cached_inventory,
             )
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import docker.errors
-from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode
+from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
 from gpulab_hub import gpus
 from gpulab_hub.gpus import allocator, usage
@@ -122,21 +122,27 @@ class GpuSettings(HasTraits):
         Default: 86400 (a day). Example: ``c.ProjectSpawner.gpu_queue_max_wait = 4 * 3600``""",
     )
     queue_file = Unicode(
-        "/srv/gpulab/hub/gpu-queue.json",
         config=True,
-        help="""File of the starts waiting for a GPU, beside ``allocations_file``; it
-        outlives the hub, so a restart keeps every waiting start's place.
-        Default: /srv/gpulab/hub/gpu-queue.json.
+        help="""File of the starts waiting for a GPU; it outlives the hub, so a restart
+        keeps every waiting start's place.
+        Default: gpu-queue.json in the folder of ``allocations_file``.
         Example: ``c.ProjectSpawner.queue_file = "/var/lib/gpulab/gpu-queue.json"``""",
     )
     usage_file = Unicode(
-        "/srv/gpulab/hub/gpu-usage.jsonl",
         config=True,
         help="""Append-only ledger of every GPU holding (who, which project, which GPU,
-        from, to), beside ``allocations_file``: what fair share and budgets read.
-        Default: /srv/gpulab/hub/gpu-usage.jsonl.
+        from, to): what fair share and budgets read.
+        Default: gpu-usage.jsonl in the folder of ``allocations_file``.
         Example: ``c.ProjectSpawner.usage_file = "/var/lib/gpulab/gpu-usage.jsonl"``""",
     )
+    @default("queue_file")
+    def _queue_file_default(self) -> str:
+        return str(Path(self.allocations_file).with_name("gpu-queue.json"))
+
+    @default("usage_file")
+    def _usage_file_default(self) -> str:
+        return str(Path(self.allocations_file).with_name("gpu-usage.jsonl"))
+
     gpu_usage_window = Float(
         7 * 24 * 3600.0,
         config=True,
