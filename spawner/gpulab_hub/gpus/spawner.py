@@ -135,6 +135,7 @@ class GpuSettings(HasTraits):
         Default: gpu-usage.jsonl in the folder of ``allocations_file``.
         Example: ``c.ProjectSpawner.usage_file = "/var/lib/gpulab/gpu-usage.jsonl"``""",
     )
+
     @default("queue_file")
     def _queue_file_default(self) -> str:
         return str(Path(self.allocations_file).with_name("gpu-queue.json"))
