@@ -92,15 +92,22 @@ export const KERNEL_COMMANDS =
 
 /**
  * Where the user may not run code, the run commands look disabled (toolbar
- * buttons, menus) and are not executable; those still reached (a palette, an
- * extension) show ``refuse`` instead: without a kernel, JupyterLab would clear
+ * buttons, menus, the palette) and are not executable; those still reached (keys,
+ * another extension) show ``refuse`` instead: without a kernel, JupyterLab would clear
  * the outputs of the cells it was asked to run. Markdown cells still render.
  */
 function guardRunCommands(app: JupyterFrontEnd, refuse: () => void): void {
   const commands = app.commands;
   const isEnabled = commands.isEnabled.bind(commands);
-  commands.isEnabled = (id: string, args?: ReadonlyPartialJSONObject) =>
-    !KERNEL_COMMANDS.test(id) && isEnabled(id, args);
+  commands.isEnabled = (id: string, args?: ReadonlyPartialJSONObject) => {
+    if (!KERNEL_COMMANDS.test(id)) {
+      return isEnabled(id, args);
+    }
+    // Keys (Shift+Enter) still reach the command, which shows the notice: a disabled
+    // one would swallow the key and say nothing. Lumino marks a key binding's call.
+    const event = (args as { _luminoEvent?: { type?: unknown } } | undefined)?._luminoEvent;
+    return event?.type === 'keybinding' && isEnabled(id, args);
+  };
   // One by one: toolbar buttons ignore a change that names no command.
   for (const id of commands.listCommands()) {
     if (KERNEL_COMMANDS.test(id)) {
