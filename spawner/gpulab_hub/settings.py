@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from gpulab_hub import accounts, culling, doctor, home, secrets, sharing, ssh
+from gpulab_hub.gpus import keeper
 from gpulab_hub.projects import buildlog, objects, rename, title
 from gpulab_hub.sharing import accept, groupshares, origins
 
@@ -47,6 +48,10 @@ DEFAULTS = {
     "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
     "GPULAB_DELETED_FILES": "archive",
     "GPULAB_IDLE_TIMEOUT": "7200",
+    # Seconds idle before a GPU holder is warned while starts wait, and from the warning
+    # to its stop ("": ProjectSpawner.gpu_reclaim_idle / gpu_reclaim_grace, 600 each)
+    "GPULAB_GPU_RECLAIM_IDLE": "",
+    "GPULAB_GPU_RECLAIM_GRACE": "",
     # MiB one image build may add to the engine's disk ("": 20 GiB, build_disk_limit)
     "GPULAB_BUILD_DISK_LIMIT_MB": "",
     # Seconds within which a revoked or lowered share stops working (project servers'
@@ -244,6 +249,15 @@ def apply(c, environ, images_dir: str | Path) -> None:
     if not idle.isdigit() or len(idle) > 9:
         raise ValueError("GPULAB_IDLE_TIMEOUT must be a whole number of seconds (0: never).")
     culling.configure(c, int(idle))
+    # Queued starts the hub forgot (a restart) are started again, and idle GPU holders
+    # are warned and stopped while starts wait: the GPU keeper service (gpus/keeper.py).
+    for key, trait in (("GPULAB_GPU_RECLAIM_IDLE", "gpu_reclaim_idle"),
+                       ("GPULAB_GPU_RECLAIM_GRACE", "gpu_reclaim_grace")):  # fmt: skip
+        if s[key]:
+            if not s[key].isdigit() or len(s[key]) > 9:
+                raise ValueError(f"{key} must be a whole number of seconds.")
+            c.ProjectSpawner[trait] = float(s[key])
+    keeper.configure(c)
     # SSH into projects (ssh/, docs/remote.md) and each user's secrets (secrets/).
     ssh.configure(c, s, hub_dir)
     secrets.configure(c, s, hub_dir)

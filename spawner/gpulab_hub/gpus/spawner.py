@@ -163,6 +163,26 @@ class GpuSettings(HasTraits):
         Example: ``c.ProjectSpawner.gpu_budget_hours = {"*": 40, "group:students": 20}``""",
     )
 
+    gpu_reclaim_idle = Float(
+        600.0,
+        config=True,
+        help="""While starts wait in the GPU queue, a project holding GPUs whose server
+        reported no activity for this many seconds is warned (its home page row says
+        when it stops) and, ``gpu_reclaim_grace`` later without activity, stopped, its
+        files kept. A busy kernel, a running job or a busy GPU counts as activity, so
+        such a project is never reclaimed. Read by the gpulab-gpu-keeper service
+        (site setting GPULAB_GPU_RECLAIM_IDLE). Default: 600.
+        Example: ``c.ProjectSpawner.gpu_reclaim_idle = 1800``""",
+    )
+    gpu_reclaim_grace = Float(
+        600.0,
+        config=True,
+        help="""Seconds from the reclaim warning to the stop; any activity in between
+        withdraws the warning. Read by the gpulab-gpu-keeper service (site setting
+        GPULAB_GPU_RECLAIM_GRACE). Default: 600.
+        Example: ``c.ProjectSpawner.gpu_reclaim_grace = 900``""",
+    )
+
 
 _inventory_cache: tuple[float, gpus.Inventory] | None = None
 

@@ -1,0 +1,377 @@
+"""The GPU keeper: a JupyterHub service that keeps the GPU queue's promises the hub
+alone cannot.
+
+1. A queued start survives a hub restart. The queue file keeps a waiting start's
+   entry, but JupyterHub forgets the pending spawn. Every ``EVERY`` seconds the
+   keeper reads the queue, and for an entry whose server is neither running nor
+   pending it asks the hub to start that project again (with the GPUs the entry
+   asks for), so the spawner finds its entry and waits its turn in place
+   (``QueueStore.enqueue`` keeps ``enqueued_at``). An entry granted while nobody
+   waited for it (it left the queue, its project holds the GPUs, its server is
+   stopped) is started the same way and keeps those GPUs. An entry whose user or
+   project no longer exists, whose project runs (its start ended), or whose
+   restart by the keeper failed before it could wait again, is cancelled. Nothing
+   that is not (or was not, one look ago) in the queue is ever started.
+2. Idle GPUs come back while someone waits: ``reclaim.decide`` on what the hub
+   knows. A holder's ``idle_since`` is JupyterHub's ``last_activity`` of its
+   server, which gpulab's project servers keep fresh while a kernel is busy, a
+   job runs or a GPU of the project was busy in the last minute
+   (``gpulab_jupyter/activity.py``). Warnings are kept in the reclaim record
+   (``reclaimrecord.py``) so a restart keeps the clock; the home page shows them.
+
+``plan`` is the decision, pure; ``look`` reads the files and the hub and acts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import quote
+
+from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord
+from gpulab_hub.gpus.reclaimrecord import Warning
+
+SERVICE = "gpulab-gpu-keeper"
+# list users and their servers (stopped ones included), start and stop servers
+SCOPES = ["list:users", "read:servers", "start:servers", "delete:servers"]
+EVERY = 2.0  # seconds between looks
+MAX_PAGES = 1000  # pages of users read per look (200 users a page)
+GPU_OPTIONS = ("gpus", "gpu_type", "mig_profile")
+LOG = logging.getLogger("gpulab.gpu-keeper")
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Server:
+    """A project's server as the hub reports it."""
+
+    running: bool = False  # started and no action pending
+    pending: str = ""  # "spawn", "stop", ...: an action under way
+    last_activity: float | None = None  # epoch seconds
+    user_options: Mapping = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HubState:
+    users: frozenset[str]
+    servers: Mapping[Key, Server]  # every project, stopped ones included
+
+
+@dataclass(frozen=True)
+class Start:
+    owner: str
+    project: str
+    options: Mapping
+
+    @property
+    def key(self) -> Key:
+        return (self.owner, self.project)
+
+
+@dataclass(frozen=True)
+class Plan:
+    start: tuple[Start, ...] = ()
+    cancel: tuple[queue.Entry, ...] = ()  # out of the queue (only if it is still this entry)
+    stop: tuple[Key, ...] = ()  # idle holders whose grace is over
+    warn: tuple[Warning, ...] = ()  # warned now
+    warnings: Mapping[Key, Warning] = field(default_factory=dict)  # the record after this look
+
+
+def options_for(entry: queue.Entry, last: Mapping | None) -> dict:
+    """The spawn options that ask for what ``entry`` asks for: its GPUs, and the
+    project's last other options (``stack``, ``use_last_good``) where still valid."""
+    from gpulab_hub.projects import options
+
+    r = entry.request
+    gpu = {"gpus": r.count}
+    if r.gpu_type:
+        gpu["gpu_type"] = r.gpu_type
+    if r.mig_profile:
+        gpu["mig_profile"] = r.mig_profile
+    kept = {k: v for k, v in (last or {}).items() if k in options.ALLOWED and k not in GPU_OPTIONS}
+    try:
+        return options.validate({**kept, **gpu})
+    except options.OptionsError:
+        return options.validate(gpu)
+
+
+def wanted(e: queue.Entry) -> int:
+    """GPUs (or MIG slices) ``e`` waits for."""
+    return max(1, e.request.count)
+
+
+def plan(
+    entries: Sequence[queue.Entry],
+    hub: HubState,
+    held: Mapping[Key, int],
+    warnings: Mapping[Key, Warning],
+    now: float,
+    settings: reclaim.Settings = reclaim.Settings(),
+    previous: Sequence[queue.Entry] = (),
+    posted: Mapping[Key, float] = {},  # noqa: B006 (read only)
+) -> Plan:
+    """What to do now.
+
+    ``entries``: the queue now; ``previous``: the queue one look ago; ``held``:
+    devices each project holds (the allocation record); ``warnings``: the reclaim
+    record; ``posted``: projects the keeper started again, by the ``enqueued_at``
+    of the entry it started them for.
+    """
+    start: list[Start] = []
+    cancel: list[queue.Entry] = []
+    waiting = 0
+    for e in entries:
+        srv = hub.servers.get(e.key)
+        if e.owner not in hub.users or srv is None:
+            cancel.append(e)  # the user or the project is gone
+        elif srv.pending:
+            waiting += wanted(e)
+        elif srv.running:
+            cancel.append(e)  # its start ended: it runs
+        elif posted.get(e.key) == e.enqueued_at:
+            cancel.append(e)  # started again, and that start failed before it could wait
+        else:
+            start.append(Start(e.owner, e.project, options_for(e, srv.user_options)))
+            waiting += wanted(e)
+    now_waiting = {e.key for e in entries}
+    for e in previous:  # granted with nobody to use its GPUs (its start was forgotten)
+        srv = hub.servers.get(e.key)
+        if (
+            e.key not in now_waiting
+            and held.get(e.key)
+            and e.owner in hub.users
+            and srv is not None
+            and not (srv.running or srv.pending)
+            and posted.get(e.key) != e.enqueued_at
+        ):
+            start.append(Start(e.owner, e.project, options_for(e, srv.user_options)))
+
+    holders = []
+    for key, n in sorted(held.items()):
+        srv = hub.servers.get(key)
+        if srv is None or not srv.running or srv.last_activity is None:
+            continue  # starting, stopping, or no activity known: not judged idle
+        w = warnings.get(key)
+        holders.append(
+            reclaim.Facts(
+                *key, gpus=n,
+                gpu_util=0.0,  # a busy GPU is in last_activity (activity.py)
+                idle_since=srv.last_activity,
+                warned_at=w.warned_at if w else None,
+            )
+        )  # fmt: skip
+    d = reclaim.decide(holders, waiting, now, settings)
+    dropped = {f.key for f in d.withdraw}
+    judged = {h.key for h in holders}
+    after = {k: w for k, w in warnings.items() if k in judged and k not in dropped}
+    warn = tuple(Warning(f.owner, f.project, now, now + settings.grace) for f in d.warn)
+    after.update((w.key, w) for w in warn)
+    return Plan(
+        start=tuple(start),
+        cancel=tuple(cancel),
+        stop=tuple(f.key for f in d.stop),
+        warn=warn,
+        warnings=after,
+    )
+
+
+# --- the hub's REST API -------------------------------------------------------------
+
+
+def _epoch(iso: str | None) -> float | None:
+    if not iso:
+        return None
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def state_of(users: Sequence[Mapping]) -> HubState:
+    """The hub's user models (with stopped servers) as ``HubState``."""
+    servers: dict[Key, Server] = {}
+    for u in users:
+        for name, s in (u.get("servers") or {}).items():
+            if not name:
+                continue  # the default server: never a gpulab project
+            pending = s.get("pending") or ""
+            servers[(u["name"], name)] = Server(
+                running=not s.get("stopped", False) and not pending,
+                pending=pending,
+                last_activity=_epoch(s.get("last_activity")),
+                user_options=s.get("user_options") or {},
+            )
+    return HubState(frozenset(u["name"] for u in users), servers)
+
+
+class Hub:
+    """The hub's REST API, with the service's token."""
+
+    def __init__(self, api_url: str, token: str, timeout: float = 10.0):
+        import requests
+
+        self.api_url = api_url.rstrip("/")
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"token {token}"
+        self.timeout = timeout
+
+    def _server(self, owner: str, project: str) -> str:
+        return f"{self.api_url}/users/{quote(owner, safe='')}/servers/{quote(project, safe='')}"
+
+    def state(self) -> HubState:
+        users: list[Mapping] = []
+        offset = 0
+        for _ in range(MAX_PAGES):
+            r = self.session.get(
+                f"{self.api_url}/users",
+                params={"include_stopped_servers": "1", "offset": offset, "limit": 200},
+                headers={"Accept": "application/jupyterhub-pagination+json"},
+                timeout=self.timeout,
+            )
+            r.raise_for_status()
+            page = r.json()
+            users += page["items"]
+            nxt = (page.get("_pagination") or {}).get("next")
+            if not nxt:
+                break
+            offset = nxt["offset"]
+        return state_of(users)
+
+    def start(self, owner: str, project: str, options: Mapping) -> int:
+        r = self.session.post(
+            self._server(owner, project), json=dict(options), timeout=self.timeout
+        )
+        return r.status_code
+
+    def stop(self, owner: str, project: str) -> int:
+        return self.session.delete(self._server(owner, project), timeout=self.timeout).status_code
+
+
+# --- one look -----------------------------------------------------------------------
+
+
+@dataclass
+class Keeper:
+    """What the keeper reads and remembers between looks."""
+
+    queue_file: Path
+    allocations_file: Path
+    settings: reclaim.Settings
+    previous: list[queue.Entry] = field(default_factory=list)
+    posted: dict[Key, float] = field(default_factory=dict)
+
+    def _held(self) -> dict[Key, int]:
+        if not self.allocations_file.exists():
+            return {}
+        held: dict[Key, int] = {}
+        for hs in allocator.AllocationStore(self.allocations_file).holdings().values():
+            for h in hs:
+                held[h.key] = held.get(h.key, 0) + 1
+        return held
+
+    def look(self, hub: Hub, now: float) -> Plan:
+        """Read the queue, the allocation record, the reclaim record and the hub; act."""
+        q = queue.QueueStore(self.queue_file)
+        entries = q.entries() if self.queue_file.exists() else []
+        record = reclaimrecord.ReclaimRecord(reclaimrecord.path_of(self.allocations_file))
+        p = plan(
+            entries, hub.state(), self._held(), record.warnings(), now, self.settings,
+            self.previous, self.posted,
+        )  # fmt: skip
+        self.previous = entries
+        for e in p.cancel:
+            if cancel_if_same(q, e):
+                LOG.info("GPU queue: %s/%s cancelled (project gone, running, or its "
+                         "start failed)", *e.key)  # fmt: skip
+        self.posted = {k: t for k, t in self.posted.items() if k in {e.key for e in entries}}
+        for s in p.start:
+            status = hub.start(s.owner, s.project, s.options)
+            LOG.info("GPU queue: started %s/%s again (%s): HTTP %s", *s.key, s.options, status)
+            if status in (201, 202):
+                mine = [e for e in entries if e.key == s.key]
+                self.posted[s.key] = mine[0].enqueued_at if mine else -1.0
+        record.replace(dict(p.warnings))  # before any stop: the clock survives a restart
+        for w in p.warn:
+            LOG.info("GPU reclaim: %s/%s is idle while starts wait: warned, stops at %s",
+                     *w.key, time.strftime("%H:%M:%S", time.localtime(w.stops_at)))  # fmt: skip
+        for key in p.stop:
+            status = hub.stop(*key)
+            LOG.info("GPU reclaim: %s/%s stopped (idle through its grace): HTTP %s", *key, status)
+        return p
+
+
+def cancel_if_same(q: queue.QueueStore, e: queue.Entry) -> bool:
+    """Take ``e`` out of the queue unless its project waits anew (another entry)."""
+    with q.locked():
+        entries = q._read()
+        kept = [x for x in entries if x != e]
+        if len(kept) != len(entries):
+            q._write(kept)
+        return len(kept) != len(entries)
+
+
+def main() -> None:
+    """The service's command (environment: the hub's API and token, and the settings
+    ``configure`` passes)."""
+    import requests
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # stop at the hub's first signal
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname)s %(asctime)s %(name)s] %(message)s"
+    )
+    env = os.environ
+    keeper = Keeper(
+        queue_file=Path(env["GPULAB_QUEUE_FILE"]),
+        allocations_file=Path(env["GPULAB_ALLOCATIONS_FILE"]),
+        settings=reclaim.Settings(
+            grace=float(env["GPULAB_GPU_RECLAIM_GRACE"]),
+            idle_after=float(env["GPULAB_GPU_RECLAIM_IDLE"]),
+        ),
+    )
+    hub = Hub(env["JUPYTERHUB_API_URL"], env["JUPYTERHUB_API_TOKEN"])
+    while True:
+        try:
+            keeper.look(hub, time.time())
+        except (requests.RequestException, queue.QueueError, allocator.AllocationError,
+                OSError, ValueError, KeyError) as e:  # fmt: skip
+            LOG.warning("GPU keeper: this look failed, trying again: %s", e)
+        time.sleep(EVERY)
+
+
+def configure(c) -> None:
+    """The keeper service, its role, and the settings it reads (its environment): the
+    ``ProjectSpawner`` settings ``c`` holds so far (lines an admin adds later in
+    jupyterhub_config.py do not reach the service; the site settings do)."""
+    import sys
+
+    from gpulab_hub.gpus.spawner import GpuSettings
+
+    names = ("allocations_file", "queue_file", "gpu_reclaim_idle", "gpu_reclaim_grace")
+    section = c.ProjectSpawner
+    s = GpuSettings(**{n: section[n] for n in names if n in section})
+    reclaim.Settings(grace=s.gpu_reclaim_grace, idle_after=s.gpu_reclaim_idle)  # checked now
+    c.JupyterHub.services = [
+        *(c.JupyterHub.services if "services" in c.JupyterHub else []),
+        {
+            "name": SERVICE,
+            "command": [sys.executable, "-m", "gpulab_hub.gpus.keeper"],
+            "environment": {
+                "GPULAB_QUEUE_FILE": str(s.queue_file),
+                "GPULAB_ALLOCATIONS_FILE": str(s.allocations_file),
+                "GPULAB_GPU_RECLAIM_IDLE": str(s.gpu_reclaim_idle),
+                "GPULAB_GPU_RECLAIM_GRACE": str(s.gpu_reclaim_grace),
+            },
+        },
+    ]
+    c.JupyterHub.load_roles = [
+        *(c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []),
+        {"name": SERVICE, "scopes": SCOPES, "services": [SERVICE]},
+    ]
+
+
+if __name__ == "__main__":
+    main()

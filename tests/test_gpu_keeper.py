@@ -1,0 +1,202 @@
+"""The GPU keeper's decision over plain data: which forgotten queued starts are
+started again, which entries are cancelled, which idle holders are warned and
+stopped while someone waits; and its look against real files (a restart keeps the
+reclaim clock)."""
+
+from __future__ import annotations
+
+import json
+
+from gpulab_hub import settings
+from gpulab_hub.gpus import keeper, queue, reclaim, reclaimrecord
+from gpulab_hub.gpus.allocator import Request
+from gpulab_hub.gpus.keeper import HubState, Plan, Server, Start, plan
+from gpulab_hub.gpus.reclaimrecord import Warning
+
+NOW = 1_750_000_000.0
+MIN = 60.0
+
+
+def entry(owner, project, count=1, at=NOW - 300, **kw) -> queue.Entry:
+    return queue.Entry(Request(owner, project, count, **kw), at)
+
+
+def hub(**servers: Server) -> HubState:
+    """Servers named "owner__project"."""
+    keyed = {tuple(k.split("__")): s for k, s in servers.items()}
+    return HubState(frozenset(o for o, _ in keyed) | {"zed"}, keyed)
+
+
+STOPPED = Server()
+PENDING = Server(pending="spawn")
+
+
+def running(idle_min: float) -> Server:
+    return Server(running=True, last_activity=NOW - idle_min * MIN)
+
+
+def test_a_forgotten_queued_start_is_started_again_with_its_gpus_and_last_options():
+    e = entry("ann", "train", 2, gpu_type="H100")
+    last = {"stack": "pytorch", "gpus": 0, "use_last_good": True}
+    state = hub(ann__train=Server(user_options=last), bob__nb=PENDING)
+    waiting_bob = entry("bob", "nb")
+    assert plan([e, waiting_bob], state, {}, {}, NOW) == Plan(
+        start=(
+            Start(
+                "ann", "train",
+                {"stack": "pytorch", "use_last_good": True, "gpus": 2, "gpu_type": "H100"},
+            ),
+        ),
+    )  # fmt: skip
+    mig = entry("ann", "train", 0, mig_profile="1g.10gb")
+    assert plan([mig], hub(ann__train=STOPPED), {}, {}, NOW).start == (
+        Start("ann", "train", {"gpus": 0, "mig_profile": "1g.10gb"}),
+    )
+
+
+def test_gone_running_and_failed_restarts_are_cancelled_never_started():
+    gone_user = entry("nobody", "p")
+    gone_project = entry("zed", "deleted")
+    runs = entry("ann", "done")
+    failed = entry("bob", "broken", at=NOW - 50)
+    state = hub(ann__done=running(1), bob__broken=STOPPED)
+    assert plan(
+        [gone_user, gone_project, runs, failed], state, {}, {}, NOW,
+        posted={("bob", "broken"): NOW - 50},
+    ) == Plan(cancel=(gone_user, gone_project, runs, failed))  # fmt: skip
+    # the same project waiting anew (a later entry) is started, not cancelled
+    anew = entry("bob", "broken", at=NOW - 5)
+    assert plan([anew], state, {}, {}, NOW, posted={("bob", "broken"): NOW - 50}) == Plan(
+        start=(Start("bob", "broken", {"gpus": 1}),)
+    )
+
+
+def test_an_entry_granted_while_nobody_waited_for_it_is_started_to_use_its_gpus():
+    e = entry("ann", "train")
+    state = hub(ann__train=STOPPED, bob__cancelled=STOPPED)
+    cancelled = entry("bob", "cancelled")  # left the queue and holds nothing: not started
+    assert plan([], state, {("ann", "train"): 1}, {}, NOW, previous=[e, cancelled]) == Plan(
+        start=(Start("ann", "train", {"gpus": 1}),)
+    )
+    # granted and its own start is under way: nothing to do
+    state = hub(ann__train=PENDING)
+    assert plan([], state, {("ann", "train"): 1}, {}, NOW, previous=[e]) == Plan()
+
+
+def test_idle_holders_are_warned_while_someone_waits_then_stopped_after_the_grace():
+    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    held = {("ann", "idle"): 1, ("bob", "busy"): 1, ("cat", "fresh"): 1}
+    state = hub(
+        ann__idle=running(30), bob__busy=running(0.5), cat__fresh=running(5), dan__q=PENDING
+    )
+    waiting = [entry("dan", "q")]  # one GPU wanted: one holder chosen
+    warned = Warning("ann", "idle", NOW, NOW + 10 * MIN)
+    assert plan(waiting, state, held, {}, NOW, s) == Plan(
+        warn=(warned,), warnings={("ann", "idle"): warned}
+    )
+    # nine minutes later: still warned, not stopped; the record is unchanged
+    later = NOW + 9 * MIN
+    assert plan(waiting, state, held, {warned.key: warned}, later, s) == Plan(
+        warnings={warned.key: warned}
+    )
+    # the grace is over and it stayed idle: stopped
+    over = NOW + 10 * MIN
+    assert plan(waiting, state, held, {warned.key: warned}, over, s) == Plan(
+        stop=(("ann", "idle"),), warnings={warned.key: warned}
+    )
+
+
+def test_use_since_the_warning_or_nobody_waiting_withdraws_it():
+    warned = Warning("ann", "idle", NOW - 5 * MIN, NOW + 5 * MIN)
+    held = {("ann", "idle"): 1}
+    used = hub(ann__idle=running(1), dan__q=PENDING)
+    assert plan([entry("dan", "q")], used, held, {warned.key: warned}, NOW) == Plan()
+    idle = hub(ann__idle=running(30))
+    assert plan([], idle, held, {warned.key: warned}, NOW) == Plan()
+    # a warned project that stopped meanwhile leaves the record
+    stopped = hub(ann__idle=STOPPED, dan__q=PENDING)
+    assert plan([entry("dan", "q")], stopped, held, {warned.key: warned}, NOW) == Plan()
+
+
+def test_hub_user_models_become_state():
+    users = [
+        {"name": "ann", "servers": {
+            "a": {"stopped": True, "pending": None, "last_activity": None, "user_options": {}},
+            "b": {"stopped": False, "pending": "spawn", "last_activity": None},
+            "c": {"stopped": False, "pending": None,
+                  "last_activity": "2025-06-15T15:06:40.000000Z", "user_options": {"gpus": 1}},
+            "": {"stopped": False, "pending": None},
+        }},
+        {"name": "bob", "servers": {}},
+    ]  # fmt: skip
+    assert keeper.state_of(users) == HubState(
+        frozenset({"ann", "bob"}),
+        {
+            ("ann", "a"): Server(),
+            ("ann", "b"): Server(pending="spawn"),
+            ("ann", "c"): Server(running=True, last_activity=NOW, user_options={"gpus": 1}),
+        },
+    )
+
+
+class FakeHub:
+    def __init__(self, state: HubState):
+        self._state = state
+        self.calls: list[tuple] = []
+
+    def state(self) -> HubState:
+        return self._state
+
+    def start(self, owner, project, options) -> int:
+        self.calls.append(("start", owner, project, dict(options)))
+        return 202
+
+    def stop(self, owner, project) -> int:
+        self.calls.append(("stop", owner, project))
+        return 204
+
+
+def test_a_look_acts_on_the_files_and_a_new_keeper_keeps_the_clock(tmp_path):
+    alloc = tmp_path / "gpu-allocations.json"
+    qfile = tmp_path / "gpu-queue.json"
+    q = queue.QueueStore(qfile, clock=lambda: NOW - 300)
+    q.enqueue(Request("dan", "q", 1))
+    q.enqueue(Request("zed", "deleted", 1))
+    hold = {"owner": "ann", "project": "idle", "since": NOW - 3600, "reserved": NOW - 3600}
+    alloc.write_text(json.dumps({"version": 1, "holdings": {"GPU-1": [hold]}}))
+    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    state = hub(ann__idle=running(30), dan__q=STOPPED)
+    fake = FakeHub(state)
+    k = keeper.Keeper(qfile, alloc, s)
+    k.look(fake, NOW)
+    assert fake.calls == [("start", "dan", "q", {"gpus": 1})]
+    assert q.entries() == [entry("dan", "q")]  # the missing project's entry cancelled
+    record = reclaimrecord.ReclaimRecord(reclaimrecord.path_of(alloc))
+    warned = Warning("ann", "idle", NOW, NOW + 10 * MIN)
+    assert record.warnings() == {warned.key: warned}
+    assert reclaimrecord.stops_of(alloc, "ann") == {"idle": NOW + 10 * MIN}
+    # the keeper restarts (a hub restart): the clock is kept, the stop comes on time
+    fake = FakeHub(hub(ann__idle=running(40), dan__q=PENDING))
+    keeper.Keeper(qfile, alloc, s).look(fake, NOW + 10 * MIN)
+    assert fake.calls == [("stop", "ann", "idle")]
+
+
+def test_the_service_and_its_role_get_the_settings():
+    from traitlets.config import Config
+
+    c = Config()
+    c.ProjectSpawner.allocations_file = "/srv/x/hub/gpu-allocations.json"
+    c.ProjectSpawner.gpu_reclaim_grace = 120.0
+    keeper.configure(c)
+    (svc,) = c.JupyterHub.services
+    assert svc["environment"] == {
+        "GPULAB_QUEUE_FILE": "/srv/x/hub/gpu-queue.json",
+        "GPULAB_ALLOCATIONS_FILE": "/srv/x/hub/gpu-allocations.json",
+        "GPULAB_GPU_RECLAIM_IDLE": "600.0",
+        "GPULAB_GPU_RECLAIM_GRACE": "120.0",
+    }
+    assert c.JupyterHub.load_roles == [
+        {"name": "gpulab-gpu-keeper", "services": ["gpulab-gpu-keeper"],
+         "scopes": ["list:users", "read:servers", "start:servers", "delete:servers"]}
+    ]  # fmt: skip
+    assert "GPULAB_GPU_RECLAIM_IDLE" in settings.DEFAULTS
