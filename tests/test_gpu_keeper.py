@@ -200,3 +200,20 @@ def test_the_service_and_its_role_get_the_settings():
          "scopes": ["list:users", "read:servers", "start:servers", "delete:servers"]}
     ]  # fmt: skip
     assert "GPULAB_GPU_RECLAIM_IDLE" in settings.DEFAULTS
+
+
+def test_the_home_page_row_of_a_warned_project_says_when_it_stops(tmp_path):
+    from test_home_facts import where
+
+    from gpulab_hub.home import facts
+
+    w = where(tmp_path)
+    w.allocations_file.parent.mkdir(parents=True)
+    stops = NOW + 10 * MIN  # 15:16:40 UTC
+    record = reclaimrecord.ReclaimRecord(reclaimrecord.path_of(w.allocations_file))
+    record.replace({("dana", "idle"): Warning("dana", "idle", NOW, stops)})
+    found = facts.projects(w, "dana", ["idle", "other"])
+    assert found["idle"].reclaim_words == (
+        "someone is waiting for this GPU: this project stops at 15:16 UTC unless you use it"
+    )
+    assert found["other"].reclaim_words == ""

@@ -7,6 +7,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing, ssh
+from gpulab_hub.gpus import keeper
 from gpulab_hub.projects import rename, title
 
 
@@ -115,6 +116,8 @@ def test_defaults_give_a_working_single_machine_hub():
                 },
                 # JupyterHub's idle culler stops projects idle for two hours, never deletes
                 {"name": culling.SERVICE, "scopes": culling.SCOPES, "services": [culling.SERVICE]},
+                # the GPU keeper restarts forgotten queued starts, reclaims idle GPUs
+                {"name": keeper.SERVICE, "scopes": keeper.SCOPES, "services": [keeper.SERVICE]},
                 # the SSH gateway asks who may get a shell, starts stopped projects
                 {"name": ssh.SERVICE, "scopes": ssh.SCOPES, "services": [ssh.SERVICE]},
             ],
@@ -122,9 +125,24 @@ def test_defaults_give_a_working_single_machine_hub():
                 {
                     "name": culling.SERVICE,
                     "command": [
-                        sys.executable, "-m", "gpulab_hub.culling", "--timeout=7200",
-                        "--cull-every=300", "--cull-users=false", "--remove-named-servers=false",
+                        sys.executable,
+                        "-m",
+                        "gpulab_hub.culling",
+                        "--timeout=7200",
+                        "--cull-every=300",
+                        "--cull-users=false",
+                        "--remove-named-servers=false",
                     ],
+                },
+                {
+                    "name": keeper.SERVICE,
+                    "command": [sys.executable, "-m", "gpulab_hub.gpus.keeper"],
+                    "environment": {
+                        "GPULAB_QUEUE_FILE": "/srv/gpulab/hub/gpu-queue.json",
+                        "GPULAB_ALLOCATIONS_FILE": "/srv/gpulab/hub/gpu-allocations.json",
+                        "GPULAB_GPU_RECLAIM_IDLE": "600.0",
+                        "GPULAB_GPU_RECLAIM_GRACE": "600.0",
+                    },
                 },
                 # SSH into projects on port 2222 of the web's address (0.0.0.0)
                 {
@@ -205,8 +223,8 @@ def test_defaults_give_a_working_single_machine_hub():
 
 def test_no_idle_culling_when_the_admin_says_0():
     c = applied({"GPULAB_IDLE_TIMEOUT": "0"})
-    assert [s["name"] for s in c.JupyterHub.services] == [ssh.SERVICE]  # no culler
-    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", ssh.SERVICE]
+    assert [s["name"] for s in c.JupyterHub.services] == [keeper.SERVICE, ssh.SERVICE]  # no culler
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", keeper.SERVICE, ssh.SERVICE]
     assert c.Spawner.environment == {"GPULAB_IDLE_TIMEOUT": "0"}
     with pytest.raises(ValueError, match="GPULAB_IDLE_TIMEOUT"):
         applied({"GPULAB_IDLE_TIMEOUT": "2h"})
@@ -319,7 +337,7 @@ def test_group_share_roles_survive_a_hub_restart(tmp_path):
     c = Config()
     no_culler = {"GPULAB_HOME": str(tmp_path), "GPULAB_IDLE_TIMEOUT": "0", "GPULAB_SSH_PORT": "0"}
     settings.apply(c, no_culler, images_dir="images")
-    assert c.JupyterHub.load_roles[1:] == [
+    assert [r for r in c.JupyterHub.load_roles[1:] if r["name"] != keeper.SERVICE] == [
         {
             "name": "gpulab-group-share-0123",
             "description": "gpulab: alice/one shared with group team",

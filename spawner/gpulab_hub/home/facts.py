@@ -13,8 +13,8 @@ import stat
 import time
 from dataclasses import dataclass
 
-from gpulab_hub import gpus, hubsettings
-from gpulab_hub.gpus import allocator, queue
+from gpulab_hub import gpus, hubsettings, jsonfile
+from gpulab_hub.gpus import allocator, queue, reclaimrecord
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, safefs
 from gpulab_jupyter.jobs.model import JOB_ID
@@ -46,6 +46,15 @@ class Facts:
     build: Build
     jobs_running: int = 0  # jobs started and not ended (meaningful while the project runs)
     gpu_waiting: bool = False  # its start waits in the GPU queue
+    gpu_stops_at: float | None = None  # warned: stops then unless used (someone waits)
+
+    @property
+    def reclaim_words(self) -> str:
+        """The warning of a GPU holder that stops unless used, for its row."""
+        if self.gpu_stops_at is None:
+            return ""
+        at = time.strftime("%H:%M UTC", time.gmtime(self.gpu_stops_at))
+        return f"someone is waiting for this GPU: this project stops at {at} unless you use it"
 
 
 def _device_names() -> dict[str, str]:
@@ -83,6 +92,15 @@ def _waiting(where: hubsettings.HubSettings, owner: str) -> set[str]:
         LOG.warning("gpulab: the home page cannot read the GPU queue: %s", e)
         return set()
     return {e.project for e in entries if e.owner == owner}
+
+
+def _stops(where: hubsettings.HubSettings, owner: str) -> dict[str, float]:
+    """``owner``'s projects warned that they stop unless used, and when."""
+    try:
+        return reclaimrecord.stops_of(where.allocations_file, owner)
+    except (jsonfile.RecordError, OSError) as e:
+        LOG.warning("gpulab: the home page cannot read the GPU reclaim record: %s", e)
+        return {}
 
 
 def _build(where: hubsettings.HubSettings, owner: str, name: str) -> Build:
@@ -139,6 +157,7 @@ def projects(
     ``running`` ones)."""
     held, unknown = _held(where, owner)
     waiting = _waiting(where, owner)
+    stops = _stops(where, owner)
     devices = _device_names() if held else {}
     return {
         name: Facts(
@@ -151,6 +170,7 @@ def projects(
             if name in running
             else 0,
             gpu_waiting=name in waiting,
+            gpu_stops_at=stops.get(name),
         )
         for name in names
     }
