@@ -217,3 +217,13 @@ def test_the_home_page_row_of_a_warned_project_says_when_it_stops(tmp_path):
         "someone is waiting for this GPU: this project stops at 15:16 UTC unless you use it"
     )
     assert found["other"].reclaim_words == ""
+
+
+def test_with_nobody_waiting_and_nobody_warned_the_hub_is_not_asked(tmp_path):
+    class Unasked(FakeHub):
+        def state(self):
+            raise AssertionError("the hub was asked")
+
+    k = keeper.Keeper(tmp_path / "gpu-queue.json", tmp_path / "gpu-allocations.json",
+                      reclaim.Settings())  # fmt: skip
+    assert k.look(Unasked(hub()), NOW) == Plan()

@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
+from gpulab_hub import jsonfile
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord
 from gpulab_hub.gpus.reclaimrecord import Warning
 
@@ -278,8 +279,11 @@ class Keeper:
         q = queue.QueueStore(self.queue_file)
         entries = q.entries() if self.queue_file.exists() else []
         record = reclaimrecord.ReclaimRecord(reclaimrecord.path_of(self.allocations_file))
+        warnings = record.warnings()
+        if not (entries or self.previous or warnings):
+            return Plan()  # nobody waits, nobody warned: the hub need not be asked
         p = plan(
-            entries, hub.state(), self._held(), record.warnings(), now, self.settings,
+            entries, hub.state(), self._held(), warnings, now, self.settings,
             self.previous, self.posted,
         )  # fmt: skip
         self.previous = entries
@@ -337,7 +341,7 @@ def main() -> None:
         try:
             keeper.look(hub, time.time())
         except (requests.RequestException, queue.QueueError, allocator.AllocationError,
-                OSError, ValueError, KeyError) as e:  # fmt: skip
+                jsonfile.RecordError, OSError, ValueError, KeyError) as e:  # fmt: skip
             LOG.warning("GPU keeper: this look failed, trying again: %s", e)
         time.sleep(EVERY)
 
