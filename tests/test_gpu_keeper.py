@@ -227,3 +227,33 @@ def test_with_nobody_waiting_and_nobody_warned_the_hub_is_not_asked(tmp_path):
     k = keeper.Keeper(tmp_path / "gpu-queue.json", tmp_path / "gpu-allocations.json",
                       reclaim.Settings())  # fmt: skip
     assert k.look(Unasked(hub()), NOW) == Plan()
+
+
+def test_the_keeper_service_stops_at_the_hubs_first_signal(tmp_path):
+    """Started with SIGINT ignored (as a hub in the background starts its services), it
+    still stops at JupyterHub's SIGINT, so stopping the hub does not wait 30 s."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(
+        os.environ, JUPYTERHUB_API_TOKEN="t", JUPYTERHUB_API_URL="http://127.0.0.1:9/hub/api",
+        GPULAB_QUEUE_FILE=str(tmp_path / "gpu-queue.json"),
+        GPULAB_ALLOCATIONS_FILE=str(tmp_path / "gpu-allocations.json"),
+        GPULAB_GPU_RECLAIM_IDLE="600", GPULAB_GPU_RECLAIM_GRACE="600",
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulab_hub.gpus.keeper"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # running, a look or two done
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=10) is not None
+    finally:
+        proc.kill()
+        proc.wait()
