@@ -96,7 +96,9 @@ def test_a_jobs_gpu_processes_name_the_job_and_keep_the_project(tmp_path):
                 for row in sampler.processes()["processes"]
             ]
         print(f"\nGPU processes and their job: {named}")
-        assert len(named) == cuda_gpus() and {job for _, job in named} == {record.id}
+        # a process per GPU at least (a rank may open a context on a second GPU too, as
+        # seen on 2 x H200 with torch 2.11), and every one named with the job
+        assert len(named) >= cuda_gpus() and {job for _, job in named} == {record.id}
         busy = ActivityReporter({}, engine, sampler)
         deadline = time.monotonic() + 30
         while not busy.gpu_busy() and time.monotonic() < deadline:
