@@ -40,6 +40,9 @@ class HubSettings:
     prefix: str
     network: str
     queue_file: Path = Path("/srv/gpulab/hub/gpu-queue.json")  # starts waiting for a GPU
+    usage_file: Path = Path("/srv/gpulab/hub/gpu-usage.jsonl")  # ended GPU holdings
+    usage_window: float = 7 * 24 * 3600.0  # seconds budgets are measured over
+    budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
 
     @property
     def sharing_policy(self) -> Path:
@@ -89,6 +92,9 @@ def from_spawner(sp) -> HubSettings:
         prefix=sp.prefix,
         network=sp.network_name,
         queue_file=Path(sp.queue_file),
+        usage_file=Path(sp.usage_file),
+        usage_window=float(sp.gpu_usage_window),
+        budget_hours=tuple(sorted(sp.gpu_budget_hours.items())),
     )
 
 

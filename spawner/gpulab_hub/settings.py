@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpulab_hub import accounts, culling, doctor, home, secrets, sharing, ssh
+from gpulab_hub import accounts, culling, doctor, home, secrets, sharing, ssh, usagepage
 from gpulab_hub.gpus import keeper
 from gpulab_hub.projects import buildlog, objects, rename, title
 from gpulab_hub.sharing import accept, groupshares, origins
@@ -154,6 +154,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
         + rename.hub_handlers()
         + buildlog.hub_handlers()
         + jobsapi.hub_handlers()
+        # GPU usage by user, project and GPU, with a CSV export, for admins (usagepage/).
+        + usagepage.hub_handlers()
     )
     # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
     c.JupyterHub.template_paths = [
@@ -161,6 +163,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
         str(doctor.TEMPLATES),
         str(sharing.TEMPLATES),
         str(rename.TEMPLATES),
+        str(usagepage.TEMPLATES),
     ]
     # Roles mirroring group shares are made at run time; JupyterHub deletes at start any
     # role it is not given here (see sharing/groupshares.py).
