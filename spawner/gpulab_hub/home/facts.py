@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from gpulab_hub import gpus, hubsettings, jsonfile
-from gpulab_hub.gpus import allocator, queue, reclaimrecord
+from gpulab_hub.gpus import allocator, queue, reclaimrecord, usage
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, safefs
 from gpulab_jupyter.jobs.model import JOB_ID
@@ -191,3 +191,27 @@ def archived_as(where: hubsettings.HubSettings, owner: str, project: str) -> str
         if m and (root / name / "projects" / project).is_dir():
             found.append(((m.group(1), int(m.group(2) or 1)), name))
     return f"{hubsettings.DELETED}/{max(found)[1]}" if found else ""
+
+
+def gpu_use(where: hubsettings.HubSettings, owner: str, groups: list[str]) -> str:
+    """Blocking: the user's own GPU use over the budget window, e.g. "GPU this week: 6.2 h
+    of 20 h" (holdings under way counted); "" on a host without GPUs where the user has
+    never held one. ``groups``: the user's JupyterHub groups (for group budgets)."""
+    from gpulab_hub.usagepage import report
+
+    try:
+        held = allocator.AllocationStore(where.allocations_file).holdings()
+    except allocator.AllocationError as e:
+        LOG.warning("gpulab: the home page cannot read the GPU record: %s", e)
+        held = {}
+    ledger = usage.UsageLedger(where.usage_file)
+    try:
+        hours = ledger.hours_by_user(where.usage_window, held=held).get(owner)
+        if hours is None and not _device_names():
+            if not any(r.owner == owner for r in ledger.records()):
+                return ""
+    except (usage.UsageError, OSError) as e:
+        LOG.warning("gpulab: the home page cannot read the GPU usage ledger: %s", e)
+        return ""
+    budgets = report.budgets_of(where, {g: [owner] for g in groups})
+    return budgets.words(owner, hours or 0.0, report.window_words(where.usage_window))

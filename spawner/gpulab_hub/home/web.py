@@ -111,12 +111,15 @@ class HomeHandler(BaseHandler):
             archived_as = await loop.run_in_executor(
                 None, facts.archived_as, where, user.name, deleted
             )
+        groups = [g.name for g in user.orm_user.groups]
+        gpu_use = await loop.run_in_executor(None, facts.gpu_use, where, user.name, groups)
         rows = self._rows(user, found)
         shared = received_rows(self, await policies_now(policy_store(where.records_dir)))
         html = await self.render_template(
             "home.html",
             user=user,
             rows=rows,
+            gpu_use=gpu_use,
             shared=shared,
             notices=self._notices(user, deleted, archived_as),
             limit=await self.get_current_user_named_server_limit(),
