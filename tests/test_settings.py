@@ -6,7 +6,7 @@ import sys
 import pytest
 from traitlets.config import Config
 
-from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing, ssh
+from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing, ssh, usagepage
 from gpulab_hub.gpus import keeper
 from gpulab_hub.projects import rename, title
 
@@ -77,6 +77,9 @@ def test_defaults_give_a_working_single_machine_hub():
                     "/api/gpulab/cluster/jobs/([^/]+)/([^/]+)/([0-9]{8}-[0-9]{6}-[a-z0-9]{4})/stop",
                     "gpulab_hub.cluster.jobsapi.StopHandler",
                 ),
+                # GPU usage by user, project and GPU, and its CSV, for admins
+                ("/gpulab/usage", "gpulab_hub.usagepage.web.UsageHandler", {}),
+                (r"/gpulab/usage\.csv", "gpulab_hub.usagepage.web.UsageCsvHandler", {}),
                 # SSH: each user's keys and how to connect; what the gateway may let in
                 (
                     "/gpulab/ssh",
@@ -104,6 +107,7 @@ def test_defaults_give_a_working_single_machine_hub():
                 str(doctor.TEMPLATES),
                 str(sharing.TEMPLATES),
                 str(rename.TEMPLATES),
+                str(usagepage.TEMPLATES),
                 str(accounts.TEMPLATES),
                 str(ssh.TEMPLATES),
                 str(secrets.TEMPLATES),
