@@ -20,7 +20,7 @@ from traitlets.config import Config
 
 from gpulab_hub import culling, jsonfile, settings, ssh
 from gpulab_hub.doctor import report
-from gpulab_hub.gpus import allocator
+from gpulab_hub.gpus import allocator, keeper
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.projects import objects
 from gpulab_hub.sharing import groupshares, policy, public
@@ -194,7 +194,12 @@ def test_hub_starts_with_damaged_group_share_roles(tmp_path, caplog, name, text)
     c = Config()
     settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
     # no group-share role loaded from it: only gpulab's own roles
-    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", culling.SERVICE, ssh.SERVICE]
+    assert [r["name"] for r in c.JupyterHub.load_roles] == [
+        "user",
+        culling.SERVICE,
+        keeper.SERVICE,
+        ssh.SERVICE,
+    ]
     check_one_clear_message(caplog, path)
     assert "opens the project's Share page" in errors(caplog)[0]
     assert json.loads(path.read_text()) == {"version": 1, "roles": {}}
@@ -206,7 +211,12 @@ def test_hub_starts_with_unreadable_group_share_roles(tmp_path, caplog):
     c = Config()
     settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
     # no group-share role loaded from it: only gpulab's own roles
-    assert [r["name"] for r in c.JupyterHub.load_roles] == ["user", culling.SERVICE, ssh.SERVICE]
+    assert [r["name"] for r in c.JupyterHub.load_roles] == [
+        "user",
+        culling.SERVICE,
+        keeper.SERVICE,
+        ssh.SERVICE,
+    ]
     (message,) = errors(caplog)
     assert "The group-share roles file" in message and "cannot be read" in message
 

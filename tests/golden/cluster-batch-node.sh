@@ -54,6 +54,7 @@ trap 'gpulab_remove; rm -f -- "$out"' EXIT
   --label gpulab.owner=alice \
   --label gpulab.project=vision \
   --label gpulab.slurm.cluster=lab \
+  --hostname vision \
   --user 1000:100 \
   --workdir /workspace \
   --expose 8888/tcp \

@@ -112,6 +112,7 @@ rc=0
   --label gpulab.owner=alice \
   --label gpulab.project=vision \
   --label gpulab.slurm.cluster=lab \
+  --hostname vision \
   --user 1000:100 \
   --workdir /workspace \
   --expose 8888/tcp \
