@@ -269,7 +269,7 @@ def test_sign_up_approval_login_project_and_jupyterlab(hub, stop_servers_afterwa
     expect(dialog).to_contain_text("its shares, share links and public links")
     expect(dialog).to_contain_text("moved to the hub's archive")
     expect(dialog).to_contain_text("A new project of the same name starts empty.")
-    confirm = dialog.get_by_label(f"Type {PROJECT} to confirm")
+    confirm = dialog.get_by_label(f"Type its short name {PROJECT} to confirm")
     delete = dialog.get_by_role("button", name="Delete")
     expect(delete).to_be_disabled()
     confirm.fill("vision")
