@@ -2,8 +2,9 @@
 
 In Chromium (Debian's, driven by Playwright), on a hub of its own (`gpulab up`,
 everything named gpulabbench-fh*, removed at the start and the end), one user and
-one project; each figure is from opening the project's start address (what the home
-page's start button links to) until JupyterLab's file browser shows the Dockerfile:
+one project; each figure is from the click that starts the project (the home page's
+"Create and start" for a new one, the start page's button after) until JupyterLab's
+file browser shows the Dockerfile:
 
 1. ``first``: a new project's first start (its image is built from the template);
 2. ``pip_line``: a start after the Dockerfile gained one pip RUN line in its managed
@@ -23,6 +24,7 @@ Last line: ``first_hour first=<s> pip_line=<s> unchanged=<s> failure=<s>``.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 import tempfile
@@ -60,8 +62,11 @@ def cleanup(dk: host.Docker) -> None:
 def pip_line(package: str, module: str) -> str:
     """A managed-block line as %gpu_install writes it (magics/runline.py)."""
     cmd = ["python", "-m", "pip", "install", "--no-cache-dir", package]
-    return "RUN " + " ".join(map(shlex.quote, cmd)) + " && python -c " + shlex.quote(
-        f"import {module}"
+    return (
+        "RUN "
+        + " ".join(map(shlex.quote, cmd))
+        + " && python -c "
+        + shlex.quote(f"import {module}")
     )
 
 
@@ -80,11 +85,24 @@ def log_in(page: Page, base: str, name: str, password: str) -> None:
     page.wait_for_url("**/hub/**")
 
 
-def until_lab(page: Page, base: str, user: str) -> float:
-    """Seconds from opening the project's start address to the Dockerfile in
+def start(page: Page, base: str, user: str, new: bool) -> None:
+    """What the user clicks: a new project is named on the home page and created and
+    started there; a stopped one is started from its start page's button (a GET of
+    that page only shows it)."""
+    if new:
+        page.goto(f"{base}/hub/home")
+        page.get_by_label("New project").fill(PROJECT)
+        page.get_by_role("button", name="Create and start", exact=True).click()
+    else:
+        page.goto(f"{base}/hub/spawn/{user}/{PROJECT}")
+        page.get_by_role("button", name=re.compile(r"^Start ")).first.click()
+
+
+def until_lab(page: Page, base: str, user: str, new: bool = False) -> float:
+    """Seconds from the click that starts the project to the Dockerfile in
     JupyterLab's file browser."""
     t0 = time.perf_counter()
-    page.goto(f"{base}/hub/spawn/{user}/{PROJECT}")
+    start(page, base, user, new)
     page.locator("#filebrowser").get_by_text("Dockerfile", exact=True).wait_for(
         timeout=READY_TIMEOUT_MS
     )
@@ -92,9 +110,9 @@ def until_lab(page: Page, base: str, user: str) -> float:
 
 
 def until_reason(page: Page, base: str, user: str) -> float:
-    """Seconds from opening the start address to the failure's reason on the page."""
+    """Seconds from the click that starts the project to the failure's reason."""
     t0 = time.perf_counter()
-    page.goto(f"{base}/hub/spawn/{user}/{PROJECT}")
+    start(page, base, user, new=False)
     page.locator("pre.gpulab-log-tail").first.wait_for(timeout=READY_TIMEOUT_MS)
     return time.perf_counter() - t0
 
@@ -109,7 +127,7 @@ def measure(hub: Hub, args) -> dict[str, float]:
             page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()
             log_in(page, hub.url, user.name, user.password)
             hub.running.add(PROJECT)
-            out["first"] = until_lab(page, hub.url, user.name)
+            out["first"] = until_lab(page, hub.url, user.name, new=True)
             say(f"first start of a new project: {out['first']:.1f} s")
             hub.stop(PROJECT)
 
@@ -148,6 +166,7 @@ def main(argv=None) -> int:
                 "GPULAB_IMAGE_REPO": f"{PREFIX}/project",
                 "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",
                 "GPULAB_BASE_FROM": f"{PREFIX}/debian:bookworm",
+                "GPULAB_SSH_PORT": "0",  # beside a running hub: no gateway of its own
             }
         )
         try:
