@@ -197,12 +197,11 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             self._emit(progress, f"Building image: step {step}/{total}: {line.strip()[:200]}")
 
     def _render_dockerfile(self, project: Project) -> str:
-        display = self.orm_spawner.display_name if self.orm_spawner else ""
         return images.render(
             self.images_dir,
             self.project_template,
             base_image=self.base_image,
-            display_name=options.one_line(display or project.name),
+            display_name=title(self) if self.orm_spawner else options.one_line(project.name),
             stack_lines=options.stack_lines(self.user_options),
         )
 
