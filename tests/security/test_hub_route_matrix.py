@@ -272,6 +272,9 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         },
     ),
     "/hub/gpulab/doctor": ("/hub/gpulab/doctor", {"get": "302 403 403 403 403 200"}),
+    # GPU usage of everyone: admins only
+    "/hub/gpulab/usage": ("/hub/gpulab/usage", {"get": "302 403 403 403 403 200"}),
+    "/hub/gpulab/usage\\.csv": ("/hub/gpulab/usage.csv", {"get": "302 403 403 403 403 200"}),
     "/hub/gpulab/share/([^/]+)(?:/([^/]+))?": (
         f"/hub/gpulab/share/{U}/{P}",
         {"get": "302 404 404 403 200 404", "post": "403 404 404 403 . ."},
