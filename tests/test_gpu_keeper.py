@@ -90,7 +90,7 @@ def test_idle_holders_are_warned_while_someone_waits_then_stopped_after_the_grac
         ann__idle=running(30), bob__busy=running(0.5), cat__fresh=running(5), dan__q=PENDING
     )
     waiting = [entry("dan", "q")]  # one GPU wanted: one holder chosen
-    warned = Warning("ann", "idle", NOW, NOW + 10 * MIN)
+    warned = Warning("ann", "idle", NOW, NOW + 10 * MIN, idle_since=NOW - 30 * MIN)
     assert plan(waiting, state, held, {}, NOW, s) == Plan(
         warn=(warned,), warnings={("ann", "idle"): warned}
     )
@@ -172,7 +172,7 @@ def test_a_look_acts_on_the_files_and_a_new_keeper_keeps_the_clock(tmp_path):
     assert fake.calls == [("start", "dan", "q", {"gpus": 1})]
     assert q.entries() == [entry("dan", "q")]  # the missing project's entry cancelled
     record = reclaimrecord.ReclaimRecord(reclaimrecord.path_of(alloc))
-    warned = Warning("ann", "idle", NOW, NOW + 10 * MIN)
+    warned = Warning("ann", "idle", NOW, NOW + 10 * MIN, idle_since=NOW - 30 * MIN)
     assert record.warnings() == {warned.key: warned}
     assert reclaimrecord.stops_of(alloc, "ann") == {"idle": NOW + 10 * MIN}
     # the keeper restarts (a hub restart): the clock is kept, the stop comes on time
@@ -194,6 +194,10 @@ def test_the_service_and_its_role_get_the_settings():
         "GPULAB_ALLOCATIONS_FILE": "/srv/x/hub/gpu-allocations.json",
         "GPULAB_GPU_RECLAIM_IDLE": "600.0",
         "GPULAB_GPU_RECLAIM_GRACE": "120.0",
+        "GPULAB_GPU_IDLE_RELEASE": "2700.0",
+        "GPULAB_USAGE_FILE": "/srv/x/hub/gpu-usage.jsonl",
+        "GPULAB_GPU_USAGE_WINDOW": "604800.0",
+        "GPULAB_GPU_BUDGET_HOURS": "{}",
     }
     assert c.JupyterHub.load_roles == [
         {"name": "gpulab-gpu-keeper", "services": ["gpulab-gpu-keeper"],
@@ -257,3 +261,120 @@ def test_the_keeper_service_stops_at_the_hubs_first_signal(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+# --- budgets: an over-budget user's idle holder is reclaimed first -----------------------
+
+
+def test_plan_reclaims_the_over_budget_holder_first():
+    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    held = {("ann", "long"): 1, ("bob", "spent"): 1}
+    state = hub(ann__long=running(120), bob__spent=running(15), dan__q=PENDING)
+    waiting = [entry("dan", "q")]
+    assert plan(waiting, state, held, {}, NOW, s).warn[0].key == ("ann", "long")  # longest idle
+    over = plan(waiting, state, held, {}, NOW, s, over_budget={"bob"})
+    assert [w.key for w in over.warn] == [("bob", "spent")]
+
+
+class BudgetHub(FakeHub):
+    def __init__(self, state, groups):
+        super().__init__(state)
+        self.groups = groups
+
+    def members(self, groups):
+        self.calls.append(("members", tuple(groups)))
+        return {g: self.groups[g] for g in groups if g in self.groups}
+
+
+def test_the_keeper_reads_the_ledger_and_the_budgets_and_warns_the_over_budget_holder(tmp_path):
+    from gpulab_hub.gpus.usage import Record, UsageLedger
+
+    alloc = tmp_path / "gpu-allocations.json"
+    qfile = tmp_path / "gpu-queue.json"
+    ledger = tmp_path / "gpu-usage.jsonl"
+    q = queue.QueueStore(qfile, clock=lambda: NOW - 300)
+    q.enqueue(Request("dan", "q", 1))
+    holds = {
+        "GPU-1": [{"owner": "ann", "project": "long", "since": NOW - 7200, "reserved": NOW - 7200}],
+        "GPU-2": [{"owner": "bob", "project": "spent", "since": NOW - 600, "reserved": NOW - 600}],
+    }  # fmt: skip
+    alloc.write_text(json.dumps({"version": 1, "holdings": holds}))
+    # bob used 5 GPU-hours yesterday; his group's budget is 4: over. ann (2 h) has 40.
+    yesterday = NOW - 86400
+    UsageLedger(ledger).append(
+        [Record("bob", "spent", "GPU-2", "GPU 2", yesterday, yesterday + 5 * 3600)]
+    )
+    state = hub(ann__long=running(120), bob__spent=running(15), dan__q=PENDING)
+    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    k = keeper.Keeper(
+        qfile, alloc, s, budget_hours={"*": 40.0, "group:students": 4.0},
+        usage_file=ledger, usage_window=7 * 86400,
+    )  # fmt: skip
+    fake = BudgetHub(state, {"students": ["bob"]})
+    p = k.look(fake, NOW)
+    assert [w.key for w in p.warn] == [("bob", "spent")]
+    assert ("members", ("students",)) in fake.calls
+    # without budgets the longest idle goes first
+    reclaimrecord.ReclaimRecord(reclaimrecord.path_of(alloc)).replace({})
+    plain = keeper.Keeper(qfile, alloc, s)
+    assert [w.key for w in plain.look(FakeHub(state), NOW).warn] == [("ann", "long")]
+
+
+def test_budgets_naming_a_group_let_the_keeper_read_groups():
+    from traitlets.config import Config
+
+    c = Config()
+    c.ProjectSpawner.gpu_budget_hours = {"group:students": 20, "*": 40}
+    keeper.configure(c)
+    (svc,) = c.JupyterHub.services
+    assert keeper.budgets_from_env(svc["environment"]["GPULAB_GPU_BUDGET_HOURS"]) == {
+        "*": 40.0, "group:students": 20.0,
+    }  # fmt: skip
+    assert "read:groups" in c.JupyterHub.load_roles[0]["scopes"]
+
+
+# --- idle release: nobody waits -----------------------------------------------------------
+
+
+def test_idle_release_warns_with_its_own_words_then_stops_and_asks_the_hub_at_most_every_30_s(
+    tmp_path,
+):
+    alloc = tmp_path / "gpu-allocations.json"
+    hold = {"owner": "ann", "project": "lunch", "since": NOW - 7200, "reserved": NOW - 7200}
+    alloc.write_text(json.dumps({"version": 1, "holdings": {"GPU-1": [hold]}}))
+    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN, release_after=45 * MIN)
+    k = keeper.Keeper(tmp_path / "gpu-queue.json", alloc, s)
+    p = k.look(FakeHub(hub(ann__lunch=running(50))), NOW)
+    warned = Warning("ann", "lunch", NOW, NOW + 10 * MIN, reclaim.IDLE, NOW - 50 * MIN)
+    assert p.warn == (warned,)
+    assert reclaimrecord.words_of(warned, NOW + 4 * MIN) == (
+        "this project has been idle for 54 min: this project stops in 6 min unless you use it "
+        "(its files are kept)"
+    )
+    fake = FakeHub(hub(ann__lunch=running(60)))
+    k.look(fake, NOW + 10 * MIN)
+    assert fake.calls == [("stop", "ann", "lunch")]
+    # a holder idle 20 min: looked at, not warned; the hub is not asked again for 30 s
+    alloc.write_text(json.dumps({"version": 1, "holdings": {"GPU-1": [hold]}}))
+    reclaimrecord.ReclaimRecord(reclaimrecord.path_of(alloc)).replace({})
+    k = keeper.Keeper(tmp_path / "gpu-queue.json", alloc, s)
+    assert k.look(FakeHub(hub(ann__lunch=running(20))), NOW) == Plan()
+
+    class Unasked(FakeHub):
+        def state(self):
+            raise AssertionError("the hub was asked")
+
+    assert k.look(Unasked(hub()), NOW + 20) == Plan()
+    assert k.look(FakeHub(hub(ann__lunch=running(50))), NOW + 30).warn != ()
+
+
+def test_a_record_written_before_reasons_still_reads(tmp_path):
+    path = reclaimrecord.path_of(tmp_path / "gpu-allocations.json")
+    old = {"owner": "ann", "project": "p", "warned_at": NOW, "stops_at": NOW + 600}
+    path.write_text(json.dumps({"version": 1, "warnings": [old]}))
+    (w,) = reclaimrecord.ReclaimRecord(path).warnings().values()
+    assert (w.reason, w.idle_since) == (reclaim.WAITING, None)
+    assert reclaimrecord.words_of(w, NOW) == (
+        "someone is waiting for this GPU: this project stops in 10 min unless you use it "
+        "(its files are kept)"
+    )

@@ -120,3 +120,71 @@ def test_a_job_or_a_busy_gpu_is_never_reclaimed_and_nothing_is_reclaimed_unneede
     ]  # fmt: skip
     if any(f.owner not in over for f in chosen):
         assert all(f in chosen for f in eligible_over)
+
+
+# --- idle release: nobody waits, but a holder idle in every way for long is released ------
+
+RELEASE = Settings(release_after=45 * MIN)
+
+
+def test_idle_release_warns_and_stops_a_long_idle_holder_with_nobody_waiting():
+    long_idle = idle("ann", 50)
+    short = idle("bob", 30)  # idle, not yet 45 min
+    got = decide([long_idle, short], waiting=0, now=NOW, settings=RELEASE)
+    assert got == Decision(warn=(long_idle,), released=frozenset({long_idle.key}))
+    warned = idle("ann", 60, warned_min=10)
+    got = decide([warned], waiting=0, now=NOW, settings=RELEASE)
+    assert got == Decision(stop=(warned,), released=frozenset({warned.key}))
+    # used since the warning: withdrawn; off (0): nobody waiting, nobody chosen
+    used = idle("ann", 2, warned_min=8)
+    assert decide([used], 0, NOW, RELEASE) == Decision(withdraw=(used,))
+    assert decide([long_idle, short], 0, NOW, Settings()) == Decision()
+
+
+def test_idle_release_never_takes_a_job_a_busy_kernel_an_ssh_session_or_a_busy_gpu():
+    spared = [
+        idle("bob", 300, running_job=True),
+        idle("cat", 300, busy_kernel=True),
+        idle("dan", 300, ssh_session=True),
+        idle("eve", 300, gpu_util=40.0),
+        idle("fay", 300, gpu_util=None),
+    ]
+    assert decide(spared, waiting=0, now=NOW, settings=RELEASE) == Decision()
+
+
+def test_a_holder_the_queue_needs_is_warned_for_the_queue_not_for_idle_release():
+    a, b = idle("ann", 200), idle("bob", 50)
+    got = decide([a, b], waiting=1, now=NOW, settings=RELEASE)
+    assert got == Decision(warn=(a, b), released=frozenset({b.key}))
+
+
+def test_the_words_say_why():
+    assert warning_words(600, "idle", idle_for=45 * MIN) == (
+        "this project has been idle for 45 min: this project stops in 10 min unless you use "
+        "it (its files are kept)"
+    )
+    assert warning_words(-5).startswith(
+        "someone is waiting for this GPU: this project stops in 0 min"
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    holders=st.lists(FACTS, max_size=8, unique_by=lambda f: f.key),
+    waiting=st.integers(0, 6),
+    release=st.floats(11 * MIN, 3 * 3600),
+)
+def test_idle_release_takes_only_holders_idle_in_every_way_for_that_long(holders, waiting, release):
+    s = Settings(release_after=release)
+    got = decide(holders, waiting, NOW, s)
+    without = decide(holders, waiting, NOW, Settings())
+    for f in got.warn + got.stop:
+        assert not (f.running_job or f.busy_kernel or f.ssh_session)
+        assert f.gpu_util is not None and f.gpu_util < s.busy_util
+    for f in got.warn + got.stop:
+        if f.key in got.released:
+            assert NOW - f.idle_since >= release
+            assert f not in without.warn + without.stop  # the queue did not need it
+        else:
+            assert f in without.warn + without.stop  # the queue's choice is unchanged
+    assert set(without.warn + without.stop) <= set(got.warn + got.stop)

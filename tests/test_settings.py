@@ -146,6 +146,10 @@ def test_defaults_give_a_working_single_machine_hub():
                         "GPULAB_ALLOCATIONS_FILE": "/srv/gpulab/hub/gpu-allocations.json",
                         "GPULAB_GPU_RECLAIM_IDLE": "600.0",
                         "GPULAB_GPU_RECLAIM_GRACE": "600.0",
+                        "GPULAB_GPU_IDLE_RELEASE": "2700.0",
+                        "GPULAB_USAGE_FILE": "/srv/gpulab/hub/gpu-usage.jsonl",
+                        "GPULAB_GPU_USAGE_WINDOW": "604800.0",
+                        "GPULAB_GPU_BUDGET_HOURS": "{}",
                     },
                 },
                 # SSH into projects on port 2222 of the web's address (0.0.0.0)

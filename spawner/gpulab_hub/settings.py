@@ -52,6 +52,9 @@ DEFAULTS = {
     # to its stop ("": ProjectSpawner.gpu_reclaim_idle / gpu_reclaim_grace, 600 each)
     "GPULAB_GPU_RECLAIM_IDLE": "",
     "GPULAB_GPU_RECLAIM_GRACE": "",
+    # Seconds a GPU holder may be idle in every way before it is warned and stopped even
+    # when nobody waits ("": ProjectSpawner.gpu_idle_release, 2700; 0: never)
+    "GPULAB_GPU_IDLE_RELEASE": "",
     # MiB one image build may add to the engine's disk ("": 20 GiB, build_disk_limit)
     "GPULAB_BUILD_DISK_LIMIT_MB": "",
     # Seconds within which a revoked or lowered share stops working (project servers'
@@ -255,7 +258,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # Queued starts the hub forgot (a restart) are started again, and idle GPU holders
     # are warned and stopped while starts wait: the GPU keeper service (gpus/keeper.py).
     for key, trait in (("GPULAB_GPU_RECLAIM_IDLE", "gpu_reclaim_idle"),
-                       ("GPULAB_GPU_RECLAIM_GRACE", "gpu_reclaim_grace")):  # fmt: skip
+                       ("GPULAB_GPU_RECLAIM_GRACE", "gpu_reclaim_grace"),
+                       ("GPULAB_GPU_IDLE_RELEASE", "gpu_idle_release")):  # fmt: skip
         if s[key]:
             if not s[key].isdigit() or len(s[key]) > 9:
                 raise ValueError(f"{key} must be a whole number of seconds.")

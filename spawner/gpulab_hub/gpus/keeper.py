@@ -16,8 +16,14 @@ alone cannot.
    knows. A holder's ``idle_since`` is JupyterHub's ``last_activity`` of its
    server, which gpulab's project servers keep fresh while a kernel is busy, a
    job runs or a GPU of the project was busy in the last minute
-   (``gpulab_jupyter/activity.py``). Warnings are kept in the reclaim record
-   (``reclaimrecord.py``) so a restart keeps the clock; the home page shows them.
+   (``gpulab_jupyter/activity.py``) and the SSH gateway keeps fresh while an SSH
+   session is open (ssh/gateway.py). Over-budget users' holders go first: the
+   usage ledger's hours over the window against ``gpu_budget_hours`` (group
+   members asked of the hub). Warnings are kept in the reclaim record
+   (``reclaimrecord.py``) so a restart keeps the clock; the home page and the
+   project's JupyterLab (``reclaimapi.py``) show them.
+3. Idle release (``gpu_idle_release``, 0: off): a holder idle that long is warned
+   and stopped after the grace even when nobody waits.
 
 ``plan`` is the decision, pure; ``look`` reads the files and the hub and acts.
 """
@@ -28,20 +34,21 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
 from gpulab_hub import jsonfile
-from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord
+from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
 from gpulab_hub.gpus.reclaimrecord import Warning
 
 SERVICE = "gpulab-gpu-keeper"
 # list users and their servers (stopped ones included), start and stop servers
 SCOPES = ["list:users", "read:servers", "start:servers", "delete:servers"]
 EVERY = 2.0  # seconds between looks
+RELEASE_EVERY = 30.0  # seconds between looks for idle release alone (nobody waits or warned)
 MAX_PAGES = 1000  # pages of users read per look (200 users a page)
 GPU_OPTIONS = ("gpus", "gpu_type", "mig_profile")
 LOG = logging.getLogger("gpulab.gpu-keeper")
@@ -117,13 +124,15 @@ def plan(
     settings: reclaim.Settings = reclaim.Settings(),
     previous: Sequence[queue.Entry] = (),
     posted: Mapping[Key, float] = {},  # noqa: B006 (read only)
+    over_budget: Collection[str] = (),
 ) -> Plan:
     """What to do now.
 
     ``entries``: the queue now; ``previous``: the queue one look ago; ``held``:
     devices each project holds (the allocation record); ``warnings``: the reclaim
     record; ``posted``: projects the keeper started again, by the ``enqueued_at``
-    of the entry it started them for.
+    of the entry it started them for; ``over_budget``: users over their GPU budget
+    (their idle holders are reclaimed first).
     """
     start: list[Start] = []
     cancel: list[queue.Entry] = []
@@ -168,11 +177,17 @@ def plan(
                 warned_at=w.warned_at if w else None,
             )
         )  # fmt: skip
-    d = reclaim.decide(holders, waiting, now, settings)
+    d = reclaim.decide(holders, waiting, now, settings, over_budget)
     dropped = {f.key for f in d.withdraw}
     judged = {h.key for h in holders}
     after = {k: w for k, w in warnings.items() if k in judged and k not in dropped}
-    warn = tuple(Warning(f.owner, f.project, now, now + settings.grace) for f in d.warn)
+    warn = tuple(
+        Warning(
+            f.owner, f.project, now, now + settings.grace,
+            reclaim.IDLE if f.key in d.released else reclaim.WAITING, f.idle_since,
+        )
+        for f in d.warn
+    )  # fmt: skip
     after.update((w.key, w) for w in warn)
     return Plan(
         start=tuple(start),
@@ -251,6 +266,18 @@ class Hub:
     def stop(self, owner: str, project: str) -> int:
         return self.session.delete(self._server(owner, project), timeout=self.timeout).status_code
 
+    def members(self, groups: Sequence[str]) -> dict[str, list[str]]:
+        """The users of each of ``groups`` (one a budget names); a group the hub does
+        not have has none."""
+        out: dict[str, list[str]] = {}
+        for g in groups:
+            r = self.session.get(f"{self.api_url}/groups/{quote(g, safe='')}", timeout=self.timeout)
+            if r.status_code == 404:
+                continue
+            r.raise_for_status()
+            out[g] = [u for u in r.json().get("users") or [] if isinstance(u, str)]
+        return out
+
 
 # --- one look -----------------------------------------------------------------------
 
@@ -264,6 +291,29 @@ class Keeper:
     settings: reclaim.Settings
     previous: list[queue.Entry] = field(default_factory=list)
     posted: dict[Key, float] = field(default_factory=dict)
+    budget_hours: Mapping[str, float] = field(default_factory=dict)  # gpu_budget_hours
+    usage_file: Path | None = None
+    usage_window: float = 7 * 24 * 3600.0
+    release_looked: float = float("-inf")  # when the hub was last asked for idle release
+
+    def over_budget(self, hub: Hub, now: float) -> frozenset[str]:
+        """Users who have used their GPU budget up (holdings under way counted)."""
+        from types import SimpleNamespace
+
+        from gpulab_hub.gpus import waiting
+
+        if not self.budget_hours or self.usage_file is None:
+            return frozenset()
+        named = SimpleNamespace(gpu_budget_hours=dict(self.budget_hours))
+        groups = waiting.budget_groups(named)
+        budgets = waiting.budgets_of(named, hub.members(groups) if groups else {})
+        held = (
+            allocator.AllocationStore(self.allocations_file).holdings()
+            if self.allocations_file.exists()
+            else {}
+        )
+        ledger = usage.UsageLedger(self.usage_file, log=LOG)
+        return budgets.over(ledger.hours_by_user(self.usage_window, now=now, held=held))
 
     def _held(self) -> dict[Key, int]:
         if not self.allocations_file.exists():
@@ -280,11 +330,16 @@ class Keeper:
         entries = q.entries() if self.queue_file.exists() else []
         record = reclaimrecord.ReclaimRecord(reclaimrecord.path_of(self.allocations_file))
         warnings = record.warnings()
-        if not (entries or self.previous or warnings):
-            return Plan()  # nobody waits, nobody warned: the hub need not be asked
+        held = self._held()
+        releasing = (
+            self.settings.release_after > 0 and held and now - self.release_looked >= RELEASE_EVERY
+        )
+        if not (entries or self.previous or warnings or releasing):
+            return Plan()  # nobody waits, nobody warned, nothing to release: the hub not asked
+        self.release_looked = now
         p = plan(
-            entries, hub.state(), self._held(), warnings, now, self.settings,
-            self.previous, self.posted,
+            entries, hub.state(), held, warnings, now, self.settings,
+            self.previous, self.posted, self.over_budget(hub, now),
         )  # fmt: skip
         self.previous = entries
         for e in p.cancel:
@@ -300,8 +355,9 @@ class Keeper:
                 self.posted[s.key] = mine[0].enqueued_at if mine else -1.0
         record.replace(dict(p.warnings))  # before any stop: the clock survives a restart
         for w in p.warn:
-            LOG.info("GPU reclaim: %s/%s is idle while starts wait: warned, stops at %s",
-                     *w.key, time.strftime("%H:%M:%S", time.localtime(w.stops_at)))  # fmt: skip
+            why = "idle too long" if w.reason == reclaim.IDLE else "idle while starts wait"
+            LOG.info("GPU reclaim: %s/%s is %s: warned, stops at %s", *w.key, why,
+                     time.strftime("%H:%M:%S", time.localtime(w.stops_at)))  # fmt: skip
         for key in p.stop:
             status = hub.stop(*key)
             LOG.info("GPU reclaim: %s/%s stopped (idle through its grace): HTTP %s", *key, status)
@@ -328,13 +384,18 @@ def main() -> None:
         level=logging.INFO, format="[%(levelname)s %(asctime)s %(name)s] %(message)s"
     )
     env = os.environ
+    usage_file = env.get("GPULAB_USAGE_FILE", "")
     keeper = Keeper(
         queue_file=Path(env["GPULAB_QUEUE_FILE"]),
         allocations_file=Path(env["GPULAB_ALLOCATIONS_FILE"]),
         settings=reclaim.Settings(
             grace=float(env["GPULAB_GPU_RECLAIM_GRACE"]),
             idle_after=float(env["GPULAB_GPU_RECLAIM_IDLE"]),
+            release_after=float(env.get("GPULAB_GPU_IDLE_RELEASE", "0")),
         ),
+        budget_hours=budgets_from_env(env.get("GPULAB_GPU_BUDGET_HOURS", "")),
+        usage_file=Path(usage_file) if usage_file else None,
+        usage_window=float(env.get("GPULAB_GPU_USAGE_WINDOW", 7 * 24 * 3600.0)),
     )
     hub = Hub(env["JUPYTERHUB_API_URL"], env["JUPYTERHUB_API_TOKEN"])
     while True:
@@ -346,18 +407,43 @@ def main() -> None:
         time.sleep(EVERY)
 
 
+def budgets_from_env(text: str) -> dict[str, float]:
+    """GPULAB_GPU_BUDGET_HOURS (what ``configure`` wrote: JSON of gpu_budget_hours)."""
+    import json
+
+    if not text:
+        return {}
+    b = json.loads(text)
+    ok = isinstance(b, dict) and all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+        for k, v in b.items()
+    )
+    if not ok:
+        raise ValueError("GPULAB_GPU_BUDGET_HOURS is not a map of names to GPU-hours")
+    return {k: float(v) for k, v in b.items()}
+
+
 def configure(c) -> None:
     """The keeper service, its role, and the settings it reads (its environment): the
     ``ProjectSpawner`` settings ``c`` holds so far (lines an admin adds later in
     jupyterhub_config.py do not reach the service; the site settings do)."""
+    import json
     import sys
 
+    from gpulab_hub.gpus import waiting
     from gpulab_hub.gpus.spawner import GpuSettings
 
-    names = ("allocations_file", "queue_file", "gpu_reclaim_idle", "gpu_reclaim_grace")
+    names = (
+        "allocations_file", "queue_file", "usage_file", "gpu_usage_window", "gpu_budget_hours",
+        "gpu_reclaim_idle", "gpu_reclaim_grace", "gpu_idle_release",
+    )  # fmt: skip
     section = c.ProjectSpawner
     s = GpuSettings(**{n: section[n] for n in names if n in section})
-    reclaim.Settings(grace=s.gpu_reclaim_grace, idle_after=s.gpu_reclaim_idle)  # checked now
+    reclaim.Settings(  # checked now
+        grace=s.gpu_reclaim_grace, idle_after=s.gpu_reclaim_idle, release_after=s.gpu_idle_release
+    )
+    # reading the members of the groups budgets name
+    scopes = SCOPES + (["read:groups"] if waiting.budget_groups(s) else [])
     c.JupyterHub.services = [
         *(c.JupyterHub.services if "services" in c.JupyterHub else []),
         {
@@ -368,12 +454,16 @@ def configure(c) -> None:
                 "GPULAB_ALLOCATIONS_FILE": str(s.allocations_file),
                 "GPULAB_GPU_RECLAIM_IDLE": str(s.gpu_reclaim_idle),
                 "GPULAB_GPU_RECLAIM_GRACE": str(s.gpu_reclaim_grace),
+                "GPULAB_GPU_IDLE_RELEASE": str(s.gpu_idle_release),
+                "GPULAB_USAGE_FILE": str(s.usage_file),
+                "GPULAB_GPU_USAGE_WINDOW": str(s.gpu_usage_window),
+                "GPULAB_GPU_BUDGET_HOURS": json.dumps(dict(s.gpu_budget_hours), sort_keys=True),
             },
         },
     ]
     c.JupyterHub.load_roles = [
         *(c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []),
-        {"name": SERVICE, "scopes": SCOPES, "services": [SERVICE]},
+        {"name": SERVICE, "scopes": scopes, "services": [SERVICE]},
     ]
 
 

@@ -1,4 +1,4 @@
-"""Reclaiming idle GPUs while someone waits: who is warned, who is stopped (pure).
+"""Reclaiming idle GPUs: who is warned, who is stopped (pure).
 
 A holder is idle when it has no busy kernel, no running job, no SSH session, its
 GPUs are unused (utilisation below ``Settings.busy_util``; unknown utilisation, as
@@ -9,7 +9,12 @@ this project stops in 10 min unless you use it") and stopped, files kept, once
 many holders as the waiting starts need GPUs are chosen: over-budget users first,
 then those warned earliest, then those idle longest. A holder with a running job
 or a busy GPU is never chosen, whatever else holds. Nobody waiting: no one is
-warned or stopped, and standing warnings are withdrawn.
+warned or stopped for the queue, and standing warnings are withdrawn.
+
+Idle release (``Settings.release_after``, 0: off): a holder idle in every way for
+that long is warned ("this project has been idle for 45 min: it stops in 10 min
+unless you use it") and stopped after the grace even when nobody waits, so GPUs
+forgotten over lunch or overnight come back without waiting for the idle culler.
 """
 
 from __future__ import annotations
@@ -42,9 +47,10 @@ class Settings:
     grace: float = 600.0  # seconds from the warning to the stop (admin-set)
     idle_after: float = 600.0  # seconds idle before a holder is warned
     busy_util: float = 5.0  # percent: at or above, the GPU is in use
+    release_after: float = 0.0  # seconds idle before a holder is warned, nobody waiting; 0: off
 
     def __post_init__(self) -> None:
-        if min(self.grace, self.idle_after, self.busy_util) < 0:
+        if min(self.grace, self.idle_after, self.busy_util, self.release_after) < 0:
             raise ValueError(f"GPU reclaim settings cannot be negative: {self}")
 
 
@@ -53,6 +59,8 @@ class Decision:
     warn: tuple[Facts, ...] = ()  # warn now (not warned yet)
     stop: tuple[Facts, ...] = ()  # stop now: warned, grace over, still idle
     withdraw: tuple[Facts, ...] = ()  # warned, but used since or no longer needed
+    released: frozenset[tuple[str, str]] = frozenset()  # of warn and stop: idle release,
+    # not needed by the queue (their warning says so, not that someone waits)
 
 
 def in_use(f: Facts, busy_util: float) -> bool:
@@ -68,7 +76,8 @@ def decide(
     settings: Settings = Settings(),
     over_budget: Collection[str] = (),
 ) -> Decision:
-    """Whom to warn and whom to stop, for ``waiting`` GPUs wanted by the queue (0: none)."""
+    """Whom to warn and whom to stop, for ``waiting`` GPUs wanted by the queue (0: none),
+    and (``settings.release_after``) for having been idle that long."""
     s = settings
     idle = [
         f
@@ -94,16 +103,28 @@ def decide(
         chosen.append(f)
         wanted -= max(1, f.gpus)
     keys = {f.key for f in chosen}
+    if s.release_after > 0:
+        released = [f for f in idle if f.key not in keys and now - f.idle_since >= s.release_after]
+        chosen += released
+        keys |= {f.key for f in released}
+    else:
+        released = []
     return Decision(
         warn=tuple(f for f in chosen if f.warned_at is None),
         stop=tuple(f for f in chosen if f.warned_at is not None and now - f.warned_at >= s.grace),
         withdraw=tuple(f for f in holders if f.warned_at is not None and f.key not in keys),
+        released=frozenset(f.key for f in released),
     )
 
 
-def warning_words(grace: float) -> str:
-    """What the warned project's JupyterLab shows."""
-    return (
-        f"someone is waiting for this GPU: this project stops in {round(grace / 60)} min "
-        "unless you use it (its files are kept)"
-    )
+WAITING, IDLE = "waiting", "idle"  # why a holder was warned
+
+
+def warning_words(grace: float, reason: str = WAITING, idle_for: float = 0.0) -> str:
+    """What the warned project's JupyterLab shows, ``grace`` seconds before the stop;
+    ``idle_for``: seconds idle (an idle release's words)."""
+    stops = f"this project stops in {max(0, round(grace / 60))} min unless you use it"
+    if reason == IDLE:
+        idle = f"this project has been idle for {round(idle_for / 60)} min"
+        return f"{idle}: {stops} (its files are kept)"
+    return f"someone is waiting for this GPU: {stops} (its files are kept)"

@@ -182,6 +182,16 @@ class GpuSettings(HasTraits):
         GPULAB_GPU_RECLAIM_GRACE). Default: 600.
         Example: ``c.ProjectSpawner.gpu_reclaim_grace = 900``""",
     )
+    gpu_idle_release = Float(
+        2700.0,
+        config=True,
+        help="""Seconds a project holding GPUs may be idle in every way (no busy kernel,
+        no running job, no open SSH session, GPUs unused) before it is warned and,
+        ``gpu_reclaim_grace`` later without activity, stopped, its files kept, even
+        when nobody waits for a GPU. 0: never (only the idle culler stops it). Read by
+        the gpulab-gpu-keeper service (site setting GPULAB_GPU_IDLE_RELEASE).
+        Default: 2700 (45 min). Example: ``c.ProjectSpawner.gpu_idle_release = 3600``""",
+    )
 
 
 _inventory_cache: tuple[float, gpus.Inventory] | None = None

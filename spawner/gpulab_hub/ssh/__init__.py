@@ -9,7 +9,11 @@ gateway (gateway.py, run as ``python -m gpulab_hub.ssh``):
   may do in ``owner``'s ``project`` and where the project's container is;
 - each user's public keys are in ``KeyStore`` files under the hub's folder;
 - ``GET /hub/api/gpulab/secrets/<owner>/<project>?for=<user>`` gives the
-  environment of ``user``'s sessions (secrets/).
+  environment of ``user``'s sessions (secrets/);
+- while a session or forward is open in a project, the gateway marks the project's
+  server active (JupyterHub's ``POST /users/<owner>/activity``, ``users:activity``) at
+  most every ``ACTIVITY_EVERY_S``, so an SSH session counts as use for the idle culler
+  and the GPU keeper (gpus/keeper.py).
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 SERVICE = "gpulab-ssh"
+ACTIVITY_EVERY_S = 30.0  # an open session marks its project active this often at most
 GATEWAY_SCOPE = "custom:gpulab:ssh-gateway"
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/ssh"  # under the hub's prefix: /hub/gpulab/ssh
 API = "/api/gpulab/ssh/access"  # /hub/api/gpulab/ssh/access/<user>/<owner>/<project>
 # What the gateway's token may do: ask the access API, start a stopped project and
-# follow it, and read users' names (c.JupyterHub.load_roles).
-SCOPES = [GATEWAY_SCOPE, "servers", "read:servers", "read:users:name"]
+# follow it, read users' names, and mark a project active while an SSH session is open
+# in it (its last_activity, what the idle culler and the GPU keeper read)
+# (c.JupyterHub.load_roles).
+SCOPES = [GATEWAY_SCOPE, "servers", "read:servers", "read:users:name", "users:activity"]
 CUSTOM_SCOPES = {
     GATEWAY_SCOPE: {
         "description": "gpulab's SSH gateway: ask who may open a shell in which project"

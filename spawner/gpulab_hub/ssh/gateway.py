@@ -19,8 +19,10 @@ the user may do in the project: only its owner and collaborators get a process, 
 the notebook user the hub names, in a container labelled as the project's. A stopped
 project is started (its progress shown on stderr) where the user may start it. Open
 connections are asked about again every ``recheck_s`` seconds and closed, with the
-reason, once the user's access has gone. Every event goes to the session log
-(audit.py).
+reason, once the user's access has gone; at the same time, while a session or forward
+is open, the project is marked active in the hub (at most every
+``ACTIVITY_EVERY_S``), so an open SSH session keeps the idle culler and the GPU keeper
+from stopping it. Every event goes to the session log (audit.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
-from gpulab_hub.ssh import checks, hostkey, sessions
+from gpulab_hub.ssh import ACTIVITY_EVERY_S, checks, hostkey, sessions
 from gpulab_hub.ssh.audit import Audit
 from gpulab_hub.ssh.dockerexec import Docker, ExecError
 from gpulab_hub.ssh.hubclient import HubClient, HubError
@@ -157,6 +159,7 @@ class Connection(asyncssh.SSHServer):
         self._watch: asyncio.Task | None = None
         self._env: dict[str, str] | None = None
         self._sessions = itertools.count(1)
+        self._active_at = float("-inf")  # when the project was last marked active
 
     def next_session(self) -> str:
         return f"{self.id}.{next(self._sessions)}"
@@ -456,6 +459,22 @@ class Connection(asyncssh.SSHServer):
                 return
             if not answer.get("running"):
                 self._ready = None  # stopped: a new session starts it again
+            else:
+                await self.mark_active()
+
+    async def mark_active(self) -> None:
+        """While a session or forward is open, mark the project active in the hub (at
+        most every ACTIVITY_EVERY_S); a failure is logged, never fatal."""
+        login = self.login
+        now = time.time()
+        if login is None or not self.sessions or now - self._active_at < ACTIVITY_EVERY_S:
+            return
+        try:
+            await self.gw.hub.activity(login.owner, login.project, now)
+        except HubError as e:
+            self.audit("hub-error", error=str(e))
+            return
+        self._active_at = now
 
     def _revoke(self, message: str) -> None:
         self.audit("revoked", why=message, sessions=len(self.sessions))

@@ -7,6 +7,8 @@
   a stopped project and follow its start;
 - :meth:`HubClient.projects`: the names of a user's own projects (JupyterHub's user
   model, stopped servers included), for a login that named none;
+- :meth:`HubClient.activity`: mark a project's server active (an SSH session is open in
+  it; JupyterHub's ``POST /users/<owner>/activity``);
 - :meth:`HubClient.session_env`: the environment the project's sessions get from the
   user's secrets (``GET /gpulab/secrets/<owner>/<project>?for=<user>``; none where the
   hub has no such API).
@@ -160,6 +162,17 @@ class HubClient:
             if isinstance(servers, dict)
             else []
         )
+
+    async def activity(self, owner: str, project: str, when: float) -> None:
+        """Mark ``owner``'s ``project`` active at ``when`` (epoch seconds): its server's
+        last_activity, which the idle culler and the GPU keeper read."""
+        from datetime import UTC, datetime
+
+        iso = datetime.fromtimestamp(when, UTC).isoformat().replace("+00:00", "Z")
+        body = {"servers": {project: {"last_activity": iso}}}
+        code, _ = await self._json("POST", f"{self.api}/users/{_q(owner)}/activity", body=body)
+        if code not in (200, 204):
+            raise HubError(f"POST /users/<owner>/activity answered {code}")
 
     async def session_env(self, owner: str, project: str, user: str) -> dict | None:
         """The secrets answer for ``user``'s sessions in ``owner``'s ``project``; None
