@@ -10,13 +10,16 @@ sleeping) through gpulab's real allocator record (``AllocationStore`` on a file)
 - new: a start with no free GPU waits in ``QueueStore`` and is granted, in
   fair-share order (``UsageLedger`` hours over the window, ``Budgets``), the
   moment a GPU frees; while anyone waits, ``reclaim.decide`` warns idle holders
-  and stops them after the grace time; the 2 h idle timeout stays.
+  and stops them after the grace time; idle release (``gpu_idle_release``) warns
+  a holder idle for that long even when nobody waits and stops it after the
+  grace; the 2 h idle timeout stays.
 
 A project's user returning to a project that was reclaimed asks for a GPU again
 (that wait counts too). A warned user is assumed not to react (the worst case for
 the new policy). Idle: held while the user thinks or is away and no job runs.
 
-    .venv/bin/python benchmarks/capacity.py [--users 15 --gpus 4 --seed 7 --grace 600]
+    .venv/bin/python benchmarks/capacity.py [--users 15 --gpus 4 --seed 7 --grace 600
+                                             --idle-release 2700]
 
 Last lines: ``p95_wait_ratio=<today/new>``, ``idle_held_ratio=<today/new>``,
 ``jobs_reclaimed=<n>`` (holders stopped while a job ran: must be 0).
@@ -129,14 +132,16 @@ class Lab:
         self.queue = QueueStore(folder / "gpu-queue.json", clock=clock)
         self.ledger = UsageLedger(folder / "gpu-usage.jsonl", clock=clock)
         self.budgets = Budgets(default=args.budget)
-        self.settings = Settings(grace=args.grace, idle_after=args.idle_after)
+        self.settings = Settings(
+            grace=args.grace, idle_after=args.idle_after, release_after=args.idle_release
+        )
         self.policy = Policy()
         self.users = {p.name: User(p) for p in people}
         self.events: list = []
         self.seq = 0
         self.idle_held = self.held_total = 0.0
         self.idle_by = {"think": 0.0, "gone_wait": 0.0, "gone_free": 0.0}
-        self.reclaimed = self.jobs_reclaimed = self.warned = self.culled = 0
+        self.reclaimed = self.jobs_reclaimed = self.warned = self.culled = self.released = 0
         for u in self.users.values():
             self.at(u.person.arrive, "session", u)
         self.at(TICK, "tick", None)
@@ -283,6 +288,7 @@ class Lab:
                 u = self.users[f.owner]
                 self.jobs_reclaimed += u.phase == "job"  # from the lab's state, not the facts
                 self.reclaimed += 1
+                self.released += f.key in d.released
                 self.release(u)
 
     def run(self) -> None:
@@ -337,6 +343,7 @@ def figures(lab: Lab) -> dict:
         "idle_gone_free_h": lab.idle_by["gone_free"] / HOUR,
         "warned": lab.warned,
         "reclaimed": lab.reclaimed,
+        "released": lab.released,
         "culled_2h": lab.culled,
     }
 
@@ -349,6 +356,12 @@ def main() -> None:
     ap.add_argument("--grace", type=float, default=600, help="seconds from warning to stop")
     ap.add_argument("--idle-after", type=float, default=600, help="seconds idle before a warning")
     ap.add_argument("--idle-timeout", type=float, default=2 * HOUR, help="both policies' culler")
+    ap.add_argument(
+        "--idle-release",
+        type=float,
+        default=2700,
+        help="new: seconds idle before a release (0: off)",
+    )
     ap.add_argument("--retry-min", type=float, default=5, help="today: mean minutes to retry")
     ap.add_argument("--budget", type=float, default=6, help="GPU-hours per user (the window)")
     args = ap.parse_args()
@@ -384,12 +397,14 @@ def main() -> None:
         ("Jain's fairness index", "jain", "{:.3f}"),
         ("idle holders warned", "warned", "{:.0f}"),
         ("idle holders reclaimed", "reclaimed", "{:.0f}"),
+        ("  of them idle release", "released", "{:.0f}"),
         ("stopped by the 2 h idle timeout", "culled_2h", "{:.0f}"),
     ]
     print(f"{'':34}{'today':>10}{'new':>10}")
     for label, key, fmt in rows:
         print(f"{label:34}{fmt.format(t[key]):>10}{fmt.format(n[key]):>10}")
-    print(f"(grace {args.grace / 60:g} min after {args.idle_after / 60:g} min idle; Jain over")
+    print(f"(grace {args.grace / 60:g} min after {args.idle_after / 60:g} min idle while someone")
+    print(f" waits, or after {args.idle_release / 60:g} min idle (idle release); Jain over")
     print(" each user's share of their day spent working rather than waiting for a GPU)")
     print(
         "idle_held_while_someone_waited_ratio="
