@@ -1,6 +1,7 @@
 # gpulab's JupyterHub configuration: wires gpulab's classes and reads the site
 # settings (GPULAB_* environment variables, see docs/configuration.md).
-# Add your own `c.ProjectSpawner.* = ...` lines below; each trait's help says how.
+# Add your own `c.ProjectSpawner.* = ...` lines below, or in files of
+# $GPULAB_HOME/jupyterhub_config.d/*.py (kept across updates); each trait's help says how.
 import os
 from pathlib import Path
 
@@ -10,11 +11,18 @@ from gpulab_hub.secrets import crypt
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 # The hub folder is private: umask 077 for what the hub makes, older files fixed.
-hub_dir = settings.paths(settings.site(os.environ)["GPULAB_HOME"])["hub"]
+home = settings.site(os.environ)["GPULAB_HOME"]
+hub_dir = settings.paths(home)["hub"]
 hubfiles.start_private(hub_dir)
 # The key that encrypts users' secrets, made once unless JUPYTERHUB_CRYPT_KEY is set.
 crypt.ensure_key(hub_dir)
 images = Path(__file__).resolve().parent / "images"
 settings.apply(c, settings.with_hub_ip(os.environ), images_dir=images)
+# The site's own configuration files, in name order (hubfiles.config_d_files).
+site_files, ignored = hubfiles.config_d_files(home)
+for why in ignored:
+    print(f"gpulab: {why}", flush=True)
+for path in site_files:
+    load_subconfig(str(path))  # noqa: F821 (provided by JupyterHub)
 # gpulab's GPU figures on /hub/metrics, beside JupyterHub's (gpus/metrics.py).
 metrics.register(metrics.Sources.of_config(c))

@@ -54,3 +54,33 @@ def start_private(hub_dir: str | Path) -> None:
     Path(hub_dir).mkdir(parents=True, exist_ok=True)
     os.umask(UMASK)
     protect(hub_dir)
+
+
+CONFIG_D = "jupyterhub_config.d"  # the admin's own configuration files, in GPULAB_HOME
+
+
+def config_d_files(home: str | Path) -> tuple[list[Path], list[str]]:
+    """The admin's ``$GPULAB_HOME/jupyterhub_config.d/*.py``, in name order, that the hub
+    may run: regular files (never a link) owned by the hub's user, in a folder of the hub's
+    user, neither writable by group or others. -> (files, sentences on what was skipped).
+    Like The Littlest JupyterHub's ``jupyterhub_config.d``: a site's lines survive updates
+    of gpulab's own ``jupyterhub_config.py``."""
+    folder = Path(home) / CONFIG_D
+    skipped: list[str] = []
+    try:
+        st = os.lstat(folder)
+    except FileNotFoundError:
+        return [], []
+    me, loose = os.geteuid(), stat.S_IWGRP | stat.S_IWOTH
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != me or st.st_mode & loose:
+        return [], [f"{folder} is not a folder of the hub's user that only it may change: ignored"]
+    files: list[Path] = []
+    for path in sorted(folder.iterdir()):
+        if path.suffix != ".py":
+            continue
+        fst = os.lstat(path)
+        if not stat.S_ISREG(fst.st_mode) or fst.st_uid != me or fst.st_mode & loose:
+            skipped.append(f"{path} is a link, someone else's, or writable by others: ignored")
+            continue
+        files.append(path)
+    return files, skipped
