@@ -29,7 +29,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
 from gpulab_hub import gpus
-from gpulab_hub.gpus import allocator, queue, usage
+from gpulab_hub.gpus import allocator, queue, usage, utilmeter
 
 LOG = logging.getLogger("gpulab_hub.metrics")
 WEEK = 7 * 24 * 3600.0
@@ -109,7 +109,11 @@ class GpuCollector(Collector):
 
     def refresh(self) -> None:
         try:
-            snap = read(self.sources(), self.clock())
+            src, now = self.sources(), self.clock()
+            snap = read(src, now)
+            held = allocator.AllocationStore(src.allocations_file).holdings()
+            if held:  # average utilisation of each holding, for the usage ledger
+                utilmeter.METER.sample(held, utilmeter.utilisation(), now)
         except (OSError, allocator.AllocationError, queue.QueueError, usage.UsageError) as e:
             LOG.warning("gpulab's GPU figures not read: %s", e)
             return

@@ -15,7 +15,7 @@ import docker.errors
 from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
 from gpulab_hub import gpus
-from gpulab_hub.gpus import allocator, usage
+from gpulab_hub.gpus import allocator, usage, utilmeter
 from gpulab_hub.projects import objects
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
@@ -423,7 +423,10 @@ def record_usage(s: GpuSettings, owner: str, project: str, held: allocator.Held)
     try:
         names = {d.uuid: allocator.label(d) for d in cached_inventory().devices}
         records = [
-            usage.Record(owner, project, u, _label(names.get(u, "")), min(h.since, now), now, None)
+            usage.Record(
+                owner, project, u, _label(names.get(u, "")), min(h.since, now), now,
+                utilmeter.METER.take(owner, project, u),
+            )  # fmt: skip
             for u, hs in held.items()
             for h in hs
             if h.key == (owner, project)
