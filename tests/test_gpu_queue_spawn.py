@@ -206,3 +206,35 @@ async def test_the_home_page_knows_which_projects_wait_for_a_gpu(host, monkeypat
         await task
     found = await asyncio.to_thread(facts.projects, where, "bob", ["queued"])
     assert not found["queued"].gpu_waiting
+
+
+async def test_the_waiting_words_say_how_long_an_idle_holder_has_been_idle(host):
+    """The spawn page names a holder idle past gpu_reclaim_idle by its minutes, from the
+    last activity its server reported to the hub (the hub's own database)."""
+    from datetime import UTC, datetime, timedelta
+
+    from jupyterhub import orm
+
+    db = orm.new_session_factory("sqlite:///:memory:")()
+    now = datetime.now(UTC).replace(tzinfo=None)
+    for name, project, idle in (("alice", "train", 35), ("bob", "sweep", 2)):
+        user = orm.User(name=name)
+        db.add(user)
+        db.commit()
+        sp = orm.Spawner(user=user, name=project, server=orm.Server())
+        sp.last_activity = now - timedelta(minutes=idle)
+        db.add(sp)
+    db.commit()
+    await spawner(host, "alice", "train")._reserve_gpus({"gpus": 1})
+    await spawner(host, "bob", "sweep")._reserve_gpus({"gpus": 1})
+    carol = spawner(host, "carol", "fit")
+    carol.user = SimpleNamespace(name="carol", groups=[], db=db)
+    task = asyncio.create_task(carol._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU") for m in said(carol)))
+    assert said(carol)[-1] == (
+        "waiting for a GPU: next in line; GPU 0 is held by alice/train (idle 35 min); "
+        "GPU 1 is held by bob/sweep (in use)"
+    )
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

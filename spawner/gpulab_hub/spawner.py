@@ -13,6 +13,7 @@ import asyncio
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import docker.errors
@@ -483,10 +484,29 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
                 raise
             devices, self._gpus = await waiting.wait(
                 self, self._docker, self.prefix, request, self._run, self._emit,
-                self._budget_members(),
+                self._budget_members(), self._idle_holders,
             )  # fmt: skip
         for d in devices:
             self._emit(75, f"Reserved GPU {d.index} ({d.name}, {d.uuid})")
+
+    def _idle_holders(self) -> dict[tuple[str, str], float]:
+        """Minutes since each running project last reported activity to the hub, for
+        those idle at least ``gpu_reclaim_idle`` (the spawn page's "idle 35 min")."""
+        from jupyterhub import orm
+
+        db = getattr(self.user, "db", None)
+        if db is None:
+            return {}
+        now = datetime.now(UTC).replace(tzinfo=None)  # the hub keeps naive UTC
+        out = {}
+        running = db.query(orm.Spawner).filter(orm.Spawner.server_id.isnot(None)).all()
+        for sp in running:
+            if sp.last_activity is None or sp.user is None:
+                continue
+            idle_s = (now - sp.last_activity).total_seconds()
+            if idle_s >= self.gpu_reclaim_idle:
+                out[(sp.user.name, sp.name)] = idle_s / 60
+        return out
 
     def _budget_members(self) -> dict[str, list[str]]:
         """The users of each group the GPU budgets name (from the hub's database)."""

@@ -100,8 +100,16 @@ def serve(s, docker_call, prefix: str, members: Mapping[str, list[str]]) -> list
         return q.grant(allocations, inv.devices, gpu_spawner.policy_of(s), hours, over)
 
 
-def look(s, docker_call, prefix: str, request: allocator.Request, members) -> Look:
-    """Blocking: serve the queue, then what became of ``request``'s entry."""
+def look(
+    s,
+    docker_call,
+    prefix: str,
+    request: allocator.Request,
+    members,
+    idle_min: Mapping[tuple[str, str], float] | None = None,
+) -> Look:
+    """Blocking: serve the queue, then what became of ``request``'s entry.
+    ``idle_min``: minutes each idle holder's server has reported no activity."""
     serve(s, docker_call, prefix, members)
     key = (request.owner, request.project)
     inv = gpu_spawner.cached_inventory()
@@ -123,7 +131,7 @@ def look(s, docker_call, prefix: str, request: allocator.Request, members) -> Lo
         busy = ()  # it would fit: others are ahead of it
     except allocator.AllocationError as e:
         busy = e.busy
-    return Look(words=queue.waiting_words(place, queue.blockers(busy, {})))
+    return Look(words=queue.waiting_words(place, queue.blockers(busy, idle_min or {})))
 
 
 def enqueue(s, docker_call, prefix: str, request: allocator.Request) -> None:
@@ -162,12 +170,15 @@ async def wait(
     run: Callable[..., Awaitable],
     emit: Callable[[int, str], None],
     members: Mapping[str, list[str]] | None = None,
+    idle_of: Callable[[], Mapping[tuple[str, str], float]] | None = None,
 ) -> tuple[list[gpus.Device], object]:
     """Wait in the queue until ``request`` is granted -> (devices, GpuAssignment).
 
     ``run(fn, *args)`` runs a blocking call off the event loop; ``emit(progress,
-    message)`` tells the spawn page. Raises AllocationError when the wait is given
-    up (``gpu_queue_max_wait``) or its entry leaves the queue without a GPU.
+    message)`` tells the spawn page; ``idle_of()`` (on the event loop: the hub's
+    database) the idle minutes of holders, for the words. Raises AllocationError
+    when the wait is given up (``gpu_queue_max_wait``) or its entry leaves the queue
+    without a GPU.
     """
     members = dict(members or {})
     key = (request.owner, request.project)
@@ -177,7 +188,8 @@ async def wait(
     done = False
     try:
         while True:
-            seen = await run(look, s, docker_call, prefix, request, members)
+            idle = idle_of() if idle_of else {}
+            seen = await run(look, s, docker_call, prefix, request, members, idle)
             if seen.devices is not None:
                 emit(74, "A GPU is free: starting")
                 assignment = await run(gpu_spawner.assign, s, docker_call, key, seen.devices)
