@@ -147,3 +147,38 @@ def test_hours_in_a_window_never_exceed_the_window_nor_the_holding(spans, window
         mine = [length for o, _, length in spans if o == who]
         n = len(mine)
         assert 0 <= got.get(who, 0.0) <= min(sum(mine), n * window) + 1e-6
+
+
+def test_a_holding_found_dead_is_recorded_once_when_dropped(tmp_path, monkeypatch):
+    """A project whose container vanished (a crash, an admin's docker rm) loses its GPUs
+    when the queue or a start finds it dead: its holding still reaches the ledger, once."""
+    from faults_kit import inventory
+
+    from gpulab_hub.gpus import allocator
+    from gpulab_hub.gpus import spawner as gpu_spawner
+
+    monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(2))
+    s = gpu_spawner.GpuSettings(allocations_file=str(tmp_path / "gpu-allocations.json"))
+    store = gpu_spawner.store_of(s)
+    devices, policy = inventory(2).devices, gpu_spawner.policy_of(s)
+    store.allocate(devices, allocator.Request("alice", "train", 1), policy)
+    store.allocate(devices, allocator.Request("bob", "sweep", 1), policy)
+    ledger = UsageLedger(tmp_path / "gpu-usage.jsonl")
+    # a start that would not fit even without the dead: refused, nothing dropped or recorded
+    with pytest.raises(allocator.AllocationError):
+        store.allocate(
+            devices, allocator.Request("carol", "fit", 3), policy, alive=lambda o, p: o != "bob"
+        )
+    assert list(ledger.records()) == []
+    # carol's start finds bob dead: bob's holding ends, recorded
+    store.allocate(
+        devices, allocator.Request("carol", "fit", 1), policy, alive=lambda o, p: o != "bob"
+    )
+    assert [(r.owner, r.project) for r in ledger.records()] == [("bob", "sweep")]
+    # the queue's sweep finds alice dead
+    assert store.release_dead(lambda o, p: o != "alice") == [("alice", "train")]
+    assert store.release_dead(lambda o, p: o != "alice") == []
+    assert [(r.owner, r.project) for r in ledger.records()] == [
+        ("bob", "sweep"),
+        ("alice", "train"),
+    ]

@@ -191,6 +191,8 @@ class AllocationStore(jsonfile.LockedRecord):
     ``rebuild`` (the spawner's: the project containers that exist, and the spawns
     under way) is what a damaged or missing record is rebuilt from; without it, a
     damaged record is refused with a message saying how it gets repaired.
+    ``on_dead(held, dead)`` is told of the holdings dropped because their projects
+    were found dead (the usage ledger records them), under the lock.
     """
 
     section = "holdings"
@@ -204,10 +206,12 @@ class AllocationStore(jsonfile.LockedRecord):
         clock: Callable[[], float] = time.time,
         rebuild: Callable[[], Held] | None = None,
         log=None,
+        on_dead: Callable[[Held, list[tuple[str, str]]], None] | None = None,
     ):
         super().__init__(path, log)
         self._clock = clock
         self._rebuild = rebuild
+        self._on_dead = on_dead
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def _parse(self, section) -> Held:
@@ -272,9 +276,10 @@ class AllocationStore(jsonfile.LockedRecord):
         with self.locked():
             before = held = self._read()
             now = self._clock()
+            dead: list[tuple[str, str]] = []
             if alive is not None:
                 fresh = {h.key for hs in held.values() for h in hs if now - h.reserved < grace}
-                held, _ = _drop_dead(held, lambda o, p: (o, p) in fresh or alive(o, p), keep=me)
+                held, dead = _drop_dead(held, lambda o, p: (o, p) in fresh or alive(o, p), keep=me)
             chosen = choose(devices, held, request, policy)
             keep = {d.uuid for d in chosen}
             after = {
@@ -287,6 +292,7 @@ class AllocationStore(jsonfile.LockedRecord):
             after = _keep(after, bool)
             if self._dump(after) != self._dump(before) or not self.path.exists():
                 self._write(after)
+            self._tell_dead(before, dead)  # once written: a refusal writes nothing
             return chosen
 
     def release(self, owner: str, project: str) -> list[str]:
@@ -305,7 +311,12 @@ class AllocationStore(jsonfile.LockedRecord):
             after, dead = _drop_dead(held, alive)
             if dead:
                 self._write(after)
+                self._tell_dead(held, dead)
             return dead
+
+    def _tell_dead(self, held: Held, dead: list[tuple[str, str]]) -> None:
+        if dead and self._on_dead is not None:
+            self._on_dead(held, dead)
 
 
 def _uuids(held: Held, key: tuple[str, str]) -> list[str]:

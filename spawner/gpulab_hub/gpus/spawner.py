@@ -314,8 +314,17 @@ def held_in_docker(docker_call, prefix: str) -> allocator.Held:
 def store_of(s: GpuSettings, docker_call=None, prefix: str = "") -> allocator.AllocationStore:
     """The allocation record; with ``docker_call``, rebuilt from Docker if damaged or lost."""
     rebuild = (lambda: held_in_docker(docker_call, prefix)) if docker_call else None
+
+    def ended(held: allocator.Held, dead: list[tuple[str, str]]) -> None:
+        for key in dead:  # their containers are gone: the holding ended now
+            record_usage(s, *key, held)
+
     return allocator.AllocationStore(
-        Path(s.allocations_file), clock=lambda: clock(), rebuild=rebuild, log=_log(s)
+        Path(s.allocations_file),
+        clock=lambda: clock(),
+        rebuild=rebuild,
+        log=_log(s),
+        on_dead=ended,
     )
 
 
@@ -424,7 +433,12 @@ def record_usage(s: GpuSettings, owner: str, project: str, held: allocator.Held)
         names = {d.uuid: allocator.label(d) for d in cached_inventory().devices}
         records = [
             usage.Record(
-                owner, project, u, _label(names.get(u, "")), min(h.since, now), now,
+                owner,
+                project,
+                u,
+                _label(names.get(u, "")),
+                min(h.since, now),
+                now,
                 utilmeter.METER.take(owner, project, u),
             )  # fmt: skip
             for u, hs in held.items()
