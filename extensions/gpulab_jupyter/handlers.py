@@ -5,13 +5,17 @@ Every handler is ``@tornado.web.authenticated`` and asks the server's authorizer
 "read" needs the ``custom:gpulab:read`` scope on this project, so only the
 owner and the people it is shared with get answers (kernel ids and notebook
 paths included). The GPU routes only read what the sampler thread left; the JSON
-is documented in docs/gpu-status-api.md.
+is documented in docs/gpu-status-api.md. The GPU status also says whether the hub
+warned this project that it stops unless used (``reclaim``, asked of the hub with the
+server's own token at most every ``RECLAIM_EVERY_S``).
 """
 
 import asyncio
 import json
 import os
 import re
+import time
+from urllib.parse import quote
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
@@ -96,14 +100,96 @@ class _SamplerHandler(_GPULabHandler):
         self.finish(body if isinstance(body, bytes) else json.dumps(body))
 
 
+RECLAIM_EVERY_S = 30.0  # the hub is asked at most this often
+RECLAIM_TIMEOUT_S = 5.0
+RECLAIM_WORDS_MAX = 300
+
+
+def reclaim_of(answer) -> dict | None:
+    """The hub's reclaim answer (gpulab_hub/gpus/reclaimapi.py) as the status gives it:
+    ``{"reason", "stops_at", "words"}`` while warned, else None (anything unexpected
+    reads as not warned)."""
+    if not isinstance(answer, dict) or answer.get("warned") is not True:
+        return None
+    stops_at, words = answer.get("stops_at"), answer.get("words")
+    reason = answer.get("reason")
+    if not isinstance(stops_at, int | float) or isinstance(stops_at, bool):
+        return None
+    if not isinstance(words, str) or not words or reason not in ("waiting", "idle"):
+        return None
+    return {
+        "reason": reason,
+        "stops_at": float(stops_at),
+        "words": " ".join(words.split())[:RECLAIM_WORDS_MAX],
+    }
+
+
+class ReclaimWatch:
+    """The hub's reclaim answer for this server's own project, asked at most every
+    RECLAIM_EVERY_S (one request at a time, whoever polls); None outside a hub."""
+
+    def __init__(self, environ=None):
+        env = os.environ if environ is None else environ
+        self.api = env.get("JUPYTERHUB_API_URL", "").rstrip("/")
+        self.token = env.get("JUPYTERHUB_API_TOKEN", "")
+        owner, project = env.get("JUPYTERHUB_USER", ""), env.get("JUPYTERHUB_SERVER_NAME", "")
+        self.url = (
+            f"{self.api}/gpulab/reclaim/{quote(owner, safe='')}/{quote(project, safe='')}"
+            if self.api and self.token and owner and project
+            else ""
+        )
+        self.value: dict | None = None
+        self.asked = float("-inf")
+        self._pending: asyncio.Future | None = None
+
+    async def get(self) -> dict | None:
+        if not self.url:
+            return None
+        if self._pending is None and time.monotonic() - self.asked >= RECLAIM_EVERY_S:
+            self.asked = time.monotonic()
+            self._pending = asyncio.ensure_future(self._ask())
+        pending = self._pending
+        if pending is not None:
+            value = await asyncio.shield(pending)  # a poll that goes away leaves it running
+            if self._pending is pending:
+                self._pending = None
+                self.value = value
+        return self.value
+
+    async def _ask(self) -> dict | None:
+        from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+        try:
+            r = await AsyncHTTPClient().fetch(
+                self.url,
+                headers={"Authorization": f"token {self.token}"},
+                request_timeout=RECLAIM_TIMEOUT_S,
+                connect_timeout=RECLAIM_TIMEOUT_S,
+                follow_redirects=False,
+                raise_error=False,
+            )
+        except (OSError, HTTPClientError):
+            return self.value  # the hub did not answer: what it said last stands
+        if r.code != 200 or len(r.body or b"") > 4096:
+            return None if r.code == 404 else self.value
+        try:
+            return reclaim_of(json.loads(r.body))
+        except ValueError:
+            return None
+
+
 class GPUStatusHandler(_SamplerHandler):
-    """Now: every GPU of this container, or why there is none. ``?interval=`` asks for a pace."""
+    """Now: every GPU of this container, or why there is none, and the hub's reclaim
+    warning (``reclaim``). ``?interval=`` asks for a pace."""
 
     @tornado.web.authenticated
     @authorized
-    def get(self):
+    async def get(self):
         self.sampler.request_interval(self.float_argument("interval"))
-        self.write_json(self.sampler.status_body())
+        watch = self.settings.setdefault("gpulab_reclaim_watch", ReclaimWatch())
+        body = json.loads(self.sampler.status_body())
+        body["reclaim"] = await watch.get()
+        self.write_json(body)
 
 
 class GPUHistoryHandler(_SamplerHandler):
@@ -151,9 +237,7 @@ class GPUProcessesHandler(_SamplerHandler):
             return {}
         from gpulab_jupyter.jobs.local import running_supervisors
 
-        return await asyncio.get_running_loop().run_in_executor(
-            None, running_supervisors, engine
-        )
+        return await asyncio.get_running_loop().run_in_executor(None, running_supervisors, engine)
 
     async def kernels(self) -> tuple[dict, dict]:
         """This server's kernels by id (with their notebooks), and their PIDs."""

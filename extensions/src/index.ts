@@ -24,6 +24,7 @@ import { GpuPanel } from './panel';
 import sharing from './share';
 import { GpuStatusItem } from './statusbar';
 import jobs from './jobsplugin';
+import reclaimWarning from './reclaimwarn';
 import { IGpuStatus } from './tokens';
 
 const PLUGIN_ID = 'gpulab-jupyter:plugin';
@@ -120,4 +121,4 @@ const plugin: JupyterFrontEndPlugin<GpuModel> = {
   }
 };
 
-export default [plugin, sharing, imageState, jobs, accessEnded];
+export default [plugin, sharing, imageState, jobs, accessEnded, reclaimWarning];

@@ -148,6 +148,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # /hub/api/gpulab/cluster/jobs/<owner>/<project> (cluster/jobsapi.py; on one machine
     # it lists none and refuses a submit).
     from gpulab_hub.cluster import jobsapi
+    from gpulab_hub.gpus import reclaimapi
 
     c.JupyterHub.extra_handlers = (
         doctor.hub_handlers()
@@ -157,6 +158,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
         + rename.hub_handlers()
         + buildlog.hub_handlers()
         + jobsapi.hub_handlers()
+        # A project's JupyterLab learns it is warned that it stops unless used (gpus/).
+        + reclaimapi.hub_handlers()
         # GPU usage by user, project and GPU, with a CSV export, for admins (usagepage/).
         + usagepage.hub_handlers()
     )

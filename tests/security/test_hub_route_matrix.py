@@ -341,6 +341,12 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         f"/hub/api/gpulab/cluster/jobs/{U}/{P}/{JOB}/stop",
         {"post": "403 404 403 404 . ."},
     ),
+    # Whether a project is warned that it stops unless used (gpus/reclaimapi.py): the
+    # project server's own token, its owner and collaborators; others (viewers too) 404.
+    "/hub/api/gpulab/reclaim/([^/]+)/([^/]+)": (
+        f"/hub/api/gpulab/reclaim/{U}/{P}",
+        {"get": "403 404 404 200 200 404"},
+    ),
     "/hub/logo": ("/hub/logo", {"get": "200 200 200 200 200 200"}),
     "/hub/api/(.*)": ("/hub/api/nothing", {}),
     # /user/<owner> (no default server behind it): the hub adds the slash
@@ -459,6 +465,31 @@ def test_a_project_servers_own_token_reaches_its_own_projects_jobs_only(people, 
     for elsewhere in (f"{U}/{RENAMED}", f"{VIEWER}/{P}", f"{U}/nothing"):
         assert ask("GET", elsewhere)[0] == 404, elsewhere
         assert ask("POST", elsewhere, {})[0] == 404, elsewhere
+
+
+def test_a_project_servers_own_token_reads_its_own_projects_reclaim_warning_only(
+    people, docker_engine
+):
+    """The same token asks whether its project is warned (gpus/reclaimapi.py): its own
+    project answers, no other project of the owner or of anyone else is there for it."""
+    (box,) = docker_engine.call(
+        "containers", filters={"label": [f"gpulab.owner={OWNER}", f"gpulab.project={P}"]}
+    )
+    env = docker_engine.call("inspect_container", box["Id"])["Config"]["Env"]
+    token = next(e.split("=", 1)[1] for e in env if e.startswith("JUPYTERHUB_API_TOKEN="))
+
+    def ask(path: str) -> tuple[int, dict]:
+        r = requests.get(
+            f"{people.base}/hub/api/gpulab/reclaim/{path}",
+            headers={"Authorization": f"token {token}"}, timeout=20,
+        )  # fmt: skip
+        return r.status_code, r.json()
+
+    assert ask(f"{U}/{P}") == (
+        200, {"warned": False, "reason": "", "stops_at": None, "words": ""}
+    )  # fmt: skip
+    for elsewhere in (f"{U}/{RENAMED}", f"{VIEWER}/{P}", f"{U}/nothing"):
+        assert ask(elsewhere)[0] == 404, elsewhere
 
 
 # --- gpulab's changes, made by the roles that may (run last: they change shares) -----
