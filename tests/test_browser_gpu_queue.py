@@ -7,7 +7,8 @@ and bob/sweep hold the two (their holdings in the hub's allocation record, their
 project containers alive). carol starts "fit", which asks for one GPU:
 
 1. her spawn page says she waits for a GPU, that she is next in line, and who holds
-   the GPUs; her home page row says "waiting for a GPU" and offers Cancel;
+   the GPUs; her home page row says "waiting for a GPU", where she stands and who
+   holds them, and offers Cancel;
 2. one click on the spawn page's "Stop starting" takes her out of the queue and ends
    the start: the page says "Project fit is not running" and offers Start; the queue
    record is empty after.
@@ -129,6 +130,8 @@ def test_a_start_waits_for_a_gpu_says_who_holds_them_and_one_click_cancels(queue
         home.goto(f"{hub.url}/hub/home")
         row = home.locator(f'[data-project="{PROJECT}"]').first
         expect(row.locator(".gpu-waiting")).to_have_text("waiting for a GPU")
+        where = row.locator(".gpu-waiting-where")
+        expect(where).to_contain_text("next in line; GPU 0 is held by alice/train")
         expect(row.get_by_role("button", name="Cancel")).to_be_visible()
         home.screenshot(path=SHOTS / "gpu-queue-home.png", full_page=True)
         home.close()

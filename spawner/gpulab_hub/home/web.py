@@ -38,6 +38,21 @@ class Row:
     failure: str  # why the last start failed ("" unless state is "failed")
     url: str
     facts: facts.Facts
+    waiting: str = ""  # where its start stands in the GPU queue ("2 ahead; GPU 1 is ...")
+
+
+WAITING = "waiting for a GPU: "
+
+
+def _waiting(spawner) -> str:
+    """The spawn page's latest GPU-queue words of a pending start, without their head."""
+    if not getattr(spawner, "pending", None):
+        return ""
+    for event in reversed(getattr(spawner, "_progress_events", None) or []):
+        message = str(event.get("message", ""))
+        if message.startswith(WAITING):
+            return message[len(WAITING) :][:400]
+    return ""
 
 
 def _failure(spawner) -> str:
@@ -67,6 +82,7 @@ class HomeHandler(BaseHandler):
                     failure=_failure(spawner) if state == "failed" else "",
                     url=user.server_url(name),
                     facts=found[name],
+                    waiting=_waiting(spawner) if found[name].gpu_waiting else "",
                 )
             )
         return rows
