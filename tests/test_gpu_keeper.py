@@ -221,6 +221,14 @@ def test_the_home_page_row_of_a_warned_project_says_when_it_stops(tmp_path):
         "someone is waiting for this GPU: this project stops at 15:16 UTC unless you use it"
     )
     assert found["other"].reclaim_words == ""
+    # an idle release (nobody waits) says so, not that someone waits
+    record.replace(
+        {("dana", "idle"): Warning("dana", "idle", NOW, stops, reclaim.IDLE, NOW - 45 * MIN)}
+    )
+    found = facts.projects(w, "dana", ["idle"])
+    assert found["idle"].reclaim_words == (
+        "this project has been idle: this project stops at 15:16 UTC unless you use it"
+    )
 
 
 def test_with_nobody_waiting_and_nobody_warned_the_hub_is_not_asked(tmp_path):

@@ -94,13 +94,18 @@ class ReclaimRecord(jsonfile.LockedRecord):
                 self._write(dict(warnings))
 
 
-def stops_of(allocations_file: str | Path, owner: str) -> dict[str, float]:
-    """project -> when it stops unless used, of ``owner``'s warned projects (blocking;
-    none where no record exists)."""
+def warnings_of(allocations_file: str | Path, owner: str) -> dict[str, Warning]:
+    """project -> its standing warning, of ``owner``'s warned projects (blocking; none
+    where no record exists)."""
     path = path_of(allocations_file)
     if not path.exists():
         return {}
-    return {p: w.stops_at for (o, p), w in ReclaimRecord(path).warnings().items() if o == owner}
+    return {p: w for (o, p), w in ReclaimRecord(path).warnings().items() if o == owner}
+
+
+def stops_of(allocations_file: str | Path, owner: str) -> dict[str, float]:
+    """project -> when it stops unless used, of ``owner``'s warned projects (blocking)."""
+    return {p: w.stops_at for p, w in warnings_of(allocations_file, owner).items()}
 
 
 def warning_of(allocations_file: str | Path, owner: str, project: str) -> Warning | None:

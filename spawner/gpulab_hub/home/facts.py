@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from gpulab_hub import gpus, hubsettings, jsonfile
-from gpulab_hub.gpus import allocator, queue, reclaimrecord, usage
+from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, safefs
 from gpulab_jupyter.jobs.model import JOB_ID
@@ -47,6 +47,7 @@ class Facts:
     jobs_running: int = 0  # jobs started and not ended (meaningful while the project runs)
     gpu_waiting: bool = False  # its start waits in the GPU queue
     gpu_stops_at: float | None = None  # warned: stops then unless used (someone waits)
+    gpu_idle_release: bool = False  # warned for being idle long, nobody waiting
 
     @property
     def reclaim_words(self) -> str:
@@ -54,7 +55,12 @@ class Facts:
         if self.gpu_stops_at is None:
             return ""
         at = time.strftime("%H:%M UTC", time.gmtime(self.gpu_stops_at))
-        return f"someone is waiting for this GPU: this project stops at {at} unless you use it"
+        why = (
+            "this project has been idle"
+            if self.gpu_idle_release
+            else "someone is waiting for this GPU"
+        )
+        return f"{why}: this project stops at {at} unless you use it"
 
 
 def _device_names() -> dict[str, str]:
@@ -94,10 +100,10 @@ def _waiting(where: hubsettings.HubSettings, owner: str) -> set[str]:
     return {e.project for e in entries if e.owner == owner}
 
 
-def _stops(where: hubsettings.HubSettings, owner: str) -> dict[str, float]:
-    """``owner``'s projects warned that they stop unless used, and when."""
+def _stops(where: hubsettings.HubSettings, owner: str) -> dict[str, reclaimrecord.Warning]:
+    """``owner``'s projects warned that they stop unless used: when, and why."""
     try:
-        return reclaimrecord.stops_of(where.allocations_file, owner)
+        return reclaimrecord.warnings_of(where.allocations_file, owner)
     except (jsonfile.RecordError, OSError) as e:
         LOG.warning("gpulab: the home page cannot read the GPU reclaim record: %s", e)
         return {}
@@ -170,7 +176,8 @@ def projects(
             if name in running
             else 0,
             gpu_waiting=name in waiting,
-            gpu_stops_at=stops.get(name),
+            gpu_stops_at=stops[name].stops_at if name in stops else None,
+            gpu_idle_release=name in stops and stops[name].reason == reclaim.IDLE,
         )
         for name in names
     }
