@@ -74,3 +74,22 @@ def test_no_gpu_host_refuses_gpu_requests_and_runs_cpu_projects(tmp_path):
     with pytest.raises(allocator.AllocationError, match="asks for 1 GPU.*no NVIDIA driver"):
         gpu_spawner.reserve(s, None, "gpulab", allocator.Request("alice", "p", 1))
     assert allocator.AllocationStore(tmp_path / "alloc.json").holdings() == {}
+
+
+def test_admin_view_lists_the_waiting_starts_in_serving_order():
+    from gpulab_hub.gpus import allocator
+    from gpulab_hub.gpus.queue import Entry
+
+    now = 10_000.0
+    ranked = [
+        Entry(allocator.Request("carol", "fit", 1), now - 600),
+        Entry(allocator.Request("dave", "eval", 2, gpu_type="h100"), now - 60),
+    ]
+    lines = cli_gpus.waiting_lines(ranked, {"carol": 1.5, "dave": 30.0}, frozenset({"dave"}), now)
+    assert lines == [
+        "Waiting for a GPU, in the order they will be served:",
+        "  1. carol/fit: 1 GPU(s), waiting 10 min (1.5 GPU-h in the window)",
+        "  2. dave/eval: 2 GPU(s) of type h100, waiting 1 min (30.0 GPU-h in the window, "
+        "over budget)",
+    ]
+    assert cli_gpus.waiting_lines([], {}, frozenset(), now) == ["Nobody waits for a GPU."]
