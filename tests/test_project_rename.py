@@ -13,6 +13,7 @@ from jupyterhub import orm
 from security.people import execute, log_in_admin, make_user, page_post, share_by_link
 
 from gpulab_hub import hubsettings
+from gpulab_hub.cluster import jobs as cluster_jobs
 from gpulab_hub.secrets.store import SecretStore, Selection
 
 # Tests through the hub are marked docker; the record tests at the end need no hub.
@@ -238,6 +239,11 @@ def records_hub(tmp_path):
     secrets.choose("one", ["HF_TOKEN"], collaborators=True)
     groupshares.GroupShareRoles(hub_dir / groupshares.FILE_NAME).sync_project(db, spawner)
     db.commit()
+    jobs = {"417": {"owner": "alice", "project": "one", "job": "20261126-120000-abcd"}}
+    jobs["418"] = {"owner": "bob", "project": "one", "job": "20261126-120001-abcd"}
+    for entry in jobs.values():
+        entry["addresses"] = ["10.99.0.2"]
+    cluster_jobs.record_of(hub_dir)._write(jobs)  # a multi-node job of alice/one, bob's own
     return db, spawner, where, token, logging.getLogger("rename-test")
 
 
@@ -267,6 +273,11 @@ def snapshot(db, where, name: str) -> dict:
         "secrets": SecretStore(where.hub_dir / hubsettings.SECRETS, "alice").selections().get(name),
         "roles": sorted(s["name"] for s in roles_file.role_specs() if here in s["description"]),
         "hub_roles": sorted(r.name for r in db.query(orm.Role) if any(here in x for x in r.scopes)),
+        "jobs": sorted(
+            e["job"]
+            for e in cluster_jobs.record_of(where.hub_dir)._read().values()
+            if (e["owner"], e["project"]) == ("alice", name)
+        ),
     }
 
 
@@ -291,8 +302,15 @@ def test_every_record_moves_to_the_new_name(tmp_path):
     assert old == {
         "server": None, "files": [], "state": [], "data": [],
         "settings": type(before["settings"])(),
-        "links": [], "secrets": None, "roles": [], "hub_roles": [],
+        "links": [], "secrets": None, "roles": [], "hub_roles": [], "jobs": [],
     }  # fmt: skip
+    assert (
+        after["jobs"] == before["jobs"] == ["20261126-120000-abcd"] and "multi-node jobs" in moved
+    )
+    bobs = [
+        e for e in cluster_jobs.record_of(where.hub_dir)._read().values() if e["owner"] == "bob"
+    ]
+    assert [(e["project"], e["job"]) for e in bobs] == [("one", "20261126-120001-abcd")]
     # A display name of the owner's stays.
     spawner.display_name = "My lab"
     rename.move(db, spawner, where, "three", None, log)

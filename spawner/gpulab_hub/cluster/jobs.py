@@ -89,6 +89,40 @@ class JobsRecord(jsonfile.LockedRecord):
         return section
 
 
+    def move_project(self, owner: str, old: str, new: str) -> bool:
+        """The jobs of ``owner``'s project ``old`` as ``new``'s (a rename); any moved?
+        Jobs recorded under ``new`` (there should be none) are forgotten first."""
+        if not self.path.exists():
+            return False
+        with self.locked():
+            jobs = self._read()
+            kept = {k: e for k, e in jobs.items() if (e["owner"], e["project"]) != (owner, new)}
+            moved = False
+            for entry in kept.values():
+                if (entry["owner"], entry["project"]) == (owner, old):
+                    entry["project"] = new
+                    moved = True
+            if moved or len(kept) != len(jobs):
+                self._write(kept)
+            return moved
+
+    def forget(self, owner: str, project: str | None = None) -> int:
+        """Forget the jobs of ``owner``'s project (every project: None); how many. A job
+        still running runs on; a new project of the same name never sees it."""
+        if not self.path.exists():
+            return 0
+        with self.locked():
+            jobs = self._read()
+            kept = {
+                k: e
+                for k, e in jobs.items()
+                if e["owner"] != owner or (project is not None and e["project"] != project)
+            }
+            if len(kept) != len(jobs):
+                self._write(kept)
+            return len(jobs) - len(kept)
+
+
 def record_of(records_dir: Path) -> JobsRecord:
     return JobsRecord(Path(records_dir) / RECORD)
 

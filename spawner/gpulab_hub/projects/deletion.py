@@ -49,6 +49,7 @@ from traitlets import Bool
 from traitlets.config import Configurable
 
 from gpulab_hub import hubsettings, ssh
+from gpulab_hub.cluster import jobs as cluster_jobs
 from gpulab_hub.gpus import allocator
 from gpulab_hub.projects import objects, project_name, safe_owner
 from gpulab_hub.secrets import store as secret_store
@@ -162,6 +163,8 @@ def _forget_records(place: Place, owner: str, project: str | None) -> None:
         policies.forget(owner, project)
         links.forget(owner, project)
     _forget_secrets(place, owner, project)
+    # A new project of the same name must not inherit these jobs (cluster/jobs.py).
+    cluster_jobs.record_of(place.hub_dir).forget(owner, project)
     store = allocator.AllocationStore(place.allocations_file)
     try:
         store.release_dead(lambda o, p: o != owner or (project is not None and p != project))

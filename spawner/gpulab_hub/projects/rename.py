@@ -51,6 +51,7 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from gpulab_hub import hubsettings, jsonfile
+from gpulab_hub.cluster import jobs as cluster_jobs
 from gpulab_hub.projects import (
     DEFAULT_PROJECT,
     ProjectError,
@@ -337,6 +338,11 @@ def move(db, orm_spawner, where: Where, new: str, display: str | None, log) -> l
         if undo is not None:
             steps.add("choice of secrets", undo)
             moved.append("choice of secrets")
+        step = "moving the multi-node jobs"
+        jobs_record = cluster_jobs.record_of(where.hub_dir)
+        if jobs_record.move_project(owner, old, new):
+            steps.add("multi-node jobs", lambda: jobs_record.move_project(owner, new, old))
+            moved.append("multi-node jobs")
         step = "renaming the server, its shares and share links"
         rename_row(db, orm_spawner, old, new, display)
 
