@@ -77,6 +77,11 @@ def test_defaults_give_a_working_single_machine_hub():
                     "/api/gpulab/cluster/jobs/([^/]+)/([^/]+)/([0-9]{8}-[0-9]{6}-[a-z0-9]{4})/stop",
                     "gpulab_hub.cluster.jobsapi.StopHandler",
                 ),
+                # whether a project is warned that it stops unless used, for its JupyterLab
+                (
+                    "/api/gpulab/reclaim/([^/]+)/([^/]+)",
+                    "gpulab_hub.gpus.reclaimapi.ReclaimHandler",
+                ),
                 # GPU usage by user, project and GPU, and its CSV, for admins
                 ("/gpulab/usage", "gpulab_hub.usagepage.web.UsageHandler", {}),
                 (r"/gpulab/usage\.csv", "gpulab_hub.usagepage.web.UsageCsvHandler", {}),
