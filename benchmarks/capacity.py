@@ -18,8 +18,8 @@ A project's user returning to a project that was reclaimed asks for a GPU again
 (that wait counts too). A warned user is assumed not to react (the worst case for
 the new policy). Idle: held while the user thinks or is away and no job runs.
 
-    .venv/bin/python benchmarks/capacity.py [--users 15 --gpus 4 --seed 7 --grace 600
-                                             --idle-release 2700]
+    .venv/bin/python benchmarks/capacity.py [--users 15 --gpus 4 --seed 7 --grace 300
+                                             --idle-release 1500]
 
 Last lines: ``p95_wait_ratio=<today/new>``, ``idle_held_ratio=<today/new>``,
 ``jobs_reclaimed=<n>`` (holders stopped while a job ran: must be 0).
@@ -39,6 +39,7 @@ from gpulab_hub.gpus import Device
 from gpulab_hub.gpus.allocator import AllocationError, AllocationStore, Policy, Request
 from gpulab_hub.gpus.queue import QueueStore
 from gpulab_hub.gpus.reclaim import Facts, Settings, decide
+from gpulab_hub.gpus.spawner import GpuSettings
 from gpulab_hub.gpus.usage import Budgets, Record, UsageLedger
 
 MIN, HOUR = 60.0, 3600.0
@@ -353,13 +354,25 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=15)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--grace", type=float, default=600, help="seconds from warning to stop")
-    ap.add_argument("--idle-after", type=float, default=600, help="seconds idle before a warning")
+    traits = GpuSettings.class_traits()  # gpulab's defaults, from the settings themselves
+
+    def default(name: str) -> float:
+        return float(traits[name].default_value)
+
+    ap.add_argument(
+        "--grace", type=float, default=default("gpu_reclaim_grace"), help="seconds, warning to stop"
+    )
+    ap.add_argument(
+        "--idle-after",
+        type=float,
+        default=default("gpu_reclaim_idle"),
+        help="seconds idle before a warning while someone waits",
+    )
     ap.add_argument("--idle-timeout", type=float, default=2 * HOUR, help="both policies' culler")
     ap.add_argument(
         "--idle-release",
         type=float,
-        default=2700,
+        default=default("gpu_idle_release"),
         help="new: seconds idle before a release (0: off)",
     )
     ap.add_argument("--retry-min", type=float, default=5, help="today: mean minutes to retry")

@@ -192,9 +192,9 @@ def test_the_service_and_its_role_get_the_settings():
     assert svc["environment"] == {
         "GPULAB_QUEUE_FILE": "/srv/x/hub/gpu-queue.json",
         "GPULAB_ALLOCATIONS_FILE": "/srv/x/hub/gpu-allocations.json",
-        "GPULAB_GPU_RECLAIM_IDLE": "600.0",
+        "GPULAB_GPU_RECLAIM_IDLE": "300.0",
         "GPULAB_GPU_RECLAIM_GRACE": "120.0",
-        "GPULAB_GPU_IDLE_RELEASE": "2700.0",
+        "GPULAB_GPU_IDLE_RELEASE": "1500.0",
         "GPULAB_USAGE_FILE": "/srv/x/hub/gpu-usage.jsonl",
         "GPULAB_GPU_USAGE_WINDOW": "604800.0",
         "GPULAB_GPU_BUDGET_HOURS": "{}",

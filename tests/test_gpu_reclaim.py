@@ -29,9 +29,9 @@ def test_nobody_waiting_nobody_is_warned_and_warnings_are_withdrawn():
 def test_idle_holders_are_warned_then_stopped_after_the_grace_time():
     fresh = idle("ann", 15)
     assert decide([fresh], waiting=1, now=NOW) == Decision(warn=(fresh,))
-    early = idle("ann", 15, warned_min=9)
-    assert decide([early], waiting=1, now=NOW) == Decision()  # warned, grace not over
-    late = idle("ann", 25, warned_min=10)
+    early = idle("ann", 15, warned_min=4)
+    assert decide([early], waiting=1, now=NOW) == Decision()  # warned, grace (5 min) not over
+    late = idle("ann", 25, warned_min=5)
     assert decide([late], waiting=1, now=NOW) == Decision(stop=(late,))
     s = Settings(grace=30 * MIN)
     assert decide([late], waiting=1, now=NOW, settings=s) == Decision()
@@ -48,7 +48,7 @@ def test_a_holder_used_since_its_warning_keeps_its_gpu():
 
 def test_not_idle_long_enough_or_in_use_in_any_way_is_never_chosen():
     spared = [
-        idle("ann", 5),  # idle, but only 5 min
+        idle("ann", 4),  # idle, but only 4 min (5 before a warning)
         idle("bob", 90, running_job=True),
         idle("cat", 90, busy_kernel=True),
         idle("dan", 90, ssh_session=True),

@@ -149,9 +149,9 @@ def test_defaults_give_a_working_single_machine_hub():
                     "environment": {
                         "GPULAB_QUEUE_FILE": "/srv/gpulab/hub/gpu-queue.json",
                         "GPULAB_ALLOCATIONS_FILE": "/srv/gpulab/hub/gpu-allocations.json",
-                        "GPULAB_GPU_RECLAIM_IDLE": "600.0",
-                        "GPULAB_GPU_RECLAIM_GRACE": "600.0",
-                        "GPULAB_GPU_IDLE_RELEASE": "2700.0",
+                        "GPULAB_GPU_RECLAIM_IDLE": "300.0",
+                        "GPULAB_GPU_RECLAIM_GRACE": "300.0",
+                        "GPULAB_GPU_IDLE_RELEASE": "1500.0",
                         "GPULAB_USAGE_FILE": "/srv/gpulab/hub/gpu-usage.jsonl",
                         "GPULAB_GPU_USAGE_WINDOW": "604800.0",
                         "GPULAB_GPU_BUDGET_HOURS": "{}",

@@ -49,11 +49,11 @@ DEFAULTS = {
     "GPULAB_DELETED_FILES": "archive",
     "GPULAB_IDLE_TIMEOUT": "7200",
     # Seconds idle before a GPU holder is warned while starts wait, and from the warning
-    # to its stop ("": ProjectSpawner.gpu_reclaim_idle / gpu_reclaim_grace, 600 each)
+    # to its stop ("": ProjectSpawner.gpu_reclaim_idle / gpu_reclaim_grace, 300 each)
     "GPULAB_GPU_RECLAIM_IDLE": "",
     "GPULAB_GPU_RECLAIM_GRACE": "",
     # Seconds a GPU holder may be idle in every way before it is warned and stopped even
-    # when nobody waits ("": ProjectSpawner.gpu_idle_release, 2700; 0: never)
+    # when nobody waits ("": ProjectSpawner.gpu_idle_release, 1500; 0: never)
     "GPULAB_GPU_IDLE_RELEASE": "",
     # MiB one image build may add to the engine's disk ("": 20 GiB, build_disk_limit)
     "GPULAB_BUILD_DISK_LIMIT_MB": "",

@@ -44,8 +44,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Settings:
-    grace: float = 600.0  # seconds from the warning to the stop (admin-set)
-    idle_after: float = 600.0  # seconds idle before a holder is warned
+    grace: float = 300.0  # seconds from the warning to the stop (admin-set)
+    idle_after: float = 300.0  # seconds idle before a holder is warned
     busy_util: float = 5.0  # percent: at or above, the GPU is in use
     release_after: float = 0.0  # seconds idle before a holder is warned, nobody waiting; 0: off
 

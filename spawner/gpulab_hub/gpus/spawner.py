@@ -164,33 +164,34 @@ class GpuSettings(HasTraits):
     )
 
     gpu_reclaim_idle = Float(
-        600.0,
+        300.0,
         config=True,
         help="""While starts wait in the GPU queue, a project holding GPUs whose server
         reported no activity for this many seconds is warned (its home page row says
         when it stops) and, ``gpu_reclaim_grace`` later without activity, stopped, its
         files kept. A busy kernel, a running job or a busy GPU counts as activity, so
         such a project is never reclaimed. Read by the gpulab-gpu-keeper service
-        (site setting GPULAB_GPU_RECLAIM_IDLE). Default: 600.
+        (site setting GPULAB_GPU_RECLAIM_IDLE). Default: 300 (5 min).
         Example: ``c.ProjectSpawner.gpu_reclaim_idle = 1800``""",
     )
     gpu_reclaim_grace = Float(
-        600.0,
+        300.0,
         config=True,
         help="""Seconds from the reclaim warning to the stop; any activity in between
         withdraws the warning. Read by the gpulab-gpu-keeper service (site setting
-        GPULAB_GPU_RECLAIM_GRACE). Default: 600.
+        GPULAB_GPU_RECLAIM_GRACE). Default: 300 (5 min).
         Example: ``c.ProjectSpawner.gpu_reclaim_grace = 900``""",
     )
     gpu_idle_release = Float(
-        2700.0,
+        1500.0,
         config=True,
         help="""Seconds a project holding GPUs may be idle in every way (no busy kernel,
         no running job, no open SSH session, GPUs unused) before it is warned and,
         ``gpu_reclaim_grace`` later without activity, stopped, its files kept, even
         when nobody waits for a GPU. 0: never (only the idle culler stops it). Read by
         the gpulab-gpu-keeper service (site setting GPULAB_GPU_IDLE_RELEASE).
-        Default: 2700 (45 min). Example: ``c.ProjectSpawner.gpu_idle_release = 3600``""",
+        Default: 1500 (25 min; benchmarks/capacity.py shows what each setting
+        buys). Example: ``c.ProjectSpawner.gpu_idle_release = 3600``""",
     )
 
 
