@@ -1,6 +1,6 @@
 # gpulab's JupyterHub configuration: wires gpulab's classes and reads the site
 # settings (GPULAB_* environment variables, see docs/configuration.md).
-# Add your own `c.ProjectSpawner.* = ...` lines below, or in files of
+# Add your own `c.ProjectSpawner.* = ...` lines where this file says so, or in files of
 # $GPULAB_HOME/jupyterhub_config.d/*.py (kept across updates); each trait's help says how.
 import os
 from pathlib import Path
@@ -18,11 +18,17 @@ hubfiles.start_private(hub_dir)
 crypt.ensure_key(hub_dir)
 images = Path(__file__).resolve().parent / "images"
 settings.apply(c, settings.with_hub_ip(os.environ), images_dir=images)
-# The site's own configuration files, in name order (hubfiles.config_d_files).
+
+# ---- Your own lines go here, above gpulab's last lines. ----
+
+
+# gpulab's last lines. The site's own configuration files, in name order
+# (hubfiles.config_d_files); then what reads the whole configuration.
 site_files, ignored = hubfiles.config_d_files(home)
 for why in ignored:
     print(f"gpulab: {why}", flush=True)
 for path in site_files:
     load_subconfig(str(path))  # noqa: F821 (provided by JupyterHub)
+settings.finish(c)
 # gpulab's GPU figures on /hub/metrics, beside JupyterHub's (gpus/metrics.py).
 metrics.register(metrics.Sources.of_config(c))

@@ -386,3 +386,24 @@ def test_a_record_written_before_reasons_still_reads(tmp_path):
         "someone is waiting for this GPU: this project stops in 10 min unless you use it "
         "(its files are kept)"
     )
+
+
+def test_settings_set_after_gpulabs_reach_the_service_through_finish():
+    """An admin's lines (or jupyterhub_config.d) after settings.apply: settings.finish, the
+    config file's last step, hands them to the keeper in place of the first ones."""
+    from traitlets.config import Config
+
+    from gpulab_hub import settings
+
+    c = Config()
+    settings.apply(c, {"GPULAB_HOME": "/srv/x", "GPULAB_HUB_IP": "127.0.0.1"}, images_dir="/i")
+    before = [s["name"] for s in c.JupyterHub.services]
+    c.ProjectSpawner.gpu_idle_release = 3600.0  # the admin's line
+    c.ProjectSpawner.gpu_budget_hours = {"group:students": 20}
+    settings.finish(c)
+    assert [s["name"] for s in c.JupyterHub.services] == before  # replaced, not added
+    (svc,) = [s for s in c.JupyterHub.services if s["name"] == keeper.SERVICE]
+    assert svc["environment"]["GPULAB_GPU_IDLE_RELEASE"] == "3600.0"
+    assert svc["environment"]["GPULAB_GPU_BUDGET_HOURS"] == '{"group:students": 20.0}'
+    (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == keeper.SERVICE]
+    assert "read:groups" in role["scopes"]

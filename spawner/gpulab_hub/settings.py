@@ -271,3 +271,10 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # SSH into projects (ssh/, docs/remote.md) and each user's secrets (secrets/).
     ssh.configure(c, s, hub_dir)
     secrets.configure(c, s, hub_dir)
+
+
+def finish(c) -> None:
+    """What must read the whole configuration, called as jupyterhub_config.py's last
+    step (after the admin's lines and ``jupyterhub_config.d``): the GPU keeper's
+    settings (its service's environment)."""
+    keeper.configure(c)

@@ -425,8 +425,10 @@ def budgets_from_env(text: str) -> dict[str, float]:
 
 def configure(c) -> None:
     """The keeper service, its role, and the settings it reads (its environment): the
-    ``ProjectSpawner`` settings ``c`` holds so far (lines an admin adds later in
-    jupyterhub_config.py do not reach the service; the site settings do)."""
+    ``ProjectSpawner`` settings ``c`` holds now. Called again, it replaces its own
+    service and role in place: jupyterhub_config.py calls it once more after the
+    admin's lines and ``jupyterhub_config.d`` (``settings.finish``), so those reach
+    the service too."""
     import json
     import sys
 
@@ -444,27 +446,35 @@ def configure(c) -> None:
     )
     # reading the members of the groups budgets name
     scopes = SCOPES + (["read:groups"] if waiting.budget_groups(s) else [])
-    c.JupyterHub.services = [
-        *(c.JupyterHub.services if "services" in c.JupyterHub else []),
-        {
-            "name": SERVICE,
-            "command": [sys.executable, "-m", "gpulab_hub.gpus.keeper"],
-            "environment": {
-                "GPULAB_QUEUE_FILE": str(s.queue_file),
-                "GPULAB_ALLOCATIONS_FILE": str(s.allocations_file),
-                "GPULAB_GPU_RECLAIM_IDLE": str(s.gpu_reclaim_idle),
-                "GPULAB_GPU_RECLAIM_GRACE": str(s.gpu_reclaim_grace),
-                "GPULAB_GPU_IDLE_RELEASE": str(s.gpu_idle_release),
-                "GPULAB_USAGE_FILE": str(s.usage_file),
-                "GPULAB_GPU_USAGE_WINDOW": str(s.gpu_usage_window),
-                "GPULAB_GPU_BUDGET_HOURS": json.dumps(dict(s.gpu_budget_hours), sort_keys=True),
-            },
+    service = {
+        "name": SERVICE,
+        "command": [sys.executable, "-m", "gpulab_hub.gpus.keeper"],
+        "environment": {
+            "GPULAB_QUEUE_FILE": str(s.queue_file),
+            "GPULAB_ALLOCATIONS_FILE": str(s.allocations_file),
+            "GPULAB_GPU_RECLAIM_IDLE": str(s.gpu_reclaim_idle),
+            "GPULAB_GPU_RECLAIM_GRACE": str(s.gpu_reclaim_grace),
+            "GPULAB_GPU_IDLE_RELEASE": str(s.gpu_idle_release),
+            "GPULAB_USAGE_FILE": str(s.usage_file),
+            "GPULAB_GPU_USAGE_WINDOW": str(s.gpu_usage_window),
+            "GPULAB_GPU_BUDGET_HOURS": json.dumps(dict(s.gpu_budget_hours), sort_keys=True),
         },
-    ]
-    c.JupyterHub.load_roles = [
-        *(c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []),
-        {"name": SERVICE, "scopes": scopes, "services": [SERVICE]},
-    ]
+    }
+    role = {"name": SERVICE, "scopes": scopes, "services": [SERVICE]}
+    c.JupyterHub.services = _put(
+        c.JupyterHub.services if "services" in c.JupyterHub else [], service
+    )
+    roles = c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []
+    c.JupyterHub.load_roles = _put(roles, role)
+
+
+def _put(entries: list, entry: dict) -> list:
+    """``entries`` with ``entry`` in place of the one of its name (else at the end)."""
+    names = [e.get("name") for e in entries]
+    if entry["name"] in names:
+        i = names.index(entry["name"])
+        return [*entries[:i], entry, *entries[i + 1 :]]
+    return [*entries, entry]
 
 
 if __name__ == "__main__":
