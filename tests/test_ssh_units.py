@@ -445,3 +445,23 @@ class _Quiet:
 
     def flush(self):
         pass
+
+
+def test_the_address_lockout_settings_reach_the_gateway():
+    """GPULAB_SSH_IP_ATTEMPTS and GPULAB_SSH_FAILURE_WINDOW, documented for the site,
+    are in the gateway service's environment and become its limits; out of range, the
+    hub does not start and says which."""
+    from gpulab_hub import settings
+    from gpulab_hub import ssh as ssh_pkg
+    from gpulab_hub.ssh.limits import Limits
+
+    s = settings.site({"GPULAB_SSH_IP_ATTEMPTS": "7", "GPULAB_SSH_FAILURE_WINDOW": "120"})
+    env = ssh_pkg.service_env(s, "/srv/x/hub", environ={})
+    limits = Limits.from_env(env)
+    assert (limits.ip_failures, limits.window_s) == (7, 120)
+    default = ssh_pkg.service_env(settings.site({}), "/srv/x/hub", environ={})
+    assert "GPULAB_SSH_IP_ATTEMPTS" not in default  # the gateway's own default: 30 in 600 s
+    assert (Limits.from_env(default).ip_failures, Limits.from_env(default).window_s) == (30, 600)
+    bad = settings.site({"GPULAB_SSH_IP_ATTEMPTS": "lots"})
+    with pytest.raises(ValueError, match="GPULAB_SSH_IP_ATTEMPTS must be a whole number"):
+        ssh_pkg.service_env(bad, "/srv/x/hub", environ={})

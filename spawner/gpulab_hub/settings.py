@@ -64,6 +64,10 @@ DEFAULTS = {
     # ("": the host of GPULAB_BIND_URL).
     "GPULAB_SSH_PORT": "2222",
     "GPULAB_SSH_BIND": "",
+    # Failed SSH logins from one address within GPULAB_SSH_FAILURE_WINDOW seconds that
+    # lock the address ("": the gateway's own defaults, 30 in 600 s; ssh/limits.py)
+    "GPULAB_SSH_IP_ATTEMPTS": "",
+    "GPULAB_SSH_FAILURE_WINDOW": "",
 }
 
 

@@ -101,6 +101,8 @@ def bind_of(s: dict[str, str]) -> str:
 
 def service_env(s: dict[str, str], hub_dir: str | Path, environ=None) -> dict[str, str]:
     """The gateway process's environment (besides JupyterHub's own variables)."""
+    from gpulab_hub.ssh.limits import Limits
+
     environ = os.environ if environ is None else environ
     where = paths(hub_dir)
     env = {
@@ -116,6 +118,11 @@ def service_env(s: dict[str, str], hub_dir: str | Path, environ=None) -> dict[st
         # Open sessions are checked twice within the revocation window.
         "GPULAB_REVOKE_WITHIN_S": s.get("GPULAB_REVOKE_WITHIN_S", "30"),
     }
+    # The address lockout, where the site sets it (else the gateway's defaults).
+    for key in ("GPULAB_SSH_IP_ATTEMPTS", "GPULAB_SSH_FAILURE_WINDOW"):
+        if s.get(key):
+            env[key] = s[key]
+    Limits.from_env(env)  # a setting out of range stops the hub's start, naming it
     env.update({k: environ[k] for k in DOCKER_ENV if environ.get(k)})
     return env
 
