@@ -321,3 +321,20 @@ def test_the_jobs_api_takes_a_command_and_answers_it_as_typed(project, path_env)
 def test_script_arguments_are_checked_as_commands_are(project):
     with pytest.raises(JobError, match="ESCAPE"):
         check_request(JobRequest("count.py", ("\x1b]0;title\x07",)), project)
+
+
+def test_job_ids_are_ascii_digits_on_both_sides():
+    """The user side and the hub read a job id with the same grammar: digits outside
+    ASCII (which ``\\d`` also matches) are refused on both, never on one only."""
+    import re
+
+    from gpulab_hub.cluster import jobsapi
+    from gpulab_jupyter.jobs import model
+
+    good, arabic = (
+        "20261126-120000-abcd",
+        "\u0662\u0660\u0662\u0666\u0661\u0661\u0662\u0666-120000-abcd",
+    )
+    for text in (good, arabic, "2026112-120000-abcd", "20261126-120000-ABCD"):
+        hub = re.fullmatch(jobsapi.JOB_ID, text) is not None
+        assert (model.JOB_ID.fullmatch(text) is not None) == hub == (text == good), text

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # Job ids are made here; anything that names one is matched whole against this.
-JOB_ID = re.compile(r"\d{8}-\d{6}-[a-z0-9]{4}")
+JOB_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[a-z0-9]{4}")  # ASCII digits only, as the hub
 # A job's name: what the user called it (shown in lists), plain and short.
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._ -]{0,63}")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32", "")
