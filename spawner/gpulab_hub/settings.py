@@ -153,6 +153,7 @@ def apply(c, environ, images_dir: str | Path) -> None:
     # it lists none and refuses a submit).
     from gpulab_hub.cluster import jobsapi
     from gpulab_hub.gpus import reclaimapi
+    from gpulab_hub.home import runtime
 
     c.JupyterHub.extra_handlers = (
         doctor.hub_handlers()
@@ -166,6 +167,8 @@ def apply(c, environ, images_dir: str | Path) -> None:
         + reclaimapi.hub_handlers()
         # GPU usage by user, project and GPU, with a CSV export, for admins (usagepage/).
         + usagepage.hub_handlers()
+        # A project's hardware, as Colab's "Change runtime type" (home/runtime.py).
+        + runtime.hub_handlers()
     )
     # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
     c.JupyterHub.template_paths = [

@@ -306,10 +306,13 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             return None
         whole = [d for d in inv.devices if not d.parent_uuid and not d.mig_mode]
         limit = min(len(whole), self.gpu_max_per_project or len(whole))
+        kept = options.remembered(self)  # the project's last choice, else the site's
         return options.GpuChoices(
             max_count=limit,
-            default_count=min(self.default_gpus, limit),
+            default_count=min(kept.get("gpus", self.default_gpus), limit),
             types=tuple(self.gpu_allowed_types),
+            chosen_type=kept.get("gpu_type", ""),
+            chosen_mig=kept.get("mig_profile", ""),
             mig_profiles=tuple(sorted({d.mig_profile for d in inv.devices if d.mig_profile}))
             if self.gpu_allow_mig
             else (),

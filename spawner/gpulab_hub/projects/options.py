@@ -16,6 +16,10 @@ from jupyterhub.slugs import is_valid_display_name
 from gpulab_hub.images import stacks
 
 ALLOWED = {"use_last_good": bool, "gpus": int, "gpu_type": str, "mig_profile": str, "stack": str}
+# The hardware a project runs on: kept in JupyterHub's database with the other options
+# of its last start (or set on the Change runtime page, home/runtime.py), the default of
+# its next start.
+RUNTIME = ("gpus", "gpu_type", "mig_profile")
 MAX_GPUS = 64
 MAX_DISPLAY_NAME = 100
 # Whole-value patterns, used with fullmatch only ("$" also matches before a final newline).
@@ -98,6 +102,8 @@ class GpuChoices:
     default_count: int
     types: tuple[str, ...] = ()
     mig_profiles: tuple[str, ...] = ()
+    chosen_type: str = ""  # preselected (the project's remembered choice); "" any
+    chosen_mig: str = ""  # preselected; "" a whole GPU
 
 
 def _select(label: str, name: str, element_id: str, options: str) -> str:
@@ -108,6 +114,21 @@ def _select(label: str, name: str, element_id: str, options: str) -> str:
 </div>"""
 
 
+def _sel(chosen: bool) -> str:
+    return " selected" if chosen else ""
+
+
+def remembered(spawner) -> dict:
+    """The hardware options (RUNTIME) the project keeps for its next start."""
+    kept = (getattr(spawner.orm_spawner, "user_options", None) or {}) if spawner else {}
+    if not isinstance(kept, dict):
+        return {}
+    try:  # JupyterHub's REST API stores any user_options: only valid ones count
+        return validate({k: kept[k] for k in RUNTIME if k in kept})
+    except OptionsError:
+        return {}
+
+
 def _gpu_fields(g: GpuChoices) -> str:
     counts = "".join(
         f'<option value="{n}"{" selected" if n == g.default_count else ""}>{n}</option>'
@@ -116,12 +137,14 @@ def _gpu_fields(g: GpuChoices) -> str:
     html = _select("GPUs for this project", "gpus", "gpulab-gpus", counts)
     if g.types:
         opts = '<option value="">any</option>' + "".join(
-            f'<option value="{escape(t)}">{escape(t)}</option>' for t in g.types
+            f'<option value="{escape(t)}"{_sel(t == g.chosen_type)}>{escape(t)}</option>'
+            for t in g.types
         )
         html += _select("GPU model", "gpu_type", "gpulab-gpu-type", opts)
     if g.mig_profiles:
         opts = '<option value="">a whole GPU</option>' + "".join(
-            f'<option value="{escape(p)}">MIG slice {escape(p)}</option>' for p in g.mig_profiles
+            f'<option value="{escape(p)}"{_sel(p == g.chosen_mig)}>MIG slice {escape(p)}</option>'
+            for p in g.mig_profiles
         )
         html += _select("Or one MIG slice", "mig_profile", "gpulab-mig", opts)
     return html
@@ -194,4 +217,7 @@ def from_form(formdata: dict[str, list[str]], spawner=None) -> dict:
         value = _first(formdata, key)
         if value:
             opts[key] = value
+    if spawner is not None and not any(k in formdata for k in RUNTIME):
+        # a form without hardware fields (a host without GPUs) keeps the project's choice
+        opts.update(remembered(spawner))
     return validate(opts)
