@@ -25,6 +25,7 @@ import sharing from './share';
 import { GpuStatusItem } from './statusbar';
 import jobs from './jobsplugin';
 import reclaimWarning from './reclaimwarn';
+import runtime from './runtime';
 import { IGpuStatus } from './tokens';
 
 const PLUGIN_ID = 'gpulab-jupyter:plugin';
@@ -121,4 +122,4 @@ const plugin: JupyterFrontEndPlugin<GpuModel> = {
   }
 };
 
-export default [plugin, sharing, imageState, jobs, accessEnded, reclaimWarning];
+export default [plugin, sharing, imageState, jobs, accessEnded, reclaimWarning, runtime];
