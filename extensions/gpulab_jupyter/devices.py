@@ -10,12 +10,17 @@ environment, so it is tested without a GPU.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
 # NVIDIA_VISIBLE_DEVICES values that give a container no GPU (NVIDIA container toolkit).
 NO_GPU_VALUES = {"void", "none", ""}
 _MIG_INDEX = re.compile(r"^(\d+):(\d+)$")
+# WSL2 (gpulab_hub/gpus/wsl.py): the container's GPU is the paravirtual /dev/dxg, which
+# every GPU project shares, and NVML there gives no utilisation or per-process memory.
+WSL2_SHARED = "wsl2-shared"
+WSL2_WORDS = "shared GPU (WSL2) — utilisation not available"
 
 
 @dataclass
@@ -50,6 +55,17 @@ class Selection:
         self.devices = devices
         self.reason = reason
         self.message = message
+
+
+def sharing_of(root: str = "/") -> dict | None:
+    """How this container's GPU is shared, for the GPU panel: ``{"mode", "words"}`` on
+    WSL2 (``root``/dev/dxg without ``root``/dev/nvidiactl), else None (its own GPUs)."""
+    dev = os.path.join(root, "dev")
+    if not os.path.lexists(os.path.join(dev, "dxg")):
+        return None
+    if os.path.lexists(os.path.join(dev, "nvidiactl")):
+        return None
+    return {"mode": WSL2_SHARED, "words": WSL2_WORDS}
 
 
 def _matches(token: str, dev: Device) -> bool:

@@ -21,6 +21,8 @@ import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
+from . import devices
+
 API_PREFIX = "api/gpulab/v1"
 
 
@@ -189,6 +191,9 @@ class GPUStatusHandler(_SamplerHandler):
         watch = self.settings.setdefault("gpulab_reclaim_watch", ReclaimWatch())
         body = json.loads(self.sampler.status_body())
         body["reclaim"] = await watch.get()
+        if "gpulab_gpu_sharing" not in self.settings:  # WSL2: shared, not measured
+            self.settings["gpulab_gpu_sharing"] = devices.sharing_of()
+        body["sharing"] = self.settings["gpulab_gpu_sharing"]
         self.write_json(body)
 
 

@@ -12,6 +12,7 @@ from gpulab_hub.doctor import sandbox
 from gpulab_hub.doctor.answer import ProbeError
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
 from gpulab_hub.doctor.gpu import Inventory
+from gpulab_hub.gpus import wsl
 from gpulab_hub.projects import objects
 
 DOCKER_ERRORS = sandbox.DOCKER_ERRORS
@@ -60,8 +61,16 @@ def driver_dir(environ) -> str:
     return environ.get("GPULAB_DRIVER_DIR") or objects.GpuAssignment().driver_dir
 
 
+def _wsl_host(dev_root: str) -> wsl.GpuHost:
+    """WSL2 or not, judged from the root above ``dev_root`` (gpus/wsl.py)."""
+    return wsl.detect(str(Path(dev_root).parent))
+
+
 def all_gpus(inv: Inventory, info: dict, drivers: str, dev_root: str = "/dev"):
     """Every GPU, given the way gpulab gives a project its GPUs on this host (or None)."""
+    if _wsl_host(dev_root).shared:  # /dev/dxg: every GPU, shared (as gpus/spawner.py does)
+        uuids = tuple(g.uuid for g in inv.gpus)
+        return objects.GpuAssignment(uuids, (), objects.WSL2, wsl.WSL_DIR)
     isolation = objects.detect_isolation(info, dev_root)
     if isolation == objects.NO_GPU or not inv.gpus:
         return None
@@ -82,6 +91,21 @@ def check_gpu_access(
             "Install the NVIDIA driver first (see host.driver).",
             cpu_only,
         )
+    wsl_host = _wsl_host(dev_root)
+    if wsl_host.shared:
+        seen = (
+            f"WSL2: gpulab gives each GPU project {wsl.DXG} and {wsl.WSL_DIR} (read-only), "
+            "every GPU shared by all GPU projects (see host.gpu_sharing)"
+        )
+        if not wsl_host.lib_dir:
+            return Finding(
+                fid,
+                FAIL,
+                f"{seen}, but {wsl.WSL_LIB} is missing",
+                "Install the NVIDIA driver for Windows (not inside WSL); it provides "
+                f"{wsl.WSL_LIB}.",
+            )
+        return Finding(fid, OK, seen)
     isolation = objects.detect_isolation(info, dev_root)
     if isolation == objects.RUNTIME:
         return Finding(

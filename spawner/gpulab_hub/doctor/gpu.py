@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
+from gpulab_hub.gpus import wsl
 
 NVML_SONAME = "libnvidia-ml.so.1"
 # Where drivers put NVML when it is not on the loader's path: the NVIDIA
@@ -289,4 +290,21 @@ def check_driver(inv: Inventory, pci: list[str], wsl: bool, cpu_only: bool) -> F
         "Nothing to do for a CPU-only hub (run `gpulab doctor --cpu-only` to say so); for GPUs, "
         f"install an NVIDIA GPU and its driver ({DRIVER_URL}).",
         cpu_only,
+    )
+
+
+def check_gpu_sharing(host: wsl.GpuHost) -> Finding | None:
+    """host.gpu_sharing: on WSL2 (gpus/wsl.py) every GPU project shares every GPU;
+    None on a host whose GPUs gpulab pins to projects (or that has none)."""
+    if not host.shared:
+        return None
+    libs = host.lib_dir or f"no {wsl.WSL_LIB}"
+    return Finding(
+        "host.gpu_sharing",
+        WARN,
+        f"WSL2 shared GPU ({host.dxg}, driver libraries: {libs}): all GPU projects on this "
+        f"computer share every GPU. Works: {wsl.WORKS}. Does not work: {wsl.DOES_NOT}; "
+        "a GPU project can slow down or run another out of GPU memory",
+        "Nothing to fix for one person's computer; for projects that each get their own GPU, "
+        "measured and reclaimed, run gpulab on Linux without WSL.",
     )

@@ -27,6 +27,7 @@ from gpulab_hub.doctor import (
     sandbox,
 )
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, exit_code
+from gpulab_hub.gpus import wsl as wsl_gpus
 from gpulab_hub.hubsettings import HubSettings
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, ProjectError
@@ -218,6 +219,9 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
         gpu.check_driver(inv, gpu.nvidia_pci_devices(), wsl, opts.cpu_only),
         resources.check_memory(meminfo, os.cpu_count() or 1),
     ]
+    sharing = gpu.check_gpu_sharing(wsl_gpus.detect())
+    if sharing is not None:
+        findings.append(sharing)
     if wsl:
         conf = resources.find_wslconfig(environ=environ)
         findings.append(

@@ -15,7 +15,7 @@ import docker.errors
 from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
 from gpulab_hub import gpus
-from gpulab_hub.gpus import allocator, usage, utilmeter
+from gpulab_hub.gpus import allocator, usage, utilmeter, wsl
 from gpulab_hub.projects import objects
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
@@ -225,6 +225,7 @@ GONE_STATES = ("exited", "dead")
 # process, spawns under way are known exactly (below), however long they wait.
 RESERVE_GRACE = 120.0
 clock = time.time  # what reservations are stamped with (tests move it)
+HOST_ROOT = "/"  # where this host's /dev and /usr/lib/wsl are seen (tests move it)
 
 # Spawns of this hub process that reserved GPUs, by (owner, project): the devices they
 # were given. Such a holding is alive until the spawner releases it (stop, poll, a
@@ -349,6 +350,9 @@ def reserve(
         release(s, *key, docker_call=docker_call, prefix=prefix)
         return objects.GpuAssignment(), []
     inv = cached_inventory()
+    host = wsl.detect(HOST_ROOT)
+    if host.shared:
+        return shared_wsl2(s, request, inv, host), []
     if not inv.devices:
         asked = request.mig_profile or f"{request.count} GPU(s)"
         raise allocator.AllocationError(
@@ -370,6 +374,39 @@ def reserve(
         with _pending_lock:
             _pending[key] = tuple(d.uuid for d in devices)
     return assign(s, docker_call, key, devices), devices
+
+
+def shared_wsl2(
+    s: GpuSettings, request: allocator.Request, inv: gpus.Inventory, host: wsl.GpuHost
+) -> objects.GpuAssignment:
+    """WSL2 (gpus/wsl.py): the project shares every GPU with every other GPU project.
+    Nothing is booked, so no start waits and nothing is reclaimed; a request the host
+    can never meet is refused (never queued)."""
+    whole = [d for d in inv.devices if not d.parent_uuid]
+    if not host.lib_dir:
+        raise allocator.AllocationError(
+            f"This computer is WSL2 but {wsl.WSL_LIB} is missing: install the NVIDIA "
+            "driver for Windows (not inside WSL), or start the project with 0 GPUs."
+        )
+    if request.mig_profile:
+        raise allocator.AllocationError(
+            "GPU slices are not available on WSL2 (its GPU is shared by all projects): "
+            "ask for a whole GPU instead."
+        )
+    if whole and request.count > len(whole):
+        raise allocator.AllocationError(
+            f"This project asks for {request.count} GPUs, but this computer has "
+            f"{len(whole)}. Start it with fewer."
+        )
+    emit = getattr(s, "_emit", None)
+    if emit is not None:
+        emit(75, wsl.SHARED_NOTE, note=True)
+    return objects.GpuAssignment(
+        uuids=tuple(d.uuid for d in whole),
+        isolation=objects.WSL2,
+        driver_dir=wsl.WSL_DIR,
+        alloc_conf=s.pytorch_cuda_alloc_conf,
+    )
 
 
 def assign(

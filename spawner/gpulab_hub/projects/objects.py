@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from jupyterhub.slugs import is_valid_safe_slug
 
+from gpulab_hub.gpus import wsl
+
 # Networks a project container or build must never join: "host" shares the host's
 # network namespace (its loopback traffic included), "none" leaves the hub no way in.
 REFUSED_NETWORKS = ("host", "none")
@@ -51,6 +53,7 @@ SECURITY_OPT = ("no-new-privileges",)
 NO_GPU = "none"
 RUNTIME = "runtime"  # NVIDIA container runtime / CDI: device_requests by UUID
 DEVICES = "devices"  # explicit /dev/nvidia* nodes + the driver's libraries, read-only
+WSL2 = "wsl2"  # WSL2: /dev/dxg + /usr/lib/wsl read-only, every GPU shared (gpus/wsl.py)
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
@@ -84,6 +87,8 @@ def _has_cdi_nvidia(docker_info: dict) -> bool:
 
 def gpu_env(g: GpuAssignment) -> dict[str, str]:
     """Visible-device variables that agree with what the container is given."""
+    if g.isolation == WSL2:
+        return wsl.container_env(g.alloc_conf)
     if not g.uuids:
         # "void": the NVIDIA runtime adds nothing, even if the image says "all".
         return {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
@@ -100,6 +105,8 @@ def gpu_env(g: GpuAssignment) -> dict[str, str]:
 
 def gpu_host_config(g: GpuAssignment) -> dict:
     """host_config entries that give the container exactly its devices."""
+    if g.isolation == WSL2:
+        return wsl.host_config()
     if not g.uuids:
         return {}
     if g.isolation == RUNTIME:
@@ -207,6 +214,8 @@ def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
     binds[cache] = {"bind": s.hf_cache_mount, "mode": "rw"}
     if s.gpus.uuids and s.gpus.isolation == DEVICES:
         binds[s.gpus.driver_dir] = {"bind": s.gpus.driver_dir, "mode": "ro"}
+    if s.gpus.isolation == WSL2:
+        binds.update(wsl.binds())
     return binds
 
 

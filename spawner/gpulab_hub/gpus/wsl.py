@@ -1,0 +1,102 @@
+"""Hosts where GPUs cannot be pinned: WSL2, whose GPU is the paravirtual /dev/dxg.
+
+On WSL2 the Windows driver gives Linux one device node, /dev/dxg, for every GPU
+(no /dev/nvidia<N>, no /dev/nvidiactl) and its user-space (libcuda.so,
+libnvidia-ml.so, nvidia-smi) in /usr/lib/wsl/lib. A container given /dev/dxg sees
+every GPU: gpulab cannot give a project one GPU of several, and NVML there reports
+no utilisation and no per-process memory. So on such a host GPU projects share
+all GPUs ("wsl2-shared"): nothing is booked, no start waits for a GPU, nothing is
+reclaimed, and the spawn page, the doctor and the GPU panel say so.
+
+:func:`detect` is pure in its one input, a file system root, so tests build a
+fake tree; nothing is read at import.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+WSL2_SHARED = "wsl2-shared"
+PINNED = "pinned"
+DXG = "/dev/dxg"
+NVIDIACTL = "/dev/nvidiactl"
+WSL_DIR = "/usr/lib/wsl"  # mounted read-only into GPU projects (lib/ and drivers/)
+WSL_LIB = "/usr/lib/wsl/lib"  # libcuda.so, libnvidia-ml.so, nvidia-smi
+PROC_VERSION_MAX = 4096  # bytes of /proc/version read
+
+# What the spawn page and the home page say of a GPU project on such a host.
+SHARED_NOTE = (
+    "shared GPU (WSL2): all projects on this computer share it; gpulab cannot pin or measure it"
+)
+# What works and what does not (the doctor's finding, docs/gpus.md).
+WORKS = "CUDA in projects (PyTorch, nvidia-smi)"
+DOES_NOT = (
+    "a GPU of its own for each project, GPU utilisation, per-process GPU memory, "
+    "reclaim of idle GPUs, GPU slices (MIG, MPS)"
+)
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """How this host's GPUs can be given to containers.
+
+    ``mode`` is WSL2_SHARED (every GPU project shares every GPU) or PINNED (the usual
+    NVIDIA device nodes: each project gets its own devices, or the host has no GPU).
+    """
+
+    mode: str = PINNED
+    dxg: str = ""  # the paravirtual GPU node, where found
+    lib_dir: str = ""  # the Windows driver's Linux libraries, where found
+    kernel_says_wsl: bool = False  # /proc/version names Microsoft's kernel
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == WSL2_SHARED
+
+
+def _under(root: str, path: str) -> str:
+    return os.path.join(root, path.lstrip("/"))
+
+
+def _kernel_says_wsl(root: str) -> bool:
+    try:
+        with open(_under(root, "/proc/version"), "rb") as f:
+            text = f.read(PROC_VERSION_MAX).decode("utf-8", "replace").lower()
+    except OSError:
+        return False
+    return "microsoft" in text
+
+
+def detect(root: str = "/") -> GpuHost:
+    """WSL2 shared mode when ``root``/dev/dxg exists and ``root``/dev/nvidiactl does not
+    (a Linux host with NVIDIA's own nodes is pinned even if it also had /dev/dxg)."""
+    kernel = _kernel_says_wsl(root)
+    dxg = os.path.lexists(_under(root, DXG))
+    if not dxg or os.path.lexists(_under(root, NVIDIACTL)):
+        return GpuHost(kernel_says_wsl=kernel)
+    lib = os.path.isdir(_under(root, WSL_LIB))
+    return GpuHost(WSL2_SHARED, DXG, WSL_LIB if lib else "", kernel)
+
+
+# --- what a GPU project's container gets on such a host (pure: whole-object tests) ---
+
+
+def container_env(alloc_conf: str) -> dict[str, str]:
+    """Every GPU is visible (nothing narrower can be given); the libraries from WSL_LIB."""
+    return {
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "PYTORCH_CUDA_ALLOC_CONF": alloc_conf,
+        "LD_LIBRARY_PATH": WSL_LIB,
+        "GPULAB_GPU_SHARING": WSL2_SHARED,
+    }
+
+
+def host_config() -> dict:
+    """The paravirtual GPU node, read-write as CUDA needs it."""
+    return {"devices": [f"{DXG}:{DXG}:rwm"]}
+
+
+def binds() -> dict[str, dict[str, str]]:
+    """The Windows driver's Linux side, read-only."""
+    return {WSL_DIR: {"bind": WSL_DIR, "mode": "ro"}}
