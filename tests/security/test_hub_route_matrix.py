@@ -301,6 +301,12 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
         f"/hub/gpulab/build-log/{U}/{P}",
         {"get": "302 404 404 200 200 404"},
     ),
+    # Change runtime type (home/runtime.py): its owner and collaborators see it; a
+    # collaborator changes it only where the owner lets them start the project (not here)
+    "/hub/gpulab/runtime/([^/]+)/([^/]+)": (
+        f"/hub/gpulab/runtime/{U}/{P}",
+        {"get": "302 404 404 200 200 404", "post": "403 404 404 403 . ."},
+    ),
     "/hub/api/gpulab/projects/([^/]+)/([^/]+)/rename": (
         f"/hub/api/gpulab/projects/{U}/{P}/rename",
         {"post": "403 404 404 404 . ."},
