@@ -458,6 +458,34 @@ def test_status_bar_says_stale_when_the_sampler_reports_an_error(lab, browser):
     pg.close()
 
 
+def test_the_panel_says_shared_gpu_on_wsl2_not_stale(lab, browser):
+    """WSL2 (gpulab_hub/gpus/wsl.py): the status names the sharing; NVML there measures no
+    utilisation and no process, and its failing reads are that, not a fault to retry."""
+    answers = canned(time.time())
+    words = "shared GPU (WSL2) — utilisation not available"
+    answers["gpu"].update(
+        sharing={"mode": "wsl2-shared", "words": words}, stale=True,
+        error="NVMLError_NotSupported: Not Supported", error_since=time.time(),
+        gpus=[{**answers["gpu"]["gpus"][0], "utilization": None}],
+    )  # fmt: skip
+
+    def answer(route):
+        path = route.request.url.split(API, 1)[1].split("?", 1)[0]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers[path]))
+
+    pg = open_lab(browser, lab, answer)
+    pg.locator("[data-gpulab=status]").click()
+    panel = pg.locator("[data-gpulab=panel]")
+    panel.locator("[data-gpulab=shared]").wait_for(timeout=30_000)
+    assert panel.locator("[data-gpulab=shared]").inner_text() == words
+    assert panel.locator("[data-gpulab=stale]").count() == 0
+    assert panel.locator(".jp-gpulab-Card").count() == 1
+    text = panel.inner_text()
+    assert "Per-process GPU memory is not available on WSL2." in text
+    assert "No process holds GPU memory" not in text and "Retrying" not in text
+    pg.close()
+
+
 def test_a_hidden_tab_stops_polling_and_resumes_when_shown(lab, browser):
     pg = open_lab(browser, lab)  # the real server (no canned answers)
     pg.wait_for_function(

@@ -62,11 +62,20 @@ interface ICommon {
   last_ok: number | null;
 }
 
+/** How this container's GPU is shared: on WSL2 every GPU project shares it, unmeasured. */
+export interface ISharing {
+  mode: 'wsl2-shared';
+  /** "shared GPU (WSL2) — utilisation not available" */
+  words: string;
+}
+
 export interface IStatus extends ICommon {
   timestamp: number;
   driver_version?: string;
   gpus: IGpu[];
   summary: ISummary;
+  /** null (or absent) where the container has GPUs of its own. */
+  sharing?: ISharing | null;
 }
 
 export type Series = (number | null)[];

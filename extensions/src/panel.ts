@@ -107,7 +107,15 @@ export class GpuPanel extends Widget {
       this.node.replaceChildren(body);
       return;
     }
-    if (stale) {
+    const sharing = status ? status.sharing : null;
+    if (sharing) {
+      // WSL2: every project shares the GPU and NVML cannot measure it; a sampler error
+      // there is that, not a fault to retry.
+      const box = el('p', 'jp-gpulab-Shared', sharing.words);
+      box.setAttribute('data-gpulab', 'shared');
+      body.appendChild(box);
+    }
+    if (stale && !(sharing && !this.model.error)) {
       // The last numbers stay, greyed and dated: never shown as if they were current.
       body.classList.add('jp-gpulab-is-stale');
       const from =
@@ -119,8 +127,15 @@ export class GpuPanel extends Widget {
     }
     if (!status) {
       body.appendChild(el('p', '', 'Waiting for the first sample…'));
-    } else if (!status.available) {
+    } else if (!status.available && !sharing) {
       body.appendChild(this.renderNoGpu(status));
+    } else if (sharing) {
+      const cards = el('div', 'jp-gpulab-Cards');
+      status.gpus.forEach(g => cards.appendChild(this.renderGpu(g, history)));
+      body.appendChild(cards);
+      body.appendChild(
+        el('p', 'jp-gpulab-Empty', 'Per-process GPU memory is not available on WSL2.')
+      );
     } else {
       const cards = el('div', 'jp-gpulab-Cards');
       status.gpus.forEach(g => cards.appendChild(this.renderGpu(g, history)));
