@@ -6,6 +6,7 @@ say what works and what does not."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from test_doctor_checks import PROBES, smi
@@ -179,6 +180,8 @@ def test_the_doctor_names_wsl2_shared_mode_with_what_works_and_what_does_not(tmp
         assert missing in does_not
     assert "Linux without WSL" in f.fix
     assert gpu.check_gpu_sharing(wsl.detect(str(tmp_path / "nothing"))) is None
+    doc = (Path(__file__).parents[1] / "docs" / "doctor.md").read_text()
+    assert "`host.gpu_sharing`" in doc
 
 
 def test_the_doctors_gpu_container_is_given_the_gpu_as_a_project_is(tmp_path):
