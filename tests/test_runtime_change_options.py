@@ -126,3 +126,38 @@ def test_kept_options_that_are_not_valid_count_as_none():
 def test_the_page_address_is_quoted():
     assert runtime.page_url("/hub/", "ann", "lab-1") == "/hub/gpulab/runtime/ann/lab-1"
     assert runtime.page_url("/hub/", "a b", "x/y") == "/hub/gpulab/runtime/a%20b/x%2Fy"
+
+
+def project_spawner(user_options: dict, **settings):
+    """A ProjectSpawner of a project that keeps ``user_options`` (no hub)."""
+    from gpulab_hub.spawner import ProjectSpawner
+
+    sp = ProjectSpawner(**settings)
+    sp.user = SimpleNamespace(name="ann", groups=[], db=None)
+    sp.orm_spawner = SimpleNamespace(
+        name="lab", display_name="lab", server=None, user_options=user_options
+    )
+    return sp
+
+
+def test_on_a_host_with_gpus_the_kept_choice_is_offered_first(monkeypatch):
+    from faults_kit import inventory
+
+    from gpulab_hub.gpus import spawner as gpu_spawner
+
+    monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(2))
+    types = ["H100", "A100"]
+    sp = project_spawner({"gpus": 2, "gpu_type": "A100"}, gpu_allowed_types=types)
+    choices = sp.gpu_choices()
+    assert (choices.max_count, choices.default_count, choices.chosen_type) == (2, 2, "A100")
+    runtime.check({"gpus": 2, "gpu_type": "A100"}, choices)
+    with pytest.raises(options.OptionsError, match="at most 2 GPUs"):
+        runtime.check({"gpus": 3}, choices)
+    # the start form shows the kept choice selected, and sends it back as it is
+    html = options.form(None, False, choices)
+    assert '<option value="2" selected>2</option>' in html
+    assert '<option value="A100" selected>A100</option>' in html
+    # a project that never chose starts from the site's default (1 GPU), and CPU only
+    # is a choice the host keeps (0 GPUs), not the site's default
+    assert project_spawner({}).gpu_choices().default_count == 1
+    assert project_spawner({"gpus": 0}).gpu_choices().default_count == 0

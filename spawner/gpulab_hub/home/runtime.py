@@ -27,7 +27,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from gpulab_hub import hubsettings
-from gpulab_hub.gpus.spawner import cached_inventory
+from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.projects import options
 from gpulab_hub.sharing import roles
 from gpulab_hub.sharing.policy import ProjectSharing
@@ -123,7 +123,7 @@ class RuntimeHandler(BaseHandler):
 
     async def _choices(self, spawner) -> tuple[options.GpuChoices | None, int]:
         """What this computer offers the project, and its GPUs where none was chosen."""
-        inventory = await asyncio.to_thread(cached_inventory)  # NVML off the event loop
+        inventory = await asyncio.to_thread(gpu_spawner.cached_inventory)  # NVML off the event loop
         gpu_choices = getattr(spawner, "gpu_choices", None)
         choices = gpu_choices() if gpu_choices is not None else None  # reads the cache
         default = getattr(spawner, "default_gpus", 0) if inventory.devices else 0
