@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from test_doctor_checks import PROBES, smi
 from test_objects import EXPECTED_BINDS, EXPECTED_ENV, HARDENED, settings
+from test_usage_page import settings as hub_settings
 
 from gpulab_hub import gpus
 from gpulab_hub.doctor import docker_checks, gpu, sandbox
 from gpulab_hub.doctor.findings import FAIL, OK, WARN
 from gpulab_hub.gpus import allocator, wsl
 from gpulab_hub.gpus import spawner as gpu_spawner
+from gpulab_hub.home import facts
 from gpulab_hub.projects.objects import GpuAssignment, container_spec
 from gpulab_jupyter import devices
 
@@ -124,7 +126,7 @@ def no_docker(*args, **kwargs):
 def wsl2_host(tmp_path, monkeypatch):
     root = tmp_path / "host"
     root.mkdir()
-    monkeypatch.setattr(gpu_spawner, "HOST_ROOT", wsl_tree(root))
+    monkeypatch.setattr(wsl, "HOST_ROOT", wsl_tree(root))
     inv = gpus.Inventory([_device(0, RTX), _device(1, RTX_B)], "581.57", "13.0")
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inv)
     return root
@@ -141,7 +143,9 @@ def test_every_gpu_project_shares_every_gpu_and_none_waits(wsl2_host, tmp_path):
     assert all(g.isolation == "wsl2" and g.uuids == (RTX, RTX_B) for g in given)
     assert not os.path.exists(s.allocations_file)  # nothing booked, so nothing to reclaim
     assert s.events == [(75, wsl.SHARED_NOTE, True)] * 3
-    assert "share" in wsl.SHARED_NOTE and "cannot pin or measure" in wsl.SHARED_NOTE
+    assert wsl.SHARED_NOTE == (
+        "Shared GPU (WSL2): all projects on this computer share it; gpulab cannot pin or measure it"
+    )
     # Stopping frees nothing and fails nothing.
     assert gpu_spawner.release(s, "alice", "one") == []
 
@@ -160,10 +164,20 @@ def test_what_wsl2_can_never_give_is_refused_at_once_not_queued(wsl2_host, tmp_p
 def test_wsl2_without_the_windows_driver_refuses_a_gpu_start(tmp_path, monkeypatch):
     root = tmp_path / "host"
     root.mkdir()
-    monkeypatch.setattr(gpu_spawner, "HOST_ROOT", wsl_tree(root, lib=False))
+    monkeypatch.setattr(wsl, "HOST_ROOT", wsl_tree(root, lib=False))
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: gpus.Inventory())
     with pytest.raises(allocator.AllocationError, match="driver for Windows"):
         gpu_spawner.reserve(FakeSpawner(tmp_path), no_docker, "gl", allocator.Request("c", "p", 1))
+
+
+def test_the_home_page_says_the_gpu_is_shared_not_hours_it_cannot_count(tmp_path, monkeypatch):
+    w = hub_settings(tmp_path, {"*": 40.0})
+    monkeypatch.setattr(facts, "_device_names", lambda: {RTX: "GPU 0 (RTX 4090)"})
+    assert facts.gpu_use(w, "alice", []) == "GPU this week: 0.0 h of 40 h"  # pinned host
+    root = tmp_path / "host"
+    root.mkdir()
+    monkeypatch.setattr(wsl, "HOST_ROOT", wsl_tree(root))
+    assert facts.gpu_use(w, "alice", []) == wsl.SHARED_NOTE
 
 
 # --- the doctor ---

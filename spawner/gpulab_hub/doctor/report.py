@@ -219,7 +219,7 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
         gpu.check_driver(inv, gpu.nvidia_pci_devices(), wsl, opts.cpu_only),
         resources.check_memory(meminfo, os.cpu_count() or 1),
     ]
-    sharing = gpu.check_gpu_sharing(wsl_gpus.detect())
+    sharing = gpu.check_gpu_sharing(wsl_gpus.detect(wsl_gpus.HOST_ROOT))
     if sharing is not None:
         findings.append(sharing)
     if wsl:

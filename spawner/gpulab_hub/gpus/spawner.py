@@ -225,7 +225,6 @@ GONE_STATES = ("exited", "dead")
 # process, spawns under way are known exactly (below), however long they wait.
 RESERVE_GRACE = 120.0
 clock = time.time  # what reservations are stamped with (tests move it)
-HOST_ROOT = "/"  # where this host's /dev and /usr/lib/wsl are seen (tests move it)
 
 # Spawns of this hub process that reserved GPUs, by (owner, project): the devices they
 # were given. Such a holding is alive until the spawner releases it (stop, poll, a
@@ -350,7 +349,7 @@ def reserve(
         release(s, *key, docker_call=docker_call, prefix=prefix)
         return objects.GpuAssignment(), []
     inv = cached_inventory()
-    host = wsl.detect(HOST_ROOT)
+    host = wsl.detect(wsl.HOST_ROOT)
     if host.shared:
         return shared_wsl2(s, request, inv, host), []
     if not inv.devices:

@@ -24,10 +24,11 @@ NVIDIACTL = "/dev/nvidiactl"
 WSL_DIR = "/usr/lib/wsl"  # mounted read-only into GPU projects (lib/ and drivers/)
 WSL_LIB = "/usr/lib/wsl/lib"  # libcuda.so, libnvidia-ml.so, nvidia-smi
 PROC_VERSION_MAX = 4096  # bytes of /proc/version read
+HOST_ROOT = "/"  # where the hub sees this host's /dev and /usr/lib/wsl (tests move it)
 
 # What the spawn page and the home page say of a GPU project on such a host.
 SHARED_NOTE = (
-    "shared GPU (WSL2): all projects on this computer share it; gpulab cannot pin or measure it"
+    "Shared GPU (WSL2): all projects on this computer share it; gpulab cannot pin or measure it"
 )
 # What works and what does not (the doctor's finding, docs/gpus.md).
 WORKS = "CUDA in projects (PyTorch, nvidia-smi)"

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from gpulab_hub import gpus, hubsettings, jsonfile
-from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
+from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage, wsl
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, safefs
 from gpulab_jupyter.jobs.model import JOB_ID
@@ -203,8 +203,12 @@ def archived_as(where: hubsettings.HubSettings, owner: str, project: str) -> str
 def gpu_use(where: hubsettings.HubSettings, owner: str, groups: list[str]) -> str:
     """Blocking: the user's own GPU use over the budget window, e.g. "GPU this week: 6.2 h
     of 20 h" (holdings under way counted); "" on a host without GPUs where the user has
-    never held one. ``groups``: the user's JupyterHub groups (for group budgets)."""
+    never held one; on WSL2 that its GPU is shared and unmeasured (gpus/wsl.py).
+    ``groups``: the user's JupyterHub groups (for group budgets)."""
     from gpulab_hub.usagepage import report
+
+    if wsl.detect(wsl.HOST_ROOT).shared:  # nothing is booked or measured there
+        return wsl.SHARED_NOTE
 
     try:
         held = allocator.AllocationStore(where.allocations_file).holdings()
