@@ -31,7 +31,7 @@ SHARED_NOTE = (
     "Shared GPU (WSL2): all projects on this computer share it; gpulab cannot pin or measure it"
 )
 # What works and what does not (the doctor's finding, docs/gpus.md).
-WORKS = "CUDA in projects (PyTorch, nvidia-smi)"
+WORKS = "CUDA in projects (PyTorch and other CUDA code)"
 DOES_NOT = (
     "a GPU of its own for each project, GPU utilisation, per-process GPU memory, "
     "reclaim of idle GPUs, GPU slices (MIG, MPS)"
