@@ -6,7 +6,7 @@
 # its lib64/ on LD_LIBRARY_PATH). Otherwise it says in plain words why there is no GPU
 # here and exits 9, as nvidia-smi does when it finds no device. It never runs itself.
 me=$(readlink -f "$0" 2>/dev/null || echo "$0")
-candidates="/usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi /bin/nvidia-smi"
+candidates="/usr/local/nvidia/bin/nvidia-smi /usr/bin/nvidia-smi /bin/nvidia-smi /usr/lib/wsl/lib/nvidia-smi"
 # the driver's folder as gpulab mounted it: <driver_dir>/lib64 on LD_LIBRARY_PATH
 old_ifs=$IFS
 IFS=:

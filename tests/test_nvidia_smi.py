@@ -112,6 +112,12 @@ def test_the_drivers_nvidia_smi_answers_where_the_project_has_a_gpu(
     binds = {**stand_in, str(runtime): {"bind": "/usr/bin/nvidia-smi", "mode": "ro"}}
     code, out = run(docker_engine, local_debian, "nvidia-smi", binds, {"GPULAB_HOST_GPUS": "A10"})
     assert (code, out) == (0, "driver nvidia-smi: \n")
+    # WSL2: the Windows driver's nvidia-smi in /usr/lib/wsl/lib (gpus/wsl.py mounts it)
+    wsl = Path(driver(tmp_path, "wsl")) / "bin" / "nvidia-smi"
+    binds = {**stand_in, str(wsl): {"bind": "/usr/lib/wsl/lib/nvidia-smi", "mode": "ro"}}
+    env = {"GPULAB_HOST_GPUS": "A10", "LD_LIBRARY_PATH": "/usr/lib/wsl/lib"}
+    code, out = run(docker_engine, local_debian, "nvidia-smi -L", binds, env)
+    assert (code, out) == (0, "driver nvidia-smi: -L\n")
 
 
 @pytest.mark.gpu
