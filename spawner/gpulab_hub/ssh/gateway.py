@@ -4,7 +4,7 @@ that project's container (asyncssh server; sessions.py bridges each channel).
 Login: the name is parsed whole (names.parse_login); a malformed one fails like a
 wrong key. A bare account name (``ssh alice@host``, no project) is let in by that
 account's own key or token only to be told what to type and the names of the account's
-own projects (:class:`ChooseProject`); every session and forward of such a connection
+own projects (:class:`choose.ChooseProject`); every session and forward of such a connection
 ends there. Anyone else gets the same refusal as a wrong key, with the login forms in
 the banner, and no project names.
 
@@ -38,10 +38,11 @@ import asyncssh
 
 from gpulab_hub.ssh import ACTIVITY_EVERY_S, checks, hostkey, sessions
 from gpulab_hub.ssh.audit import Audit
+from gpulab_hub.ssh.choose import ChooseProject
 from gpulab_hub.ssh.dockerexec import Docker, ExecError
 from gpulab_hub.ssh.hubclient import HubClient, HubError
 from gpulab_hub.ssh.limits import Limiter, lockout_message
-from gpulab_hub.ssh.names import Login, choose_project, parse_account, parse_login
+from gpulab_hub.ssh.names import Login, parse_account, parse_login
 from gpulab_hub.ssh.sessions import Refused
 from gpulab_hub.ssh.settings import Settings
 
@@ -489,7 +490,7 @@ class Connection(asyncssh.SSHServer):
 
     def session_requested(self):
         if self.login is None:
-            return ChooseProject(self)
+            return ChooseProject(self)  # choose.py
         return sessions.ProjectSession(self)
 
     def _no_project(self) -> asyncssh.ChannelOpenError:
@@ -537,54 +538,6 @@ class Connection(asyncssh.SSHServer):
     def unix_server_requested(self, listen_path):
         self.audit("refused", kind="remote-forward")
         return False
-
-
-class ChooseProject(asyncssh.SSHServerSession):
-    """The one session of a login with no project (``ssh alice@host``): it says what
-    to type and the account's own projects (names.choose_project), then exits 1."""
-
-    def __init__(self, conn: Connection):
-        self.conn = conn
-        self.chan = None
-        self.tty = False
-
-    def connection_made(self, chan) -> None:
-        self.chan = chan
-
-    def pty_requested(self, term_type, term_size, term_modes) -> bool:
-        self.tty = True
-        return True
-
-    def shell_requested(self) -> bool:
-        return True
-
-    def exec_requested(self, command: str) -> bool:
-        return True
-
-    def subsystem_requested(self, subsystem: str) -> bool:
-        return True
-
-    def eof_received(self) -> bool:
-        return True  # the client's input ended (ssh < /dev/null): still say it
-
-    def session_started(self) -> None:
-        asyncio.ensure_future(self._tell())
-
-    async def _tell(self) -> None:
-        user = self.conn.account or ""
-        try:
-            projects = await self.conn.gw.hub.projects(user)
-        except HubError as e:
-            self.conn.audit("hub-error", error=str(e))
-            projects = []
-        text = choose_project(user, self.conn.gw.settings.port, projects)
-        self.conn.audit("refused", kind="session", why="no project named")
-        chan = self.chan
-        if chan is None or chan.is_closing():
-            return
-        end = "\r\n" if self.tty else "\n"
-        chan.write_stderr((text + end).encode("utf-8", "replace"))
-        chan.exit(1)
 
 
 async def serve(settings: Settings, stop: asyncio.Event, make_docker_client) -> None:
