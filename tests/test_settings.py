@@ -85,6 +85,8 @@ def test_defaults_give_a_working_single_machine_hub():
                 # GPU usage by user, project and GPU, and its CSV, for admins
                 ("/gpulab/usage", "gpulab_hub.usagepage.web.UsageHandler", {}),
                 (r"/gpulab/usage\.csv", "gpulab_hub.usagepage.web.UsageCsvHandler", {}),
+                # a project's hardware, as Colab's "Change runtime type"
+                ("/gpulab/runtime/([^/]+)/([^/]+)", "gpulab_hub.home.runtime.RuntimeHandler"),
                 # SSH: each user's keys and how to connect; what the gateway may let in
                 (
                     "/gpulab/ssh",
