@@ -30,6 +30,7 @@ def test_paths_follow_the_site_settings(tmp_path, monkeypatch):
     assert s.allocations_file == home / "hub" / "gpu-allocations.json"
     assert s.sharing_policy == home / "hub" / "sharing.json"
     assert s.network == "gpulab-net"
+    assert s.driver_dir == "/usr/local/nvidia"
 
 
 def test_the_admins_own_lines_win(tmp_path, monkeypatch):
@@ -38,12 +39,14 @@ def test_the_admins_own_lines_win(tmp_path, monkeypatch):
     extra = (
         "\nc.ProjectSpawner.projects_root = '/mnt/big/projects'"
         "\nc.ProjectSpawner.records_dir = '/var/lib/gpulab'"
-        "\nc.ProjectSpawner.allocations_file = '/var/lib/gpulab/gpus.json'\n"
+        "\nc.ProjectSpawner.allocations_file = '/var/lib/gpulab/gpus.json'"
+        "\nc.ProjectSpawner.driver_dir = '/opt/nvidia-driver'\n"
     )
     s = hubsettings.load(config_copy(tmp_path, extra))
     assert s.projects_root == Path("/mnt/big/projects")
     assert s.public_links == Path("/var/lib/gpulab/public-links.json")
     assert s.allocations_file == Path("/var/lib/gpulab/gpus.json")
+    assert s.driver_dir == "/opt/nvidia-driver"  # the doctor checks the folder projects get
     assert s.data_root == tmp_path / "home" / "data"  # what the admin left alone stays
 
 

@@ -43,6 +43,7 @@ class HubSettings:
     usage_file: Path = Path("/srv/gpulab/hub/gpu-usage.jsonl")  # ended GPU holdings
     usage_window: float = 7 * 24 * 3600.0  # seconds budgets are measured over
     budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
+    driver_dir: str = "/usr/local/nvidia"  # ProjectSpawner.driver_dir (its default is this)
 
     @property
     def sharing_policy(self) -> Path:
@@ -95,6 +96,7 @@ def from_spawner(sp) -> HubSettings:
         usage_file=Path(sp.usage_file),
         usage_window=float(sp.gpu_usage_window),
         budget_hours=tuple(sorted(sp.gpu_budget_hours.items())),
+        driver_dir=str(sp.driver_dir),
     )
 
 

@@ -18,7 +18,7 @@ from gpulab_hub.projects import objects
 DOCKER_ERRORS = sandbox.DOCKER_ERRORS
 _short = sandbox.short  # a Docker error in one line (cluster.py's name for it)
 CALL_TIMEOUT = 30  # seconds for one Docker API call (doctor must finish within a minute)
-# What the explicit-devices path mounts from the driver folder (GPULAB_DRIVER_DIR).
+# What the explicit-devices path mounts from the driver folder (ProjectSpawner.driver_dir).
 DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
 
 
@@ -54,11 +54,6 @@ def device_nodes(dev_root: str = "/dev") -> list[str]:
     """The GPU device nodes (/dev/nvidia0, /dev/nvidia1, ...), sorted by number."""
     nodes = [p for p in Path(dev_root).glob("nvidia[0-9]*") if p.name[6:].isdigit()]
     return [str(p) for p in sorted(nodes, key=lambda p: int(p.name[6:]))]
-
-
-def driver_dir(environ) -> str:
-    """The host folder the explicit-devices path mounts (its lib64/ holds the driver)."""
-    return environ.get("GPULAB_DRIVER_DIR") or objects.GpuAssignment().driver_dir
 
 
 def _wsl_host(dev_root: str) -> wsl.GpuHost:

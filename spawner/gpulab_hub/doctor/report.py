@@ -152,7 +152,7 @@ def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) ->
 def docker_findings(
     dk, info, hub: HubSettings, probes: sandbox.ProbeSettings, environ, opts, inv
 ) -> list[Finding]:
-    drivers = docker_checks.driver_dir(environ)
+    drivers = hub.driver_dir  # the spawner's driver_dir, as projects get it
     out = [docker_checks.check_gpu_access(info, inv, drivers, opts.cpu_only)]
     prefix = hub.prefix
     refs = images_in_use(dk, hub, probes)
@@ -247,7 +247,7 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
             findings += protections.findings(dk, info, hub.network, probes)
             findings += docker_findings(dk, info, hub, probes, environ, opts, inv)
             if opts.project:
-                drivers = docker_checks.driver_dir(environ)
+                drivers = hub.driver_dir  # the spawner's driver_dir, as projects get it
                 gpus = docker_checks.all_gpus(inv, info, drivers)
                 findings += project.project_findings(dk, hub, probes, opts.project, gpus)
         except docker_checks.DOCKER_ERRORS as e:
