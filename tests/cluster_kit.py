@@ -523,10 +523,12 @@ class SlurmKit(NodeEngines):
             _run(*inside, "addr", "add", f"{n.address}/24", "dev", "eth0")
             _run(*inside, "link", "set", "eth0", "up")
 
-    def wait_idle(self) -> None:
-        """Until sinfo shows every node idle (bounded), else KitError with the logs."""
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Until sinfo shows every node idle and responding (bounded: timeout, else the
+        kit's idle_timeout), else KitError with the logs."""
         client = self.slurm()
-        deadline = time.monotonic() + self.idle_timeout
+        timeout = self.idle_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         seen = "nothing"
         while time.monotonic() < deadline:
             for name, proc in self._procs.items():
@@ -543,7 +545,7 @@ class SlurmKit(NodeEngines):
                     return
             time.sleep(0.2)
         raise KitError(
-            f"the test cluster's nodes were not idle after {self.idle_timeout:g} s; "
+            f"the test cluster's nodes were not idle after {timeout:g} s; "
             f"sinfo says:\n{seen}\n{self.logs()}"
         )
 

@@ -32,6 +32,10 @@ from gpulab_hub.doctor.findings import FAIL, OK, WARN, render_table
 
 pytestmark = pytest.mark.docker
 SLURM_SPAWNER = "gpulab_hub.cluster.spawner.ProjectSlurmSpawner"
+# How long a test waits for every node to be idle and responding before it starts:
+# past Slurm's default ping interval (SlurmdTimeout / 3 = 100 s), so a node marked not
+# responding under load has been pinged again.
+RESPOND_WAIT = 150
 
 
 def test_on_one_machine_there_is_no_cluster_to_check():
@@ -114,6 +118,7 @@ def scontrol(kit, *args: str) -> None:
 
 
 def test_a_healthy_cluster_is_all_ok(kit):
+    kit.wait_idle(timeout=RESPOND_WAIT)
     found, took, cfg = doctor(kit, "healthy cluster")
     assert {f.status for f in found.values()} == {OK}, render_table(list(found.values()))
     n1, n2 = (n.name for n in kit.nodes)
@@ -141,6 +146,7 @@ def test_a_healthy_cluster_is_all_ok(kit):
 
 def test_a_drained_node_a_missing_device_a_wrong_registry_and_missing_storage_are_named(kit):
     n1, n2 = kit.nodes
+    kit.wait_idle(timeout=RESPOND_WAIT)
     projects, data = storage(kit)
     # Node 2 lacks the shared storage: a folder of its own where it should be mounted
     # (in its mount namespace only), holding an empty projects folder and no data.
@@ -183,6 +189,10 @@ def test_a_drained_node_a_missing_device_a_wrong_registry_and_missing_storage_ar
 
 def test_a_count_mismatch_a_silent_engine_and_a_busy_node_are_reported(kit):
     n1, n2 = kit.nodes
+    # The test before resumed a drained node; on a loaded machine the controller may
+    # have marked a node not responding meanwhile (it pings every 100 s by default),
+    # which the doctor rightly reports. This test is about other faults: start healthy.
+    kit.wait_idle(timeout=RESPOND_WAIT)
     blocker = kit.slurm().submit(
         "#!/bin/sh\nsleep 120\n",
         ["--parsable", "--export=NONE", "--exclusive", f"--nodelist={n2.name}",
