@@ -25,7 +25,7 @@ import docker.errors
 import docker.utils
 import requests.exceptions
 
-from gpulab_hub import firewall, images, pidfile
+from gpulab_hub import blocking, firewall, images, pidfile
 from gpulab_hub.images import base as baseimage
 from gpulab_hub.images import userwheel
 from gpulab_hub.projects import objects
@@ -46,7 +46,14 @@ _build_call = threading.local()
 class APIClient(docker.APIClient):
     """docker-py's client, whose ``build`` also takes ``engine_params``: query parameters
     of the engine's build API that docker-py does not pass (``cgroupparent``, which asks
-    gpulab's engine runtime to confine the steps; ``cpuquota`` and ``cpuperiod``)."""
+    gpulab's engine runtime to confine the steps; ``cpuquota`` and ``cpuperiod``).
+
+    Every request it sends (``/version`` in its constructor included) is blocking work:
+    the loop guard (blocking.off_loop) refuses it on the event-loop thread."""
+
+    def request(self, method, url, *args, **kwargs):
+        blocking.off_loop("A call to the Docker engine")
+        return super().request(method, url, *args, **kwargs)
 
     def build(self, *args, engine_params: dict | None = None, **kwargs):
         _build_call.params = engine_params
@@ -75,7 +82,8 @@ class Docker:
 
     It honours ``DOCKER_HOST`` and its TLS variables, as DockerSpawner's own client
     does, so the hub, the CLI and the doctor always mean the same engine.
-    ``timeout`` bounds each call (the doctor keeps it short).
+    ``timeout`` bounds each call (the doctor keeps it short). Its calls block: from a
+    coroutine, ``await dk.run(method, ...)`` runs one on the Docker pool (blocking.py).
     """
 
     def __init__(self, client: docker.APIClient | None = None, timeout: float = 600):
@@ -90,6 +98,10 @@ class Docker:
 
     def call(self, method: str, *args, **kwargs):
         return getattr(self.client, method)(*args, **kwargs)
+
+    async def run(self, method: str, *args, **kwargs):
+        """:meth:`call` on the Docker pool, for coroutines."""
+        return await blocking.run(blocking.DOCKER, self.call, method, *args, **kwargs)
 
     def reachable(self) -> bool:
         try:

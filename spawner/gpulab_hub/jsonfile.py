@@ -21,6 +21,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpulab_hub import blocking
+
 LOG = logging.getLogger("gpulab_hub")
 
 
@@ -113,19 +115,35 @@ class LockedRecord:
     # read more than this (None: the file is read as it is).
     max_bytes: int | None = None
 
-    def __init__(self, path: Path, log: logging.Logger | logging.LoggerAdapter | None = None):
-        from filelock import FileLock
+    # How long a change waits for the record before the user is told it is busy.
+    lock_timeout: float = blocking.LOCK_TIMEOUT
 
+    def __init__(self, path: Path, log: logging.Logger | logging.LoggerAdapter | None = None):
         self.path = Path(path)
-        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
+        self._file_lock = blocking.file_lock(
+            self.path.with_name(self.path.name + ".lock"), self.named, self.lock_timeout
+        )
         self._thread_lock = threading.RLock()
         self.log = log or LOG
 
+    @property
+    def named(self) -> str:
+        """The record as a sentence names it mid-way ("the GPU allocation record")."""
+        return self.what[:1].lower() + self.what[1:]
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        """Hold the record (re-entrant): what is read inside stays true until the end."""
-        with self._thread_lock, self._file_lock:
-            yield
+        """Hold the record (re-entrant): what is read inside stays true until the end.
+        Blocking work (never on the event loop, blocking.off_loop); a record held
+        elsewhere longer than ``lock_timeout`` raises blocking.Busy, in the user's words."""
+        blocking.off_loop(f"Taking the lock of {self.named}")
+        if not self._thread_lock.acquire(timeout=self.lock_timeout):
+            raise blocking.Busy(self.named)
+        try:
+            with self._file_lock:
+                yield
+        finally:
+            self._thread_lock.release()
 
     # --- overridden by the stores ----------------------------------------------------
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import requests.exceptions
 from dockerspawner import DockerSpawner
 from traitlets import TraitError, default, validate
 
-from gpulab_hub import host, images
+from gpulab_hub import blocking, host, images
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuSettings
@@ -65,7 +64,6 @@ UNAPPLIED_SETTINGS = (
 class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
     """Spawn each project (named server) in its own container and image."""
 
-    _executor = None
     _progress_events: list
     _gpus: objects.GpuAssignment = objects.GpuAssignment()
 
@@ -137,9 +135,11 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
     @property
     def client(self):
         """The hub's Docker client (host.docker_client, as the CLI and doctor make
-        theirs), with DockerSpawner's own ``tls_config`` and ``client_kwargs``."""
+        theirs), with DockerSpawner's own ``tls_config`` and ``client_kwargs``. Made on
+        a Docker pool thread (its constructor asks the engine's version)."""
         cls = ProjectSpawner
         if cls._client is None:
+            blocking.off_loop("Making the Docker client")
             extra = dict(self.client_kwargs)
             if self.tls_config:
                 extra["tls"] = docker.tls.TLSConfig(**self.tls_config)
@@ -148,10 +148,10 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
 
     @property
     def executor(self):
-        cls = ProjectSpawner
-        if cls._executor is None:
-            cls._executor = ThreadPoolExecutor(self.docker_threads, "gpulab-docker")
-        return cls._executor
+        """The hub's Docker pool (blocking.DOCKER, ``docker_threads`` threads), where
+        DockerSpawner's own calls run too."""
+        blocking.configure(blocking.DOCKER, self.docker_threads)
+        return blocking.pool(blocking.DOCKER)
 
     @property
     def project(self) -> Project:
@@ -163,6 +163,7 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
         )
 
     def _run(self, fn, *args):
+        """``fn(*args)`` on the hub's Docker pool (starts, stops, polls, their records)."""
         return asyncio.wrap_future(self.executor.submit(fn, *args))
 
     def _emit(self, progress: int, message: str, note: bool = False):
@@ -374,7 +375,8 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
         settings = self.container_settings()
         await self._run(self._ensure_data_folders, settings)
         spec = objects.container_spec(settings)
-        spec["host_config"] = self.client.create_host_config(**spec["host_config"])
+        client = await self._run(lambda: self.client)  # never made on the event loop
+        spec["host_config"] = client.create_host_config(**spec["host_config"])
         return await self.docker("create_container", **spec)
 
     def _refuse_unapplied_settings(self) -> None:
@@ -438,6 +440,8 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
             ) from e
         except options.OptionsError as e:
             raise SpawnError(str(e), reason="options") from e
+        except blocking.Busy as e:
+            raise SpawnError(str(e), reason="busy", status_code=503) from e
         except (ProjectError, host.HostError) as e:
             raise SpawnError(str(e), reason="project") from e
         except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:

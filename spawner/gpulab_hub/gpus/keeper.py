@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from gpulab_hub import jsonfile
+from gpulab_hub import blocking, jsonfile
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
 from gpulab_hub.gpus.reclaimrecord import Warning
 
@@ -402,7 +402,8 @@ def main() -> None:
         try:
             keeper.look(hub, time.time())
         except (requests.RequestException, queue.QueueError, allocator.AllocationError,
-                jsonfile.RecordError, OSError, ValueError, KeyError) as e:  # fmt: skip
+                jsonfile.RecordError, blocking.Busy, OSError, ValueError,
+                KeyError) as e:  # fmt: skip
             LOG.warning("GPU keeper: this look failed, trying again: %s", e)
         time.sleep(EVERY)
 

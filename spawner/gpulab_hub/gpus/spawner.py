@@ -257,19 +257,18 @@ def _key(c: dict) -> tuple[str, str]:
 
 class Liveness:
     """``alive(owner, project)`` for the allocator, asked under its lock: a spawn of this
-    process under way, or a project container that exists. Docker is asked once, and
-    only if some holding needs it."""
+    process under way, or a project container that exists. Docker is asked once, when
+    it is made: make it BEFORE taking the allocator's lock, which is never held while
+    Docker answers (a container made after the listing belongs to a spawn under way or
+    to a holding within its RESERVE_GRACE, both alive all the same)."""
 
     def __init__(self, docker_call, prefix: str):
-        self._docker_call, self._prefix = docker_call, prefix
-        self._live: set[tuple[str, str]] | None = None
+        self._live = {_key(c) for c in project_containers(docker_call, prefix)}
 
     def __call__(self, owner: str, project: str) -> bool:
         with _pending_lock:
             if (owner, project) in _pending:
                 return True
-        if self._live is None:
-            self._live = {_key(c) for c in project_containers(self._docker_call, self._prefix)}
         return (owner, project) in self._live
 
 
@@ -358,12 +357,13 @@ def reserve(
             f"This project asks for {asked}, but {inv.problem}. Start it with 0 GPUs."
         )
     store = store_of(s, docker_call, prefix)
+    alive = Liveness(docker_call, prefix)  # Docker lists the containers before the lock
     with store.locked():  # the holding and its "under way" mark appear together
         with _pending_lock:
             _pending[key] = ()
         try:
             devices = store.allocate(
-                inv.devices, request, policy_of(s), alive=Liveness(docker_call, prefix),
+                inv.devices, request, policy_of(s), alive=alive,
                 grace=RESERVE_GRACE,
             )  # fmt: skip
         except BaseException:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from gpulab_hub import jsonfile
+from gpulab_hub import blocking, jsonfile
 from gpulab_hub.gpus.allocator import Held
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")  # owner and project
@@ -113,14 +113,14 @@ class UsageLedger:
     """The append-only ledger file; safe for several hub processes at once."""
 
     def __init__(self, path: Path, clock=time.time, max_bytes: int = 64 << 20, log=None):
-        from filelock import FileLock
-
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
         self.max_bytes = max_bytes
         self._thread_lock = threading.RLock()
-        self._file_lock = FileLock(str(self.path.with_name(self.path.name + ".lock")))
+        self._file_lock = blocking.file_lock(
+            self.path.with_name(self.path.name + ".lock"), "the GPU usage ledger"
+        )
         self.log = log or jsonfile.LOG
         self.skipped = 0  # torn or damaged lines the last read skipped
 

@@ -72,11 +72,11 @@ def _fair_share(s, allocations, members) -> tuple[dict[str, float], frozenset[st
     return hours, budgets_of(s, members).over(hours)
 
 
-def _alive(allocations: allocator.AllocationStore, docker_call, prefix: str):
+def _alive(allocations: allocator.AllocationStore, live: gpu_spawner.Liveness):
     """Liveness as ``reserve`` judges it: a spawn of this hub under way, a project
-    container that exists, or a holding reserved within RESERVE_GRACE (its container
-    may not exist yet; another start may have just been granted it)."""
-    live = gpu_spawner.Liveness(docker_call, prefix)
+    container that exists (``live``, listed before the locks), or a holding reserved
+    within RESERVE_GRACE (its container may not exist yet; another start may have just
+    been granted it)."""
     now = gpu_spawner.clock()
     fresh = {
         h.key
@@ -92,8 +92,9 @@ def serve(s, docker_call, prefix: str, members: Mapping[str, list[str]]) -> list
     inv = gpu_spawner.cached_inventory()
     allocations = gpu_spawner.store_of(s, docker_call, prefix)
     q = queue_of(s)
+    live = gpu_spawner.Liveness(docker_call, prefix)  # never asked with the locks held
     with q.locked(), allocations.locked():
-        dead = allocations.release_dead(_alive(allocations, docker_call, prefix))
+        dead = allocations.release_dead(_alive(allocations, live))
         for key in dead:
             s_log(s).info("GPU queue: %s/%s holds GPUs without a container: released", *key)
         hours, over = _fair_share(s, allocations, members)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
+
+from gpulab_hub import blocking
 
 _pool: BuildPool | None = None
 _pool_lock = threading.Lock()
@@ -23,7 +25,8 @@ _pool_lock = threading.Lock()
 class BuildPool:
     def __init__(self, threads: int, per_user: int):
         self.threads, self.per_user = max(1, threads), max(1, per_user)
-        self.executor = ThreadPoolExecutor(self.threads, "gpulab-build")
+        blocking.configure(blocking.BUILDS, self.threads)
+        self.executor = blocking.pool(blocking.BUILDS)
         self.slots = asyncio.Semaphore(self.threads)
         self.users: dict[str, asyncio.Semaphore] = {}
         self.running = 0

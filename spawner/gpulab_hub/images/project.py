@@ -29,10 +29,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
 from dockerfile_parse import DockerfileParser
 
-from gpulab_hub import images, jsonfile
+from gpulab_hub import blocking, images, jsonfile
 from gpulab_hub.images import confine, policy
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
 from gpulab_hub.projects.settings import PROJECT_REPO
@@ -489,7 +488,9 @@ def build_planned(
     tag = plan.tag
     lock_dir.mkdir(parents=True, exist_ok=True)
     name = tag.replace("/", "_").replace(":", "_") + ".lock"
-    with filelock.FileLock(str(lock_dir / name)):
+    # the other build of this content may take its whole time limit
+    wait_s = limits.timeout + 60
+    with blocking.file_lock(lock_dir / name, "the image this project needs", timeout=wait_s):
         if plan.context is None or images.image_id(docker_call, tag):
             on_line(f"Using the image {tag} (the Dockerfile is unchanged)")
         else:

@@ -76,7 +76,7 @@ class GroupShareRoles(jsonfile.LockedRecord):
 
     def role_specs(self) -> list[dict]:
         """The roles as ``c.JupyterHub.load_roles`` entries."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             recorded = self._read()
         return [
             {
@@ -95,7 +95,7 @@ class GroupShareRoles(jsonfile.LockedRecord):
         orm_group = orm.Group.find(db, group_name)
         share = orm.Share.find(db, spawner, orm_group) if orm_group is not None else None
         name = role_name(owner, project, group_name)
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             recorded = self._read()
             if _in_step(db, name, recorded.get(name), share, orm_group):
                 return
@@ -117,7 +117,7 @@ class GroupShareRoles(jsonfile.LockedRecord):
     def sync_project(self, db, spawner) -> None:
         """Every group share of the project, and every recorded role of it, in step."""
         where = f"{spawner.user.name}/{spawner.name}"
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             recorded = [s["group"] for s in self._read().values() if s.get("project") == where]
         shared = [s.group.name for s in spawner.shares if s.group is not None]
         for group in sorted(set(recorded) | set(shared)):
@@ -126,7 +126,7 @@ class GroupShareRoles(jsonfile.LockedRecord):
     def forget(self, owner: str, project: str | None) -> list[str]:
         """Drop the records of a deleted project (None: of all of a deleted user's
         projects); the names of the roles, for the caller to delete from the hub."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             recorded = self._read()
             gone = [
                 name
@@ -157,7 +157,7 @@ def _in_step(db, name: str, record, share, group) -> bool:
 def reconcile(db, roles: GroupShareRoles) -> None:
     """Every group share in the hub's database and every recorded role, in step: a
     role for each group share, with its scopes; none for a share that is gone."""
-    with roles._thread_lock, roles._file_lock:
+    with roles.locked():
         recorded = roles._read()
     pairs = {(*spec["project"].partition("/")[::2], spec["group"]) for spec in recorded.values()}
     for share in db.query(orm.Share).filter(orm.Share.group_id.isnot(None)):

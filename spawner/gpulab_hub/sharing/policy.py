@@ -62,7 +62,7 @@ class SharingPolicyStore(jsonfile.LockedRecord):
         }
 
     def set(self, owner: str, project: str, **changes: bool) -> ProjectSharing:
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             projects = self._read()
             key = f"{owner}/{project}"
             current = ProjectSharing(**projects.get(key, {}))
@@ -73,14 +73,14 @@ class SharingPolicyStore(jsonfile.LockedRecord):
 
     def forget(self, owner: str, project: str) -> None:
         """Drop a deleted project's record."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             projects = self._read()
             if projects.pop(f"{owner}/{project}", None) is not None:
                 self._write(projects)
 
     def forget_owner(self, owner: str) -> None:
         """Drop the records of every project of a deleted user."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             projects = self._read()
             kept = {k: v for k, v in projects.items() if k.split("/", 1)[0] != owner}
             if kept != projects:

@@ -114,7 +114,7 @@ class PublicLinkStore(jsonfile.LockedRecord):
             created_at=now,
             expires_at=now + seconds,
         )
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             links = [x for x in self._read() if not x.expired]
             mine = [x for x in links if (x.owner, x.project) == (owner, project)]
             if len(mine) >= MAX_LINKS_PER_PROJECT:
@@ -123,12 +123,12 @@ class PublicLinkStore(jsonfile.LockedRecord):
         return code, link
 
     def list(self, owner: str, project: str) -> list[PublicLink]:
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             links = self._read()
         return [x for x in links if (x.owner, x.project) == (owner, project) and not x.expired]
 
     def revoke(self, owner: str, project: str, link_id: str) -> bool:
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             links = self._read()
             kept = [
                 x
@@ -143,7 +143,7 @@ class PublicLinkStore(jsonfile.LockedRecord):
 
     def forget(self, owner: str, project: str) -> None:
         """Drop every link of a deleted project."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             links = self._read()
             kept = [x for x in links if (x.owner, x.project) != (owner, project)]
             if kept != links:
@@ -151,7 +151,7 @@ class PublicLinkStore(jsonfile.LockedRecord):
 
     def forget_owner(self, owner: str) -> None:
         """Drop every link of a deleted user's projects."""
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             links = self._read()
             kept = [x for x in links if x.owner != owner]
             if kept != links:
@@ -162,7 +162,7 @@ class PublicLinkStore(jsonfile.LockedRecord):
         if not _CODE.fullmatch(code or ""):
             return None
         digest = _digest(code)
-        with self._thread_lock, self._file_lock:
+        with self.locked():
             links = self._read()
         for link in links:
             if secrets.compare_digest(link.hash, digest) and not link.expired:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import jsonfile
+from gpulab_hub import blocking, jsonfile
 from gpulab_hub.accounts import USERNAME_PATTERN
 
 LOG = logging.getLogger("gpulab.ssh")
@@ -183,11 +183,11 @@ class KeyStore:
         self._file_lock = None
 
     def _locked(self):
-        from filelock import FileLock
-
+        """The keys folder's lock (blocking work: never on the event loop); it gives up
+        with blocking.Busy, in the user's words, when another change holds it too long."""
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self._file_lock is None:
-            self._file_lock = FileLock(str(self.dir / LOCK))
+            self._file_lock = blocking.file_lock(self.dir / LOCK, "the SSH keys record")
         return self._file_lock
 
     # --- reading --------------------------------------------------------------------
