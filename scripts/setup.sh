@@ -28,7 +28,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Python: one virtual environment with both gpulab distributions.
+# Python: one virtual environment with the three gpulab distributions (the contract
+# both sides share, the hub, the user side).
 if [ ! -x .venv/bin/python ]; then
   say "creating .venv"
   python3 -m venv .venv
@@ -53,11 +54,11 @@ pip_install() {
 }
 say "installing gpulab into .venv"
 # JupyterLab too, so .venv/bin/jupyter runs gpulab's lab extension outside the hub.
-pip_install -e ./spawner -e ./extensions "jupyterlab==4.6.6"
+pip_install -e ./contract -e ./spawner -e ./extensions "jupyterlab==4.6.6"
 if [ "$want_tests" = test ]; then
   pip_install -r tests/requirements.txt
 fi
-.venv/bin/python -c "import gpulab_hub, gpulab_jupyter, jupyterlab"
+.venv/bin/python -c "import gpulab_contract, gpulab_hub, gpulab_jupyter, jupyterlab"
 
 # The JupyterHub proxy, from npm, inside .venv.
 if [ ! -x .venv/node/node_modules/.bin/configurable-http-proxy ]; then
