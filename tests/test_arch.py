@@ -1,4 +1,4 @@
-"""One GPU-architecture module (gpulab_jupyter.arch) for both sides: the doctor,
+"""One GPU-architecture module (gpulab_contract.arch) for both sides: the doctor,
 the base image and %gpu_install give the same MAX_JOBS and arch list for the
 same memory, CPUs and GPUs."""
 
@@ -9,9 +9,9 @@ import re
 
 import pytest
 
+from gpulab_contract import arch
 from gpulab_hub.doctor import cuda, gpu, resources
 from gpulab_hub.images import base as baseimage
-from gpulab_jupyter import arch
 from gpulab_jupyter.magics import buildenv
 
 GIB = 2**30

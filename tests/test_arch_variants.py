@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from gpulab_jupyter import arch
+from gpulab_contract import arch
 from gpulab_jupyter.magics import cudabin
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpulab_contract import arch
 from gpulab_hub.doctor import (
     answer,
     cuda,
@@ -21,7 +22,6 @@ from gpulab_hub.doctor import (
 )
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 from gpulab_hub.projects import objects
-from gpulab_jupyter import arch
 
 FIX = Path(__file__).parent / "fixtures" / "doctor"
 PROBES = sandbox.ProbeSettings("gl", "gl-net", "1000:100", "8g", 2 << 30, 3.0, 4096, str.lower)

@@ -12,15 +12,14 @@ import dataclasses
 import json
 import os
 import re
-import secrets
 import shlex
 import time
 import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# Job ids are made here; anything that names one is matched whole against this.
-JOB_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[a-z0-9]{4}")  # ASCII digits only, as the hub
+from gpulab_contract.jobs import JOB_ID  # the hub matches the same ids
+
 # A job's name: what the user called it (shown in lists), plain and short.
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._ -]{0,63}")
 PRECISIONS = ("auto", "bf16", "fp16", "fp32", "")
@@ -115,12 +114,6 @@ class JobRecord:
         d = asdict(self)
         d["elapsed"] = round(self.elapsed, 1)
         return d
-
-
-def new_id(now: float | None = None) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return f"{stamp}-{''.join(secrets.choice(alphabet) for _ in range(4))}"
 
 
 def check_id(job_id: str) -> str:

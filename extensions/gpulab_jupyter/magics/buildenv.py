@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import arch
+from gpulab_contract import arch
 
 # Packages whose build imports torch, so the build must see the installed torch.
 TORCH_AT_BUILD = {
@@ -190,7 +190,7 @@ def available_memory() -> int | None:
 
 
 def max_jobs(names=(), cpus: int | None = None, memory: int | None = None) -> int:
-    """Parallel compile jobs for these packages here (:func:`gpulab_jupyter.arch.max_jobs`)."""
+    """Parallel compile jobs for these packages here (:func:`gpulab_contract.arch.max_jobs`)."""
     cpus = cpu_count() if cpus is None else cpus
     memory = available_memory() if memory is None else memory
     return arch.max_jobs(memory, cpus, names)

@@ -6,7 +6,7 @@ directly (fat binary containers: magic 0xBA55ED50, then entries of kind 1 =
 PTX or 2 = ELF cubin, each naming its SM architecture).
 
 Architecture-specific (sm_90a) and family-specific (sm_100f) code runs on fewer
-GPUs than plain code (:func:`gpulab_jupyter.arch.target_runs_on`), so the variant
+GPUs than plain code (:func:`gpulab_contract.arch.target_runs_on`), so the variant
 is read too: from cuobjdump's names (``x.1.sm_90a.cubin``, ``x.1.sm_100f.ptx``),
 and from the fat binary entry's flags (bit 20: 'a', bit 21: 'f', as nvcc 13.0
 writes them, compressed or not) or, for an uncompressed cubin, its ELF e_flags
@@ -24,7 +24,7 @@ import struct
 import subprocess
 from dataclasses import dataclass, field
 
-from .. import arch
+from gpulab_contract import arch
 
 FATBIN_MAGIC = b"\x50\xed\x55\xba"  # 0xBA55ED50, little endian
 FATBIN_SECTIONS = (b".nv_fatbin", b"__nv_relfatbin")
@@ -61,7 +61,7 @@ class CudaCode:
         return ", ".join(parts) or "no GPU code"
 
     def runs_on(self, cap: str) -> bool:
-        """Does this code run on a GPU of ``cap`` (:func:`gpulab_jupyter.arch.runs_on`)?"""
+        """Does this code run on a GPU of ``cap`` (:func:`gpulab_contract.arch.runs_on`)?"""
         return arch.runs_on(cap, self.sass, self.ptx)
 
 

@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from .. import arch
+from gpulab_contract import arch
+
 from . import buildenv
 
 _TORCH = r"""

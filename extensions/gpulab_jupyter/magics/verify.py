@@ -16,7 +16,8 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from .. import arch
+from gpulab_contract import arch
+
 from . import cudabin
 
 MARK = "@@gpulab-verify@@"

@@ -27,13 +27,14 @@ from jupyterhub.apihandlers import APIHandler
 from jupyterhub.utils import url_escape_path, url_path_join
 from tornado import web
 
+from gpulab_contract.jobs import JOB_ID as JOB_ID_RE
 from gpulab_hub import hubsettings
 from gpulab_hub.cluster import ClusterError, jobs
 from gpulab_hub.cluster.multinode import TrainRequest
 from gpulab_hub.sharing import roles
 
 API = "/api/gpulab/cluster/jobs"
-JOB_ID = r"[0-9]{8}-[0-9]{6}-[a-z0-9]{4}"
+JOB_ID = JOB_ID_RE.pattern  # the contract's job ids, matched whole in the routes
 SERVER_TOKEN_NOTE = "Server at "  # how JupyterHub notes a server's own token
 BODY_MAX_BYTES = 64 * 1024
 WRITERS = ("server", "owner", "collaborator")

@@ -41,6 +41,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 
+from gpulab_contract.jobs import JOB_ID
 from gpulab_hub.cluster import ClusterError, batch, slurm_name
 from gpulab_hub.cluster.batch import (
     CLUSTER_LABEL,
@@ -64,8 +65,6 @@ NETWORK_KIND = "jobs"  # the label's value on job networks (project networks: "p
 TASK_END = "GPULAB_TASK"
 MAX_ARGS = 256
 MAX_ARG_LEN = 4096
-# gpulab_jupyter.jobs.model.JOB_ID (the hub does not import the user side).
-_JOB_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[a-z0-9]{4}")
 # A script inside the project: folders and a file name of letters, digits and ._+- and
 # spaces, ending in .py; never absolute, never "..", never starting with "-".
 _SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9._+ -]{0,126}"
@@ -167,7 +166,7 @@ def _network(value: str, what: str) -> ipaddress.IPv4Network:
 
 def check_request(req: TrainRequest, limits: Limits) -> TrainRequest:
     """The request, or ClusterError in the words the user sees."""
-    if not isinstance(req.job_id, str) or _JOB_ID.fullmatch(req.job_id) is None:
+    if not isinstance(req.job_id, str) or JOB_ID.fullmatch(req.job_id) is None:
         raise ClusterError(f"{req.job_id!r} is not a job id (they look like 20261123-141502-a1b2).")
     nodes, gpus = req.nodes, req.gpus_per_node
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:

@@ -2,16 +2,16 @@
 
 Pure functions of what was read elsewhere (driver, image, torch); the tables
 and the SASS/PTX rules are gpulab's one architecture module,
-:mod:`gpulab_jupyter.arch`, which ``%gpu_install`` uses too.
+:mod:`gpulab_contract.arch`, which ``%gpu_install`` uses too.
 """
 
 from __future__ import annotations
 
 import re
 
+from gpulab_contract import arch
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
 from gpulab_hub.doctor.gpu import Gpu, Inventory, cuda_str, version_tuple
-from gpulab_jupyter import arch
 
 # torch.utils.cpp_extension's names for TORCH_CUDA_ARCH_LIST entries.
 NAMED_ARCHES = {

@@ -7,8 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
+from gpulab_contract import arch
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
-from gpulab_jupyter import arch
 
 GIB = 2**30
 # Free space below which builds fail (fail) or soon will (warn): a CUDA + torch

@@ -13,11 +13,11 @@ import stat
 import time
 from dataclasses import dataclass
 
+from gpulab_contract.jobs import JOB_ID
 from gpulab_hub import gpus, hubsettings, jsonfile
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage, wsl
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, safefs
-from gpulab_jupyter.jobs.model import JOB_ID
 
 LOG = logging.getLogger("gpulab.home")
 JOBS_LOOKED_AT = 200  # the newest job folders a project's count looks at

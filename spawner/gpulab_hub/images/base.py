@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpulab_contract import arch
 from gpulab_hub import images
-from gpulab_jupyter import arch
 
 TEMPLATES = {"gpu": "base-gpu.Dockerfile.j2", "cpu": "base-cpu.Dockerfile.j2"}
 JUPYTERLAB_VERSION = "4.6.6"

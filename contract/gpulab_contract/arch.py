@@ -4,10 +4,10 @@ Compute capability -> SM name and generation, which CUDA can compile for which
 architecture, the oldest driver for each CUDA, the build variables for a set of
 GPUs (TORCH_CUDA_ARCH_LIST, CMake, flash-attn), whether code with given SASS
 and PTX runs on a GPU, and how much memory one parallel compile job needs
-(MAX_JOBS). Used by both sides: the hub's doctor and base image builds
-(gpulab-hub depends on gpulab-jupyter for it) and the magics in every project
-image (``%gpu_install``, ``%gpu_info``). Standard library only, pure functions
-and tables; finding the GPUs lives elsewhere.
+(MAX_JOBS). Used by both sides: the hub's doctor and base image builds and the
+magics in every project image (``%gpu_install``, ``%gpu_info``), which is why it
+lives in the contract both install. Standard library only, pure functions and
+tables; finding the GPUs lives elsewhere.
 
 A capability is written "9.0" (major.minor); "90", "sm_90", "compute_90" and
 (9, 0) are read too. Code is built for a *target*: a capability with NVIDIA's
