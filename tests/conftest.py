@@ -21,6 +21,9 @@ from gpulab_hub import host
 # Prefix of every Docker object and container the tests make; two runs at once
 # (say, a benchmark beside the suite) use different prefixes.
 PREFIX = os.environ.get("GPULAB_TEST_PREFIX", "gpulabtest")
+# Blocking work on an event loop's thread (a store lock, a Docker call) fails the test
+# instead of a warning (gpulab_hub/blocking.py); the hubs tests start inherit it (hub_env).
+os.environ["GPULAB_LOOP_GUARD"] = "strict"
 REPO = Path(__file__).resolve().parents[1]
 GPULAB = str(Path(sys.executable).parent / "gpulab")
 

@@ -7,7 +7,9 @@ other user's pages. Blocking work goes to one of three named, bounded pools:
 - ``DOCKER``: calls to the Docker engine (starts, stops, polls, deletes, lists);
 - ``BUILDS``: image builds (an hour at most each; never on the Docker pool, so a slow
   build never makes another user's start wait);
-- ``RECORDS``: the hub's small records on disk (locks, reads, atomic writes, fsync).
+- ``RECORDS``: the hub's small records on disk (locks, reads, atomic writes, fsync);
+- ``PUBLIC``: file work of anonymous public-link views (sharing/publicrender.py), apart
+  from the pools signed-in users need, so a crowd of visitors never slows them.
 
 ``await run(RECORDS, fn, *args, **kwargs)`` runs ``fn`` on a pool's thread.
 :func:`file_lock` is the one file lock: it times out with :class:`Busy`, whose words
@@ -22,11 +24,13 @@ Nothing is made at import time: a pool starts its threads on first use.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,14 +39,16 @@ LOG = logging.getLogger("gpulab_hub")
 DOCKER = "docker"
 BUILDS = "builds"
 RECORDS = "records"
+PUBLIC = "public"
 
 # Threads per pool, unless the hub's traits set them first (configure()):
 # - docker: ProjectSpawner.docker_threads' default; each call holds a connection to the
 #   engine, and the engine serialises much of its own work, so more threads only queue there;
 # - builds: ProjectSpawner.build_threads' default; a build uses CPUs and disk for minutes;
 # - records: record work takes milliseconds; a few threads keep one slow disk or one held
-#   lock (up to LOCK_TIMEOUT) from stalling every page, and bound the open files.
-SIZES = {DOCKER: 8, BUILDS: 4, RECORDS: 4}
+#   lock (up to LOCK_TIMEOUT) from stalling every page, and bound the open files;
+# - public: what anonymous visitors may occupy at once (opening a notebook, finding a link).
+SIZES = {DOCKER: 8, BUILDS: 4, RECORDS: 4, PUBLIC: 2}
 
 # How long a store lock may be waited for. A store holds its lock for one read and one
 # atomic write (milliseconds); waiting longer means another process is stuck, and the
@@ -94,7 +100,7 @@ def configure(name: str, threads: int) -> None:
 
 
 def pool(name: str) -> ThreadPoolExecutor:
-    """The pool named ``name`` (DOCKER, BUILDS or RECORDS), made on first use; its
+    """The pool named ``name`` (DOCKER, BUILDS, RECORDS or PUBLIC), made on first use; its
     threads are named ``gpulab-<name>_<n>``."""
     if name not in SIZES:
         raise KeyError(f"no pool named {name!r}; gpulab's pools are {', '.join(SIZES)}")
@@ -130,11 +136,26 @@ def strict() -> bool:
     return os.environ.get(GUARD_ENV, "").strip().lower() == "strict"
 
 
+_allowed: contextvars.ContextVar[str] = contextvars.ContextVar("gpulab_allowed", default="")
+
+
+@contextlib.contextmanager
+def allowed(why: str) -> Iterator[None]:
+    """Blocking work the guard lets through on the loop, each use with its reason
+    (``why``): the hub's configuration, read before it serves anyone; a hook JupyterHub
+    calls synchronously, whose record must be written before JupyterHub goes on."""
+    token = _allowed.set(why)
+    try:
+        yield
+    finally:
+        _allowed.reset(token)
+
+
 def off_loop(what: str) -> None:
     """The guard: call it before blocking work (``what`` names it). On the event-loop
     thread it raises :class:`OnLoop` when ``GPULAB_LOOP_GUARD=strict``, else logs one
-    warning per ``what``; off the loop it does nothing."""
-    if not on_loop_thread():
+    warning per ``what``; off the loop (or within :func:`allowed`) it does nothing."""
+    if not on_loop_thread() or _allowed.get():
         return
     message = (
         f"{what} ran on the event-loop thread, where it stops every other page while it "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpulab_hub import blocking
 from gpulab_hub.sharing import linkaccess, roles
 
 # JupyterHub's OAuth client id of a user's server: jupyterhub-user-<name>[-<server>]
@@ -48,9 +49,11 @@ def _configured_no_confirm() -> set[str]:
 
 def share_terms(user):
     """``c.JupyterHub.template_vars`` entry: for the page's user, a function of a share
-    code giving what the accept page says of it (None: no such link, or expired)."""
+    code giving what the accept page says of it (None: no such link, or expired).
+    A coroutine (JupyterHub's templates await what they call): the record is read on
+    the records pool, the database here."""
 
-    def terms(code: str) -> dict | None:
+    async def terms(code: str) -> dict | None:
         from jupyterhub import orm
 
         if user is None or not isinstance(code, str) or not code:
@@ -61,7 +64,12 @@ def share_terms(user):
         spawner = share_code.spawner
         role = roles.role_of(share_code.scopes)
         store = linkaccess.hub_store()
-        lasts = store.lasts_of(share_code) if store is not None else linkaccess.REVOKED
+        if store is None:
+            lasts = linkaccess.REVOKED
+        else:
+            key = linkaccess.code_key(share_code)
+            records = await blocking.run(blocking.RECORDS, store.snapshot)
+            lasts = linkaccess.lasts_in(records, key)
         return {
             "owner": share_code.owner.name,
             "project": spawner.name,

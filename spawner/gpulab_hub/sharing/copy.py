@@ -40,9 +40,8 @@ from urllib.parse import quote, urlencode
 from jupyterhub.handlers import BaseHandler
 from jupyterhub.slugs import safe_slug
 from tornado import web
-from tornado.ioloop import IOLoop
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.projects import (
     DEFAULT_PROJECT,
     Project,
@@ -141,11 +140,14 @@ class CopyHandler(BaseHandler):
         saving = installs.GpulabSaveCopy(config=self.settings["config"])
         self.package_indexes = tuple(saving.package_indexes)
 
-    def _source(self) -> Source:
+    async def _source(self) -> Source:
         """What to copy, checked against what the user may read (FileRefused if not)."""
         code = self.get_argument("public", "")
         if code:
-            link = find_link(self.hub_dir, code) if self.public_links else None
+            try:
+                link = await self._run(find_link, self.hub_dir, code) if self.public_links else None
+            except blocking.Busy as e:
+                raise FileRefused(503, str(e)) from e
             if link is None:
                 raise FileRefused(404, "That public link does not exist, or expired.")
             return Source(link.owner, link.project, link.path, public=code)
@@ -189,7 +191,7 @@ class CopyHandler(BaseHandler):
     @web.authenticated
     async def get(self):
         try:
-            source = self._source()
+            source = await self._source()
         except FileRefused as e:
             await self._page(None, status=e.status, error=str(e))
             return
@@ -222,7 +224,7 @@ class CopyHandler(BaseHandler):
     @web.authenticated
     async def post(self):
         try:
-            source = self._source()
+            source = await self._source()
         except FileRefused as e:
             await self._page(None, status=e.status, error=str(e))
             return
@@ -301,4 +303,4 @@ class CopyHandler(BaseHandler):
         safefs.ensure_project(project, text, *spawner.notebook_owner())
 
     async def _run(self, fn, *args):
-        return await IOLoop.current().run_in_executor(None, fn, *args)
+        return await blocking.run(blocking.RECORDS, fn, *args)

@@ -37,7 +37,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gpulab_hub import hubsettings, jsonfile
+from gpulab_hub import blocking, hubsettings, jsonfile
 
 ROLE_PREFIX = "gpulab-group-share-"
 FILE_NAME = hubsettings.GROUP_SHARE_ROLES  # in the hub's records folder
@@ -88,40 +88,81 @@ class GroupShareRoles(jsonfile.LockedRecord):
             for name, spec in sorted(recorded.items())
         ]
 
-    def sync(self, db, spawner, group: orm.Group | str) -> None:
-        """Make the role of ``group`` on ``spawner``'s project match the group's share."""
+    def snapshot(self) -> dict:
+        """Every recorded role as it is now (blocking: blocking.run(RECORDS, ...))."""
+        with self.locked():
+            return self._read()
+
+    def apply(self, before: dict, changes: dict[str, dict | None]) -> None:
+        """Write ``changes`` (role name -> record, None: gone) made from the snapshot
+        ``before``; a role changed by someone else since is left as they made it."""
+        with self.locked():
+            recorded = self._read()
+            after = dict(recorded)
+            for name, spec in changes.items():
+                if recorded.get(name) != before.get(name):
+                    continue
+                if spec is None:
+                    after.pop(name, None)
+                else:
+                    after[name] = spec
+            if after != recorded:
+                self._write(after)
+
+    def _step(self, db, spawner, group_name: str, recorded: dict) -> dict:
+        """Put the hub's role of ``group_name`` on ``spawner``'s project in step with the
+        group's share (the database, on the event loop); the record's change ({} none)."""
         owner, project = spawner.user.name, spawner.name
-        group_name = group if isinstance(group, str) else group.name
         orm_group = orm.Group.find(db, group_name)
         share = orm.Share.find(db, spawner, orm_group) if orm_group is not None else None
         name = role_name(owner, project, group_name)
+        if _in_step(db, name, recorded.get(name), share, orm_group):
+            return {}
+        if share is None or not share.scopes:
+            if orm.Role.find(db, name) is not None:
+                hub_roles.delete_role(db, name)
+            return {name: None} if name in recorded else {}
+        spec = {
+            "description": f"gpulab: {owner}/{project} shared with group {group_name}",
+            "scopes": sorted(share.scopes),
+        }
+        role = hub_roles.create_role(db, {"name": name, **spec})
+        hub_roles.grant_role(db, orm_group, role)
+        return {name: {**spec, "group": group_name, "project": f"{owner}/{project}"}}
+
+    def sync(self, db, spawner, group: orm.Group | str) -> None:
+        """Make the role of ``group`` on ``spawner``'s project match the group's share."""
+        group_name = group if isinstance(group, str) else group.name
         with self.locked():
             recorded = self._read()
-            if _in_step(db, name, recorded.get(name), share, orm_group):
-                return
-            if share is None or not share.scopes:
-                if orm.Role.find(db, name) is not None:
-                    hub_roles.delete_role(db, name)
-                if recorded.pop(name, None) is None:
-                    return
-            else:
-                spec = {
-                    "description": f"gpulab: {owner}/{project} shared with group {group_name}",
-                    "scopes": sorted(share.scopes),
-                }
-                role = hub_roles.create_role(db, {"name": name, **spec})
-                hub_roles.grant_role(db, orm_group, role)
-                recorded[name] = {**spec, "group": group_name, "project": f"{owner}/{project}"}
-            self._write(recorded)
+            changes = self._step(db, spawner, group_name, recorded)
+            if changes:
+                self.apply(recorded, changes)
+
+    def _project_steps(self, db, spawner, recorded: dict) -> dict:
+        where = f"{spawner.user.name}/{spawner.name}"
+        mine = [s["group"] for s in recorded.values() if s.get("project") == where]
+        shared = [s.group.name for s in spawner.shares if s.group is not None]
+        changes: dict = {}
+        for group in sorted(set(mine) | set(shared)):
+            changes.update(self._step(db, spawner, group, recorded))
+        return changes
 
     def sync_project(self, db, spawner) -> None:
         """Every group share of the project, and every recorded role of it, in step."""
-        where = f"{spawner.user.name}/{spawner.name}"
         with self.locked():
-            recorded = [s["group"] for s in self._read().values() if s.get("project") == where]
-        shared = [s.group.name for s in spawner.shares if s.group is not None]
-        for group in sorted(set(recorded) | set(shared)):
-            self.sync(db, spawner, group)
+            recorded = self._read()
+            changes = self._project_steps(db, spawner, recorded)
+            if changes:
+                self.apply(recorded, changes)
+
+    async def sync_project_async(self, db, spawner) -> None:
+        """:meth:`sync_project` on the hub's event loop: the record read and written on
+        the records pool, the database here."""
+        recorded = await blocking.run(blocking.RECORDS, self.snapshot)
+        changes = self._project_steps(db, spawner, recorded)
+        if changes:
+            await blocking.run(blocking.RECORDS, self.apply, recorded, changes)
 
     def forget(self, owner: str, project: str | None) -> list[str]:
         """Drop the records of a deleted project (None: of all of a deleted user's
@@ -159,14 +200,30 @@ def reconcile(db, roles: GroupShareRoles) -> None:
     role for each group share, with its scopes; none for a share that is gone."""
     with roles.locked():
         recorded = roles._read()
+        changes = _reconcile_steps(db, roles, recorded)
+        if changes:
+            roles.apply(recorded, changes)
+
+
+async def reconcile_async(db, roles: GroupShareRoles) -> None:
+    """:func:`reconcile` on the hub's event loop (the record on the records pool)."""
+    recorded = await blocking.run(blocking.RECORDS, roles.snapshot)
+    changes = _reconcile_steps(db, roles, recorded)
+    if changes:
+        await blocking.run(blocking.RECORDS, roles.apply, recorded, changes)
+
+
+def _reconcile_steps(db, roles: GroupShareRoles, recorded: dict) -> dict:
     pairs = {(*spec["project"].partition("/")[::2], spec["group"]) for spec in recorded.values()}
     for share in db.query(orm.Share).filter(orm.Share.group_id.isnot(None)):
         pairs.add((share.owner.name, share.spawner.name, share.group.name))
+    changes: dict = {}
     for owner, project, group in sorted(pairs):
         user = orm.User.find(db, owner)
         spawner = user.orm_spawners.get(project) if user is not None else None
         if spawner is not None:  # else a deleted project: deletion.py forgets its roles
-            roles.sync(db, spawner, group)
+            changes.update(roles._step(db, spawner, group, recorded))
+    return changes
 
 
 class _Watch:
@@ -204,14 +261,22 @@ class _Watch:
         except RuntimeError:  # not in the hub's loop: the share page or the next start
             return
         cls.pending = True
-        loop.call_soon(cls.run, session)  # a committed session emits no SQL until then
+        loop.call_soon(cls.start, session)  # a committed session emits no SQL until then
+
+    tasks: set = set()  # the runs under way (a task nobody holds may vanish)
 
     @classmethod
-    def run(cls, session) -> None:
+    def start(cls, session) -> None:
+        task = asyncio.ensure_future(cls.run(session))
+        cls.tasks.add(task)
+        task.add_done_callback(cls.tasks.discard)
+
+    @classmethod
+    async def run(cls, session) -> None:
         cls.pending = False
         try:
-            reconcile(session, cls.roles)
-        except jsonfile.RecordError as e:
+            await reconcile_async(session, cls.roles)
+        except (jsonfile.RecordError, blocking.Busy) as e:
             LOG.error("Group-share roles not put in step: %s", e)
         except (OSError, SQLAlchemyError) as e:
             session.rollback()
@@ -236,7 +301,9 @@ def load_roles(hub_dir: str | Path) -> list[dict]:
     (the hub still starts; the error says what to do) if the file cannot be read."""
     roles = GroupShareRoles(Path(hub_dir) / FILE_NAME)
     try:
-        return roles.role_specs()
-    except jsonfile.RecordError as e:
+        # JupyterHub reads its configuration on its event loop, before it serves anyone
+        with blocking.allowed("reading the group-share roles as the hub starts"):
+            return roles.role_specs()
+    except (jsonfile.RecordError, blocking.Busy) as e:
         roles.log.error("%s Until then, group shares give no access.", e)
         return []

@@ -35,7 +35,7 @@ from sqlalchemy import event, inspect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gpulab_hub import jsonfile
+from gpulab_hub import blocking, jsonfile
 
 FILE_NAME = "link-access.json"  # in the hub's records folder
 LINK, REVOKED = "link", "revoked"
@@ -100,22 +100,47 @@ class LinkAccess(jsonfile.LockedRecord):
                 raise ValueError(f"{key!r} is not a record gpulab makes")
         return section
 
+    # --- the whole record, for pages (read off the event loop, used on it) ----------
+    def snapshot(self) -> dict:
+        """Every record as it is now (blocking: blocking.run(RECORDS, ...))."""
+        with self.locked():
+            return self._read()
+
+    def apply(self, before: dict, changes: dict[str, dict | None]) -> None:
+        """Write ``changes`` (key -> new record, None: gone) made from the snapshot
+        ``before``; a key changed by someone else since is left as they made it."""
+        with self.locked():
+            records = self._read()
+            after = dict(records)
+            for key, rec in changes.items():
+                if records.get(key) != before.get(key):
+                    continue
+                if rec is None:
+                    after.pop(key, None)
+                else:
+                    after[key] = rec
+            if after != records:
+                self._write(after)
+
     # --- links --------------------------------------------------------------------
     def mark(self, code: orm.ShareCode, lasts: str) -> None:
         """Record how long access through the new link ``code`` lasts."""
+        self.mark_key(code_key(code), code.id, lasts)
+
+    def mark_key(self, key: str, code_id: int, lasts: str) -> None:
+        """:meth:`mark` of the link ``key`` (:func:`code_key`), number ``code_id``:
+        plain values, so it runs off the event loop (the database stays on it)."""
         if lasts not in LASTS:
             raise ValueError(f"Choose how long access lasts: {', '.join(LASTS)}.")
         if lasts == DEFAULT_LASTS:
             return
         with self.locked():
             records = self._read()
-            records[code_key(code)] = {"lasts": lasts, "id": code.id}
+            records[key] = {"lasts": lasts, "id": code_id}
             self._write(records)
 
     def lasts_of(self, code: orm.ShareCode) -> str:
-        with self.locked():
-            rec = self._read().get(code_key(code))
-        return rec["lasts"] if rec else DEFAULT_LASTS
+        return lasts_in(self.snapshot(), code_key(code))
 
     # --- people -------------------------------------------------------------------
     def accepted(self, code: orm.ShareCode, share: orm.Share, before: set[str]) -> None:
@@ -164,15 +189,22 @@ class LinkAccess(jsonfile.LockedRecord):
     def ends(self, owner: str, project: str, kind: str, name: str) -> str:
         """When the access of ``kind`` ``name`` to the project ends (ISO, naive UTC):
         the last end of its link-bound scopes; "" when it lasts until revoked."""
-        with self.locked():
-            rec = self._read().get(grant_key(owner, project, kind, name))
-        if not rec or not rec["scopes"]:
-            return ""
-        return iso(max(_at(v["until"]) for v in rec["scopes"].values()))
+        return ends_in(self.snapshot(), owner, project, kind, name)
 
     def end_link(self, db, key: str) -> int:
         """The link ``key`` (:func:`code_key`) is revoked: the access it gave ends now.
         How many people (or groups) lost some access."""
+        self.end_link_records(key)
+        return self.sweep(db)
+
+    async def end_link_async(self, db, key: str) -> int:
+        """:meth:`end_link` for the hub's pages: the record off the event loop, the
+        database on it."""
+        await blocking.run(blocking.RECORDS, self.end_link_records, key)
+        return await self.sweep_async(db)
+
+    def end_link_records(self, key: str) -> None:
+        """The record's half of :meth:`end_link` (no database)."""
         now = utcnow(with_tz=False)
         with self.locked():
             records = self._read()
@@ -182,39 +214,54 @@ class LinkAccess(jsonfile.LockedRecord):
                         bound["until"] = iso(min(_at(bound["until"]), now))
             records.pop(key, None)
             self._write(records)
-        return self.sweep(db)
 
     def sweep(self, db, now: datetime | None = None) -> int:
         """Take away every scope whose link has ended; forget records of shares that are
         gone. How many people (or groups) lost some access."""
-        now = now or utcnow(with_tz=False)
-        ended = 0
         with self.locked():
             records = self._read()
-            kept = {}
-            for key, rec in records.items():
-                if key.startswith("code:"):
-                    code = db.get(orm.ShareCode, rec["id"])
-                    if code is not None and code_key(code) == key:
-                        kept[key] = rec
-                    continue
-                share, target = self._share(db, rec)
-                if share is None or iso(share.created_at) != rec["share_created"]:
-                    continue
-                over = sorted(s for s, v in rec["scopes"].items() if _at(v["until"]) <= now)
-                if over:
-                    orm.Share.revoke(db, share.spawner, target, scopes=over)
-                    LOG.info(
-                        "gpulab: the link-bound access of %s %s to %s/%s ended (%s)",
-                        rec["kind"], rec["name"], rec["owner"], rec["project"], ", ".join(over),
-                    )  # fmt: skip
-                    ended += 1
-                left = {s: v for s, v in rec["scopes"].items() if s not in over}
-                if left:
-                    kept[key] = {**rec, "scopes": left}
-            if kept != records:
-                self._write(kept)
+            changes, ended = self._sweep_plan(db, records, now)
+            if changes:
+                self.apply(records, changes)
         return ended
+
+    async def sweep_async(self, db, now: datetime | None = None) -> int:
+        """:meth:`sweep` on the hub's event loop: the record read and written on the
+        records pool, the database (and its revokes) here."""
+        records = await blocking.run(blocking.RECORDS, self.snapshot)
+        changes, ended = self._sweep_plan(db, records, now)
+        if changes:
+            await blocking.run(blocking.RECORDS, self.apply, records, changes)
+        return ended
+
+    def _sweep_plan(self, db, records: dict, now: datetime | None) -> tuple[dict, int]:
+        """Revoke (in the database) what has ended; the record's changes, and how many
+        people (or groups) lost some access."""
+        now = now or utcnow(with_tz=False)
+        ended = 0
+        kept = {}
+        for key, rec in records.items():
+            if key.startswith("code:"):
+                code = db.get(orm.ShareCode, rec["id"])
+                if code is not None and code_key(code) == key:
+                    kept[key] = rec
+                continue
+            share, target = self._share(db, rec)
+            if share is None or iso(share.created_at) != rec["share_created"]:
+                continue
+            over = sorted(s for s, v in rec["scopes"].items() if _at(v["until"]) <= now)
+            if over:
+                orm.Share.revoke(db, share.spawner, target, scopes=over)
+                LOG.info(
+                    "gpulab: the link-bound access of %s %s to %s/%s ended (%s)",
+                    rec["kind"], rec["name"], rec["owner"], rec["project"], ", ".join(over),
+                )  # fmt: skip
+                ended += 1
+            left = {s: v for s, v in rec["scopes"].items() if s not in over}
+            if left:
+                kept[key] = {**rec, "scopes": left}
+        changes = {k: kept.get(k) for k in records if kept.get(k) != records[k]}
+        return changes, ended
 
     @staticmethod
     def _share(db, rec: dict):
@@ -227,6 +274,20 @@ class LinkAccess(jsonfile.LockedRecord):
         if target is None:
             return None, None
         return orm.Share.find(db, spawner, target), target
+
+
+def lasts_in(records: dict, key: str) -> str:
+    """How long access through the link ``key`` lasts, from a :meth:`snapshot`."""
+    rec = records.get(key)
+    return rec["lasts"] if rec else DEFAULT_LASTS
+
+
+def ends_in(records: dict, owner: str, project: str, kind: str, name: str) -> str:
+    """:meth:`LinkAccess.ends`, from a :meth:`LinkAccess.snapshot`."""
+    rec = records.get(grant_key(owner, project, kind, name))
+    if not rec or not rec["scopes"]:
+        return ""
+    return iso(max(_at(v["until"]) for v in rec["scopes"].values()))
 
 
 class _Hub:
@@ -251,7 +312,10 @@ def _exchange(code, share_with):
     share = _Hub.original_exchange(code, share_with)
     if _Hub.store is not None:
         try:
-            _Hub.store.accepted(code, share, before)
+            # JupyterHub calls this synchronously, on its event loop, and goes on to tell
+            # the person they have access: the record of when it ends must exist first.
+            with blocking.allowed("recording how long an accepted link's access lasts"):
+                _Hub.store.accepted(code, share, before)
         except (jsonfile.RecordError, OSError):
             # Never let a link give access for longer than it says: take back what it gave.
             added = sorted(set(share.scopes) - before)
@@ -262,15 +326,15 @@ def _exchange(code, share_with):
     return share
 
 
-def _sweep_now() -> None:
+async def _sweep_now() -> None:
     from jupyterhub.app import JupyterHub
 
     if _Hub.store is None or not JupyterHub.initialized():
         return
     db = JupyterHub.instance().db
     try:
-        _Hub.store.sweep(db)
-    except jsonfile.RecordError as e:
+        await _Hub.store.sweep_async(db)
+    except (jsonfile.RecordError, blocking.Busy) as e:
         LOG.error("Link-bound access not ended: %s", e)
     except (SQLAlchemyError, OSError):  # a periodic callback: log, sweep again next time
         db.rollback()

@@ -13,7 +13,9 @@ bounded (publicrender.py: rendered once per notebook version, in a process with 
 time limit, off the pools signed-in users need, a size limit; publiclimits.py:
 views per minute per client address). Codes are
 ``secrets.token_urlsafe(32)``; only their SHA-256 is kept, in
-``<hub dir>/public-links.json`` (file-locked, written atomically).
+``<hub dir>/public-links.json`` (file-locked, written atomically), read and written on
+the records pool (the owner's page) or the public views' pool (a view), never on the
+hub's event loop (blocking.py); a record held too long elsewhere shows as 503 with words.
 """
 
 from __future__ import annotations
@@ -31,9 +33,8 @@ from urllib.parse import quote, urlencode
 
 from jupyterhub.handlers import BaseHandler
 from tornado import web
-from tornado.ioloop import IOLoop
 
-from gpulab_hub import hubsettings, jsonfile
+from gpulab_hub import blocking, hubsettings, jsonfile
 from gpulab_hub.projects import safefs
 from gpulab_hub.sharing.notebooks import FileRefused, check_path, open_project_dir, read_notebook
 from gpulab_hub.sharing.publiclimits import RateLimiter, client_address, trusted_networks
@@ -229,7 +230,8 @@ class _Base(BaseHandler):
         self.max_hours = max_hours
 
     async def _run(self, fn, *args):
-        return await IOLoop.current().run_in_executor(None, fn, *args)
+        """``fn(*args)`` on the records pool (blocking.py): never on the event loop."""
+        return await blocking.run(blocking.RECORDS, fn, *args)
 
 
 class PublicLinksHandler(_Base):
@@ -248,7 +250,7 @@ class PublicLinksHandler(_Base):
         html = await self.render_template(
             "gpulab-public-links.html",
             project=project,
-            links=self.links.list(owner, project),
+            links=await self._run(self.links.list, owner, project),
             notebooks=await self._run(notebooks_in, self.projects_root, owner, project),
             message=message,
             error=error,
@@ -262,7 +264,10 @@ class PublicLinksHandler(_Base):
     @web.authenticated
     async def get(self, project: str):
         self._check(project)
-        await self._page(project)
+        try:
+            await self._page(project)
+        except blocking.Busy as e:
+            raise web.HTTPError(503, "%s", e) from e
 
     async def _create(self, project: str) -> tuple[str, str]:
         owner = self.current_user.name
@@ -275,7 +280,7 @@ class PublicLinksHandler(_Base):
             raise FileRefused(400, f"A link lasts from 1 to {self.max_hours} hours.")
         # The notebook must be there, a notebook, and reached without links.
         await self._run(read_notebook, self.projects_root, owner, project, path)
-        code, link = self.links.create(owner, project, path, hours * 3600)
+        code, link = await self._run(self.links.create, owner, project, path, hours * 3600)
         request = self.request
         url = f"{request.protocol}://{request.host}{self.hub.base_url}gpulab/p/{code}"
         self.log.info("gpulab: %s made public link %s for %s:%s", owner, link.id, project, path)
@@ -292,8 +297,8 @@ class PublicLinksHandler(_Base):
                 return
             if action == "revoke":
                 link_id = self.get_body_argument("id", "")
-                if not _ID.fullmatch(link_id) or not self.links.revoke(
-                    self.current_user.name, project, link_id
+                if not _ID.fullmatch(link_id) or not await self._run(
+                    self.links.revoke, self.current_user.name, project, link_id
                 ):
                     raise FileRefused(404, "No such link.")
                 await self._page(project, message="Public link revoked.")
@@ -301,6 +306,8 @@ class PublicLinksHandler(_Base):
             raise FileRefused(400, f"Unknown action {action!r}.")
         except FileRefused as e:
             await self._page(project, status=e.status, error=str(e))
+        except blocking.Busy as e:
+            raise web.HTTPError(503, "%s", e) from e
 
 
 def _mib(n: int, up: bool = False) -> str:
@@ -387,7 +394,11 @@ class PublicNotebookHandler(_Base):
             self.log.warning("gpulab: public link views from %s over %d a minute", client, n)
             self._too_many(429, TOO_MANY.format(n=n, wait=wait), wait)
             return
-        link = self.links.find(code)
+        try:
+            link = await renders.in_thread(self.links.find, code)
+        except blocking.Busy:
+            self._too_many(503, BUSY, 30)
+            return
         if link is None:
             self._plain(404, GONE)
             return

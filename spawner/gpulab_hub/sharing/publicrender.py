@@ -14,8 +14,8 @@ capped by the admin's settings (:class:`GpulabPublicLinks`):
 - **time and memory**: each render is a fresh process (``nbrender.py``) with an
   address-space and CPU limit, killed (its whole process group) when
   ``render_timeout_s`` passes. A thread cannot be stopped; a process can.
-- **off the pools signed-in users need**: files are opened on this module's own
-  small thread pool and renders run in child processes, at most ``render_workers``
+- **off the pools signed-in users need**: files are opened on the hub's small pool for
+  public views (blocking.PUBLIC) and renders run in child processes, at most ``render_workers``
   at once; never on JupyterHub's default executor (the home page's) or the
   spawner's Docker pool. At most ``render_queue`` versions wait for a render; past
   that a view is told the hub is busy (503).
@@ -30,20 +30,19 @@ import os
 import signal
 import sys
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from traitlets import Float, Integer
 from traitlets.config import Configurable
 
+from gpulab_hub import blocking
 from gpulab_hub.projects import safefs
 from gpulab_hub.sharing import nbrender
 from gpulab_hub.sharing.notebooks import FileRefused, check_path, open_project_dir
 
 CHILD = Path(nbrender.__file__)
 STDERR_KEPT = 2000  # characters of a failed render's stderr put in the hub's log
-FILE_THREADS = 2
 
 
 class GpulabPublicLinks(Configurable):
@@ -321,13 +320,13 @@ class PublicRenders:
     def __init__(self, limits: GpulabPublicLinks, log=None):
         self.limits, self.log = limits, log
         self.cache = RenderCache(limits.cache_mib * 2**20, limits.cache_entries)
-        self.files = ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="gpulab-public")
         self.slots = asyncio.Semaphore(limits.render_workers)
         self.pending: dict[Key, asyncio.Task] = {}
         self.renders = 0  # processes started, for the log and tests
 
     async def in_thread(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.files, fn, *args)
+        """``fn(*args)`` on the hub's pool for public views (blocking.PUBLIC)."""
+        return await blocking.run(blocking.PUBLIC, fn, *args)
 
     async def page(self, projects_root, link) -> tuple[Key, Rendered, str]:
         """The rendered notebook of ``link``, and how it came: "hit" (cached), "shared"

@@ -14,7 +14,6 @@ with the options the owner last started it with.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from jupyterhub.handlers import BaseHandler
 from jupyterhub.slugs import is_valid_safe_slug
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.sharing import roles
 from gpulab_hub.sharing.policy import ProjectSharing, SharingPolicyStore
 
@@ -70,7 +69,7 @@ def iso_utc(when) -> str:
 async def policies_now(store: SharingPolicyStore) -> dict[str, ProjectSharing]:
     """The sharing settings of every project, read on a worker thread (the store takes
     a file lock: never on the event loop)."""
-    return await asyncio.get_running_loop().run_in_executor(None, store.snapshot)
+    return await blocking.run(blocking.RECORDS, store.snapshot)
 
 
 def received_rows(handler, policies: dict[str, ProjectSharing]) -> list[Received]:

@@ -19,6 +19,10 @@ whose owner did not allow it).
 
 ``?embed=1`` renders the page without the hub's navigation bar and lets
 same-origin pages frame it (JupyterLab's Share dialog shows it in an iframe).
+
+The page's records (sharing settings, link access, group-share roles) are read and
+written on the records pool (blocking.py), never on the hub's event loop; JupyterHub's
+database stays on the loop. A record held too long elsewhere shows as 503 with words.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from jupyterhub.utils import utcnow
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from gpulab_hub import accounts, hubsettings, jsonfile
+from gpulab_hub import accounts, blocking, hubsettings, jsonfile
 from gpulab_hub.projects.title import title
 from gpulab_hub.sharing import linkaccess, origins, roles
 from gpulab_hub.sharing.groupshares import GroupShareRoles
@@ -87,7 +91,7 @@ class ShareHandler(BaseHandler):
             self.set_header(origins.CSP_HEADER, csp)
 
     # --- who may use the page, on which project -------------------------------------
-    def _target(self, first: str, second: str | None) -> tuple[str, str, bool]:
+    async def _target(self, first: str, second: str | None) -> tuple[str, str, bool]:
         """(owner, project, resharing) of the request, or 404/403."""
         me = self.current_user
         if second is None or first == me.name:
@@ -98,7 +102,7 @@ class ShareHandler(BaseHandler):
         spawner = self._spawner(first, second)
         if spawner is None or self._my_role(spawner) != "collaborator":
             raise web.HTTPError(404, f"No project {first}/{second} is shared with you.")
-        if not self._settings(first, second).collaborators_may_reshare:
+        if not (await self._settings(first, second)).collaborators_may_reshare:
             raise web.HTTPError(403, f"{first} has not allowed sharing {second} on.")
         return first, second, True
 
@@ -109,10 +113,10 @@ class ShareHandler(BaseHandler):
     def _my_role(self, spawner) -> str:
         return roles.role_on(self.db, self.current_user.orm_user, spawner)
 
-    def _settings(self, owner: str, project: str):
+    async def _settings(self, owner: str, project: str):
         if self.policy is None:
             return ProjectSharing()
-        return self.policy.get(owner, project)
+        return await blocking.run(blocking.RECORDS, self.policy.get, owner, project)
 
     # --- the owner's calls to JupyterHub's REST API ---------------------------------
     def _token(self, project: str) -> str:
@@ -222,7 +226,7 @@ class ShareHandler(BaseHandler):
             raise ApiError(400, f"Choose a role: {', '.join(sorted(roles.ROLES))}.")
         return role
 
-    def _grant(self, owner: str, project: str, kind: str, name: str, resharing: bool) -> str:
+    async def _grant(self, owner, project, kind: str, name: str, resharing: bool) -> str:
         """Share with a user or group by name: what POST /hub/api/shares/... does, less its
         need of ``read:users:name`` (gpulab does not let users list each other)."""
         role = self._role()
@@ -257,7 +261,9 @@ class ShareHandler(BaseHandler):
         # A re-share only adds: it never lowers anyone's access.
         orm.Share.grant(self.db, spawner, target, scopes=scopes)
         # Shared by name: nothing of theirs ends with a link any more.
-        self.links.lasts_until_revoked(owner, project, kind, target.name)
+        await blocking.run(
+            blocking.RECORDS, self.links.lasts_until_revoked, owner, project, kind, target.name
+        )
         return f"Shared with {kind} {name} as {role}. Their access lasts until you revoke it."
 
     async def _link(self, token, owner: str, project: str) -> tuple[str, dict]:
@@ -280,9 +286,10 @@ class ShareHandler(BaseHandler):
             share_code = self._code(link.get("id", ""))
         if share_code is None:
             raise ApiError(500, "The link was made but cannot be found; make another.")
+        key = linkaccess.code_key(share_code)
         try:
-            self.links.mark(share_code, lasts)
-        except (jsonfile.RecordError, OSError) as e:
+            await blocking.run(blocking.RECORDS, self.links.mark_key, key, share_code.id, lasts)
+        except (jsonfile.RecordError, OSError, blocking.Busy) as e:
             # A link whose access would last longer than the owner chose is never sent.
             self.db.delete(share_code)
             self.db.commit()
@@ -303,7 +310,7 @@ class ShareHandler(BaseHandler):
         action = self.get_body_argument("action", "")
         name = self.get_body_argument("name", "").strip()
         if action in ("user", "group"):
-            return self._grant(owner, project, action, name, resharing), None
+            return await self._grant(owner, project, action, name, resharing), None
         if action == "link":
             return await self._link(token, owner, project)
         if resharing:
@@ -317,13 +324,14 @@ class ShareHandler(BaseHandler):
             code = self._code(name)
             key = linkaccess.code_key(code) if code is not None else ""
             await self._api(token, "DELETE", "/share-codes" + where, query={"id": name})
-            ended = self.links.end_link(self.db, key) if key else 0
+            ended = await self.links.end_link_async(self.db, key) if key else 0
             if ended:
                 return f"Link revoked; the access it gave ended ({ended} people).", None
             return "Link revoked.", None
         if action == "settings" and self.policy is not None:
             chosen = set(self.get_body_arguments("allow"))
-            self.policy.set(owner, project, **{key: key in chosen for key in SETTINGS})
+            values = {key: key in chosen for key in SETTINGS}
+            await blocking.run(blocking.RECORDS, self.policy.set, owner, project, **values)
             return "Settings saved.", None
         raise ApiError(400, f"Unknown action {action!r}.")
 
@@ -332,7 +340,7 @@ class ShareHandler(BaseHandler):
         spawner = self._spawner(owner, project)
         if self.group_roles is not None and spawner is not None:
             # Group shares reach members' tokens only through roles (see groupshares.py).
-            self.group_roles.sync_project(self.db, spawner)
+            await self.group_roles.sync_project_async(self.db, spawner)
         token = None if resharing else self._token(project)
         try:
             listing = await self._listing(token, owner, project)
@@ -342,13 +350,15 @@ class ShareHandler(BaseHandler):
             self._drop_token(token)
         for entry in listing["shares"] + listing["codes"]:
             entry["role"] = roles.role_of(entry.get("scopes") or ())
+        records = await blocking.run(blocking.RECORDS, self.links.snapshot)
         for share in listing["shares"]:
             who = (share.get("user") or share.get("group") or {}).get("name", "")
-            ends = self.links.ends(owner, project, share.get("kind", "user"), who)
+            ends = linkaccess.ends_in(records, owner, project, share.get("kind", "user"), who)
             share["ends_at"] = ends + "Z" if ends else ""
         for code in listing["codes"]:
             found = self._code(code.get("id", ""))
-            code["lasts"] = self.links.lasts_of(found) if found else linkaccess.DEFAULT_LASTS
+            key = linkaccess.code_key(found) if found else ""
+            code["lasts"] = linkaccess.lasts_in(records, key)
         html = await self.render_template(
             "gpulab-share.html",
             project=project,
@@ -358,7 +368,7 @@ class ShareHandler(BaseHandler):
             embed=self.embed,
             form_action=self.request.path + ("?embed=1" if self.embed else ""),
             project_url=f"{self.base_url}user/{quote(owner)}/{quote(project)}/",
-            settings=self._settings(owner, project),
+            settings=await self._settings(owner, project),
             can_set=self.policy is not None and not resharing,
             role_names=list(roles.ROLES),
             default_role=roles.DEFAULT_ROLE,
@@ -377,20 +387,26 @@ class ShareHandler(BaseHandler):
 
     @web.authenticated
     async def get(self, first: str, second: str | None = None):
-        owner, project, resharing = self._target(first, second)
-        self.allow_framing_by(owner)
-        await self._page(owner, project, resharing)
+        try:
+            owner, project, resharing = await self._target(first, second)
+            self.allow_framing_by(owner)
+            await self._page(owner, project, resharing)
+        except blocking.Busy as e:
+            raise web.HTTPError(503, "%s", e) from e
 
     @web.authenticated
     async def post(self, first: str, second: str | None = None):
-        owner, project, resharing = self._target(first, second)
-        self.allow_framing_by(owner)
-        token = None if resharing else self._token(project)
         try:
-            message, link = await self._act(token, owner, project, resharing)
-        except ApiError as e:
-            await self._page(owner, project, resharing, status=e.status, error=str(e))
-            return
-        finally:
-            self._drop_token(token)
-        await self._page(owner, project, resharing, message=message, link=link)
+            owner, project, resharing = await self._target(first, second)
+            self.allow_framing_by(owner)
+            token = None if resharing else self._token(project)
+            try:
+                message, link = await self._act(token, owner, project, resharing)
+            except ApiError as e:
+                await self._page(owner, project, resharing, status=e.status, error=str(e))
+                return
+            finally:
+                self._drop_token(token)
+            await self._page(owner, project, resharing, message=message, link=link)
+        except blocking.Busy as e:
+            raise web.HTTPError(503, "%s", e) from e

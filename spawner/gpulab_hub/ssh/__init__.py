@@ -18,12 +18,13 @@ gateway (gateway.py, run as ``python -m gpulab_hub.ssh``):
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpulab_hub.settings import Settings
 
 SERVICE = "gpulab-ssh"
 ACTIVITY_EVERY_S = 30.0  # an open session marks its project active this often at most
@@ -44,8 +45,6 @@ CUSTOM_SCOPES = {
 # The Docker client settings the gateway needs from the hub's environment (JupyterHub
 # starts services with few of its variables).
 DOCKER_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
-_HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")  # fmt: skip
 
 
 def paths(hub_dir: str | Path) -> dict[str, Path]:
@@ -69,61 +68,17 @@ def access_url(hub_api_url: str, user: str, owner: str, project: str) -> str:
     return f"{hub_api_url.rstrip('/')}{API.removeprefix('/api')}/{parts}"
 
 
-def port_of(s: dict[str, str]) -> int:
-    """GPULAB_SSH_PORT as a number: 0 (no gateway) or 1..65535; ValueError otherwise."""
-    text = s.get("GPULAB_SSH_PORT", "")
-    if not re.fullmatch(r"[0-9]{1,5}", text) or int(text) > 65535:
-        raise ValueError(
-            f"GPULAB_SSH_PORT must be a port number from 1 to 65535, or 0 for no SSH "
-            f"gateway; it is {text!r}."
-        )
-    return int(text)
-
-
-def valid_host(text: str) -> bool:
-    """An IP address or a host name, whole."""
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        return _HOSTNAME.fullmatch(text) is not None
-
-
-def bind_of(s: dict[str, str]) -> str:
-    """The gateway's address: GPULAB_SSH_BIND, else the host of GPULAB_BIND_URL."""
-    bind = s.get("GPULAB_SSH_BIND", "")
-    if not bind:
-        bind = urlsplit(s.get("GPULAB_BIND_URL", "")).hostname or "0.0.0.0"
-    if not valid_host(bind):
-        raise ValueError(f"GPULAB_SSH_BIND must be an IP address or a host name; it is {bind!r}.")
-    return bind
-
-
-def service_env(s: dict[str, str], hub_dir: str | Path, environ=None) -> dict[str, str]:
-    """The gateway process's environment (besides JupyterHub's own variables)."""
-    from gpulab_hub.ssh.limits import Limits
+def service_env(s: Settings, environ=None) -> dict[str, str]:
+    """The gateway process's environment (besides JupyterHub's own variables): the
+    hub's settings (settings.service_env, read back by ssh/settings.py) and the Docker
+    client's variables."""
+    from gpulab_hub import settings
 
     environ = os.environ if environ is None else environ
-    where = paths(hub_dir)
-    env = {
-        "GPULAB_SSH_BIND": bind_of(s),
-        "GPULAB_SSH_PORT": str(port_of(s)),
-        "GPULAB_SSH_HOST_KEY": str(where["host_key"]),
-        "GPULAB_SSH_KEYS_DIR": str(where["keys_dir"]),
-        "GPULAB_SSH_LOG": str(where["log"]),
-        "GPULAB_CONTAINER_PREFIX": s["GPULAB_CONTAINER_PREFIX"],
-        # The hub's login rules hold for tokens given as SSH passwords (ssh/limits.py).
-        "GPULAB_LOGIN_ATTEMPTS": s["GPULAB_LOGIN_ATTEMPTS"],
-        "GPULAB_LOGIN_LOCKOUT_SECONDS": s["GPULAB_LOGIN_LOCKOUT_SECONDS"],
-        # Open sessions are checked twice within the revocation window.
-        "GPULAB_REVOKE_WITHIN_S": s.get("GPULAB_REVOKE_WITHIN_S", "30"),
-    }
-    # The address lockout, where the site sets it (else the gateway's defaults).
-    for key in ("GPULAB_SSH_IP_ATTEMPTS", "GPULAB_SSH_FAILURE_WINDOW"):
-        if s.get(key):
-            env[key] = s[key]
-    Limits.from_env(env)  # a setting out of range stops the hub's start, naming it
+    env = settings.service_env(s)
     env.update({k: environ[k] for k in DOCKER_ENV if environ.get(k)})
+    # The loop guard as the hub has it (tests make it strict): blocking.py
+    env.update({k: environ[k] for k in ("GPULAB_LOOP_GUARD",) if environ.get(k)})
     return env
 
 
@@ -133,16 +88,15 @@ def _listed(c, section: str, name: str) -> list:
     return list(value) if isinstance(value, list | tuple) else []
 
 
-def configure(c, s: dict[str, str], hub_dir) -> None:
-    """The gateway service and its role (unless GPULAB_SSH_PORT is 0), the SSH page
-    (always: with the gateway off it says so) and the access API."""
-    port = port_of(s)
-    where = paths(hub_dir)
+def configure(c, s: Settings) -> None:
+    """The SSH page (always: with the gateway off it says so) and the access API; the
+    gateway service itself comes with the complete settings (configure_service)."""
+    where = paths(s.hub_dir)
     page = {
         "keys_dir": str(where["keys_dir"]),
         "host_key": str(where["host_key"]),
-        "port": port,
-        "public_url": s.get("GPULAB_PUBLIC_URL", ""),
+        "port": s.ssh.port,
+        "public_url": s.public_url,
     }
     c.JupyterHub.extra_handlers = [
         *_listed(c, "JupyterHub", "extra_handlers"),
@@ -150,16 +104,29 @@ def configure(c, s: dict[str, str], hub_dir) -> None:
         (API + r"/([^/]+)/([^/]+)/([^/]+)", "gpulab_hub.ssh.hubapi.AccessHandler"),
     ]
     c.JupyterHub.template_paths = [*_listed(c, "JupyterHub", "template_paths"), str(TEMPLATES)]
-    if not port:
+
+
+def configure_service(c, s: Settings) -> None:
+    """The gateway service, its role and scope (unless GPULAB_SSH_PORT is 0), given the
+    settings ``s``; called again, it replaces its own entries in place."""
+    if not s.ssh.port:
         return
-    env = service_env(s, hub_dir)
-    c.JupyterHub.services = [
-        *_listed(c, "JupyterHub", "services"),
-        {"name": SERVICE, "command": [sys.executable, "-m", "gpulab_hub.ssh"], "environment": env},
-    ]
-    c.JupyterHub.load_roles = [
-        *_listed(c, "JupyterHub", "load_roles"),
-        {"name": SERVICE, "scopes": SCOPES, "services": [SERVICE]},
-    ]
+    service = {
+        "name": SERVICE,
+        "command": [sys.executable, "-m", "gpulab_hub.ssh"],
+        "environment": service_env(s),
+    }
+    role = {"name": SERVICE, "scopes": SCOPES, "services": [SERVICE]}
+    c.JupyterHub.services = _put(_listed(c, "JupyterHub", "services"), service)
+    c.JupyterHub.load_roles = _put(_listed(c, "JupyterHub", "load_roles"), role)
     scopes = c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}
     c.JupyterHub.custom_scopes = {**dict(scopes), **CUSTOM_SCOPES}
+
+
+def _put(entries: list, entry: dict) -> list:
+    """``entries`` with ``entry`` in place of the one of its name (else at the end)."""
+    names = [e.get("name") for e in entries]
+    if entry["name"] in names:
+        i = names.index(entry["name"])
+        return [*entries[:i], entry, *entries[i + 1 :]]
+    return [*entries, entry]

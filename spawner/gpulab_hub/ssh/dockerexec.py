@@ -18,11 +18,12 @@ import asyncio
 import socket
 import struct
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import docker.errors
 import requests.exceptions
+
+from gpulab_hub import blocking
 
 STDOUT, STDERR = 1, 2
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
@@ -95,7 +96,7 @@ SFTP_SCRIPT = (
     f"if [ -x {SFTP_SERVER} ]; then exec {SFTP_SERVER}; fi; "
     "echo 'gpulab: this project has no SFTP server, so sftp and scp cannot copy files. "
     "Restart the project to rebuild it on the current base image, or add "
-    "\"openssh-sftp-server\" to its Dockerfile.' >&2; exit 127"
+    '"openssh-sftp-server" to its Dockerfile.\' >&2; exit 127'
 )
 
 
@@ -165,28 +166,27 @@ class ExecSpec:
 
 
 class Docker:
-    """The gateway's one Docker client, and the threads its blocking calls run on."""
+    """The gateway's one Docker client; its blocking calls (and its making, which asks
+    the engine's version) run on the gateway process's Docker pool (blocking.DOCKER,
+    ``threads`` threads), never on its event loop."""
 
     def __init__(self, make_client: Callable[[], object], threads: int = 8):
         self._make_client = make_client
         self._client = None
-        self._executor = ThreadPoolExecutor(threads, "gpulab-ssh-docker")
-
-    @property
-    def executor(self) -> ThreadPoolExecutor:
-        return self._executor
+        blocking.configure(blocking.DOCKER, threads)
 
     @property
     def client(self):
         if self._client is None:
+            blocking.off_loop("Making the Docker client")
             self._client = self._make_client()
         return self._client
 
+    def _call(self, method: str, *args, **kwargs):
+        return getattr(self.client, method)(*args, **kwargs)
+
     async def call(self, method: str, *args, **kwargs):
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, lambda: getattr(self.client, method)(*args, **kwargs)
-        )
+        return await blocking.run(blocking.DOCKER, self._call, method, *args, **kwargs)
 
     async def verify(self, container: str, prefix: str, owner: str, project: str) -> str:
         """The Id of ``container`` if it is running and is ``owner``'s ``project`` of this
@@ -257,7 +257,7 @@ class Docker:
         return stream
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        blocking.shutdown()
 
 
 def _take_socket(sock) -> tuple[socket.socket, bytes]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import asyncssh
 
+from gpulab_hub import blocking
 from gpulab_hub.ssh import ACTIVITY_EVERY_S, checks, hostkey, sessions
 from gpulab_hub.ssh.audit import Audit
 from gpulab_hub.ssh.choose import ChooseProject
@@ -100,9 +101,7 @@ class Gateway:
         return next(self._ids)
 
     async def user_keys(self, user: str) -> list:
-        return await asyncio.get_running_loop().run_in_executor(
-            self.docker.executor, self.keys.login_keys, user
-        )
+        return await blocking.run(blocking.RECORDS, self.keys.login_keys, user)
 
     async def start(self, host_key: asyncssh.SSHKey) -> None:
         s = self.settings
