@@ -1,0 +1,264 @@
+"""``gpulab backup``: one archive of a running hub's state (see the package's doc).
+
+The database is copied with SQLite's online backup API (a consistent copy while the hub
+writes to it); each record file is read under its store's lock (``<name>.lock`` beside
+it: jsonfile.LockedRecord and the GPU usage log; the SSH keys folder's one lock). The
+archive is written to a temporary file (0600: it holds keys) and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpulab_hub import blocking, hubfiles, hubsettings, jsonfile
+from gpulab_hub.backup import CONFIG_D, DATABASE, FORMAT, HUB, MANIFEST, PROJECTS, BackupError
+from gpulab_hub.backup import version as gpulab_version
+from gpulab_hub.backup.tree import Writer, read_regular
+from gpulab_hub.secrets import crypt
+from gpulab_hub.ssh import keys as ssh_keys
+
+MAX_RECORD = 256 << 20  # bytes of one record read under its lock (the usage log: 64 MiB)
+# Left out of the hub's folder: what the hub makes again or only logs.
+LEFT_OUT_NAMES = {"hub.log", "logs", "wheels", "jupyterhub.pid", "jupyterhub-proxy.pid"}
+DELETED = hubsettings.DELETED  # deleted users' archives: their project folders (hostile)
+SSH_LOG = "ssh/sessions.log"
+
+
+@dataclass(frozen=True)
+class Made:
+    path: Path
+    files: int
+    bytes: int
+    left_out: tuple[str, ...]
+
+
+def default_name(now: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return f"gpulab-backup-{stamp}.tar.gz"
+
+
+def _skip_hub(rel: str, st: os.stat_result) -> bool:
+    name = rel.rpartition("/")[2]
+    top = rel.partition("/")[0]
+    return (
+        top in LEFT_OUT_NAMES
+        or top == DELETED
+        or rel.startswith((DATABASE + "-", DATABASE))  # copied on its own; -journal, -wal
+        or rel == SSH_LOG
+        or name.endswith((".lock", ".pid"))
+        or (name.startswith(".") and name.endswith(".tmp"))
+    )
+
+
+def _skip_to_dockerfiles(rel: str, st: os.stat_result) -> bool:
+    """Without --projects: each project folder's Dockerfile, and the folders above it."""
+    parts = rel.split("/")
+    if parts[0].startswith("."):
+        return True  # the build locks (.locks)
+    if len(parts) <= 2:
+        return not stat.S_ISDIR(st.st_mode)
+    return len(parts) > 3 or parts[2] != "Dockerfile"
+
+
+def _skip_locks(rel: str, st: os.stat_result) -> bool:
+    return rel.split("/")[0].startswith(".")
+
+
+class _LockedReader:
+    """Reads a record file of the hub's folder under its store's lock, where it has one."""
+
+    def __init__(self, hub_dir: Path):
+        self.hub_dir = hub_dir
+
+    def __call__(self, rel: str, dir_fd: int, name: str) -> bytes | None:
+        lock = None
+        if os.path.lexists(self.hub_dir / (rel + ".lock")):
+            lock = (self.hub_dir / (rel + ".lock"), f"the record {rel}")
+        elif rel.startswith("ssh/keys/") and os.path.lexists(
+            self.hub_dir / "ssh" / "keys" / ssh_keys.LOCK
+        ):
+            lock = (self.hub_dir / "ssh" / "keys" / ssh_keys.LOCK, "the SSH keys record")
+        if lock is None:
+            return None
+        try:
+            with blocking.file_lock(*lock):
+                return read_regular(dir_fd, name, MAX_RECORD)
+        except blocking.Busy as e:
+            raise BackupError(f"{e} (gpulab backup waits {blocking.LOCK_TIMEOUT:g} s)") from e
+        except (OSError, ValueError):
+            return None  # read (or left out, with a reason) the ordinary way
+
+
+def database_path(config, hub_dir: Path) -> Path | None:
+    """The hub's SQLite database (None: the hub uses another database server)."""
+    url = config.JupyterHub.get("db_url", f"sqlite:///{hub_dir / DATABASE}")
+    if not isinstance(url, str) or not url.startswith("sqlite:///"):
+        return None
+    return Path(url.removeprefix("sqlite:///"))
+
+
+def copy_database(db: Path, dest: Path) -> None:
+    """A consistent copy of the live SQLite database ``db`` (its online backup API)."""
+    if not db.is_file():
+        raise BackupError(
+            f"There is no hub database at {db}: is GPULAB_HOME the hub's folder? (It is "
+            "made at the hub's first start.)"
+        )
+    try:
+        src = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        try:
+            dst = sqlite3.connect(dest)
+            try:
+                src.backup(dst)
+                (check,) = dst.execute("PRAGMA integrity_check").fetchone()
+            finally:
+                dst.close()
+        finally:
+            src.close()
+    except sqlite3.Error as e:
+        raise BackupError(f"Could not copy the hub's database {db}: {e}.") from e
+    if check != "ok":
+        raise BackupError(f"The hub's database {db} is damaged ({check}); it was not backed up.")
+
+
+def _open_private(path: Path) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, 0o600)
+
+
+def make(
+    out: Path | None,
+    *,
+    home: Path,
+    hub_dir: Path,
+    config,
+    where,
+    projects: bool,
+    environ,
+    say=print,
+) -> Made:
+    """Write the archive of the hub at ``home`` (its GPULAB_HOME; ``hub_dir`` its own
+    folder) to ``out``: ``config`` is the hub's (traitlets) configuration, ``where`` its
+    layout (hubsettings: where projects and records live), ``environ`` its environment
+    (JUPYTERHUB_CRYPT_KEY)."""
+    started = time.monotonic()
+    home, hub_dir = Path(home), Path(hub_dir)
+    if not hub_dir.is_dir():
+        raise BackupError(
+            f"There is no hub at {home} (no {hub_dir}): set GPULAB_HOME to the hub's folder."
+        )
+    out = Path(out) if out else Path.cwd() / default_name()
+    if os.path.lexists(out):
+        raise BackupError(f"{out} exists already; name another file with -o.")
+    if not out.parent.is_dir():
+        raise BackupError(f"There is no folder {out.parent} to write {out.name} in.")
+    work = Path(tempfile.mkdtemp(prefix=".gpulab-backup-", dir=out.parent))
+    tmp = work / "archive.tar.gz"
+    try:
+        fd = _open_private(tmp)
+        with os.fdopen(fd, "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6) as tar:
+                w = Writer(tar, say)
+                _add_state(w, config, where, home, hub_dir, work, projects, environ, say)
+                manifest = _manifest(w, home, projects)
+                w.add_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, out)
+        jsonfile.fsync_dir(out.parent)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = time.monotonic() - started
+    say(f"Wrote {out} ({w.files} files, {w.bytes / (1 << 20):.1f} MiB before compression, "
+        f"{out.stat().st_size / (1 << 20):.1f} MiB on disk) in {seconds:.0f} s.")  # fmt: skip
+    if w.left_out:
+        say(f"Left out ({len(w.left_out)}):")
+        for line in w.left_out[:20]:
+            say(f"  {line}")
+        if len(w.left_out) > 20:
+            say(f"  ... and {len(w.left_out) - 20} more (all listed in the archive's {MANIFEST})")
+    say("The archive holds the hub's keys: keep it where only you can read it (it is 0600).")
+    return Made(out, w.files, w.bytes, tuple(w.left_out))
+
+
+def _add_state(w: Writer, config, where, home, hub_dir, work, projects, environ, say) -> None:
+    db = database_path(config, hub_dir)
+    if db is None:
+        w.left_out.append(
+            "the hub's database is not SQLite (JupyterHub.db_url): back it up with its "
+            "server's own tools (pg_dump, mysqldump)"
+        )
+    else:
+        say(f"Copying the hub's database {db} (SQLite's online backup: the hub keeps running)...")
+        copy = work / DATABASE
+        copy_database(db, copy)
+        os.chmod(copy, 0o600)  # it holds password hashes and tokens
+        fd = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            w.add_fd(f"{HUB}/{DATABASE}", fd, os.fstat(fd))
+        finally:
+            os.close(fd)
+    say(f"Adding the hub's records and keys from {hub_dir}...")
+    w.add_tree(hub_dir, HUB, hostile=False, skip=_skip_hub, read_locked=_LockedReader(hub_dir))
+    if environ.get(crypt.KEY_ENV):
+        w.left_out.append(
+            f"the key of users' secrets: it is {crypt.KEY_ENV} in the hub's environment; "
+            "set the same on the machine you restore to (secrets are in the archive, encrypted)"
+        )
+    for name, path in (
+        ("records_dir", where.records_dir), ("state_root", where.state_root),
+        ("allocations_file", where.allocations_file), ("queue_file", where.queue_file),
+        ("usage_file", where.usage_file),
+    ):  # fmt: skip
+        if not _inside(path, hub_dir):
+            w.left_out.append(f"{path} (ProjectSpawner.{name}) lies outside {hub_dir}: copy it")
+    if projects:
+        say(f"Adding every project folder from {where.projects_root} (links kept as links)...")
+        w.add_tree(where.projects_root, PROJECTS, hostile=True, skip=_skip_locks)
+        say(f"Adding deleted accounts' and projects' archives from {hub_dir / DELETED}...")
+        w.add_tree(hub_dir / DELETED, f"{HUB}/{DELETED}", hostile=True)
+    else:
+        say(f"Adding each project's Dockerfile from {where.projects_root}...")
+        w.add_tree(where.projects_root, PROJECTS, hostile=True, skip=_skip_to_dockerfiles)
+        w.left_out.append(
+            "the files in project folders (only each Dockerfile): add --projects for them"
+        )
+        if (hub_dir / DELETED).is_dir():
+            w.left_out.append(f"deleted accounts' archives in {hub_dir / DELETED} (--projects)")
+    w.add_tree(home / hubfiles.CONFIG_D, CONFIG_D, hostile=False)
+    if where.data_root.is_dir():
+        w.left_out.append(f"the shared data folders in {where.data_root} (datasets, models)")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        Path(os.path.abspath(path)).relative_to(os.path.abspath(folder))
+    except ValueError:
+        return False
+    return True
+
+
+def _manifest(w: Writer, home: Path, projects: bool) -> dict:
+    return {
+        "format": FORMAT,
+        "gpulab": gpulab_version(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "home": str(home),
+        "projects": "all files" if projects else "Dockerfiles only",
+        "contents": {
+            HUB: "the hub's folder: database, keys, records, encrypted secrets",
+            PROJECTS: "project folders" if projects else "each project's Dockerfile",
+            CONFIG_D: "the admin's jupyterhub_config.d",
+        },
+        "members": w.members,
+        "left_out": w.left_out,
+    }
