@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 import requests
 
 from gpulab_hub import host, hubfiles, hubsettings, pidfile, settings, ssh
+from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import cluster as cli_cluster
 from gpulab_hub.cli import gpus as cli_gpus
 from gpulab_hub.cli import images as cli_images
@@ -234,6 +235,7 @@ def main(argv=None) -> int:
     ).set_defaults(fn=cmd_status)
     add_doctor_parser(sub)
     cli_images.add_parsers(sub)
+    cli_backup.add_parsers(sub)
     cli_gpus.add_parser(sub)
     args = parser.parse_args(argv)
     try:
