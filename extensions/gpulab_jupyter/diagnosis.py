@@ -142,8 +142,7 @@ def sampler_failed(error: str) -> NoGpu:
 def _no_gpu_host() -> NoGpu:
     return NoGpu(
         "no_driver",
-        "This host has no NVIDIA driver: gpulab found no GPU on it, so no project here "
-        "has one.",
+        "This host has no NVIDIA driver: gpulab found no GPU on it, so no project here has one.",
         NO_GPU_HOST_HINT,
     )
 
@@ -157,27 +156,19 @@ def why_no_gpu(environ=None) -> NoGpu | None:
     import os
 
     from . import devices
-    from .nvml import Nvml, NVMLError, NVMLError_DriverNotLoaded, NVMLError_LibraryNotFound
+    from .nvml import NVMLError, NVMLError_DriverNotLoaded, NVMLError_LibraryNotFound, opened
 
     environ = os.environ if environ is None else environ
     if given_none(environ):
         return no_gpu_given(environ)
     try:
-        nvml = Nvml.load()
+        with opened() as nvml:
+            found = devices.enumerate_devices(nvml)
     except NVMLError_LibraryNotFound:
         return without_nvml(environ, NO_LIBRARY)
     except NVMLError_DriverNotLoaded:
         return without_nvml(environ, NOT_LOADED)
     except NVMLError as e:
         return nvml_failed(str(e))
-    try:
-        found = devices.enumerate_devices(nvml)
-        sel = devices.select(found, environ.get("NVIDIA_VISIBLE_DEVICES"), None)
-    except NVMLError as e:
-        return nvml_failed(str(e))
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except NVMLError:
-            pass  # the answer is already made; a failed shutdown changes nothing
+    sel = devices.select(found, environ.get("NVIDIA_VISIBLE_DEVICES"), None)
     return None if sel.devices else no_device(environ, sel.message)

@@ -344,18 +344,12 @@ class GPUSampler(LoggingConfigurable):
         self.log.info("gpulab GPU status: sampling %s", names)
 
     def _cuda_uuids(self, found: list[gpus.Device], cuda: str | None) -> list[str] | None:
-        """CUDA_VISIBLE_DEVICES as UUIDs, parsed the way CUDA does it (nvitop knows how)."""
-        if cuda is None:
-            return None
-        tokens = [t.strip() for t in cuda.split(",")]
-        if tokens and {d.uuid for d in found} >= set(tokens):
-            return tokens  # full UUIDs (what gpulab sets): nothing to resolve
-        from nvitop.api.device import parse_cuda_visible_devices
+        """CUDA_VISIBLE_DEVICES as UUIDs (gpulab_jupyter.nvml.cuda_visible: as the magics
+        read it)."""
+        from .nvml import cuda_visible
 
-        by_index = {d.nvml_index: d.uuid for d in found}
-        indices = parse_cuda_visible_devices(cuda)
-        keys = [f"{i[0]}:{i[1]}" if isinstance(i, tuple) else str(i) for i in indices]
-        return [by_index[k] for k in keys if k in by_index]
+        picked = cuda_visible(cuda, found, index=lambda d: None if d.is_mig else d.physical)
+        return None if picked is None else [d.uuid for d in picked]
 
     def _tick(self, do_procs: bool, do_slow: bool) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from typing import Protocol
@@ -28,33 +27,16 @@ class Engine(Protocol):
 
 
 def this_machine() -> Machine:
-    """This container's GPUs (NVML, through nvitop: only the GPUs given to the
-    container) and the CPUs it may use; without GPUs, why (gpulab_jupyter.diagnosis)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # Where there is no driver, nvitop's NVML module logs a "FATAL ERROR" block (through
-    # logging's last-resort handler: onto the kernel's stderr, into the notebook). A host
-    # without GPU is no error here, and the job's own words say what to do: it is muted.
-    muted = [logging.getLogger(name) for name in ("nvitop", "nvitop.api.libnvml")]
-    was = [logger.disabled for logger in muted]
-    for logger in muted:
-        logger.disabled = True
-    try:
-        from nvitop import Device, libnvml
+    """This container's GPUs (every GPU NVML lists here, through gpulab_jupyter.nvml) and
+    the CPUs it may use; without GPUs, why (gpulab_jupyter.diagnosis)."""
+    from gpulab_jupyter import nvml
 
-        try:
-            found = [d.cuda_compute_capability() for d in Device.all()]
-        except libnvml.NVMLError:
-            found = []
-    except ImportError:
-        found = []
-    finally:
-        for logger, disabled in zip(muted, was, strict=True):
-            logger.disabled = disabled
-    caps = tuple(
-        (int(c[0]), int(c[1]))
-        for c in found
-        if isinstance(c, tuple) and len(c) == 2 and all(isinstance(x, int) for x in c)
-    )
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        with nvml.opened() as lib:
+            caps = tuple(g.capability for g in nvml.gpus(lib))
+    except nvml.NVMLError:
+        caps = ()
     why = None
     if not caps:
         from gpulab_jupyter.diagnosis import why_no_gpu

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from gpulab_contract import arch
 
+NVML_UNREACHABLE = "the NVIDIA driver could not be reached through NVML"
 # Packages whose build imports torch, so the build must see the installed torch.
 TORCH_AT_BUILD = {
     "flash-attn", "pytorch3d", "nvdiffrast", "torchmcubes", "torch-scatter", "torch-sparse",
@@ -52,61 +53,43 @@ class GpuReport:
         return sorted({g.capability for g in self.gpus}, key=arch.key)
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _visible(gpus: list[Gpu], environ) -> list[Gpu]:
     """Apply CUDA_VISIBLE_DEVICES (indices or UUIDs) to what NVML lists."""
-    mask = environ.get("CUDA_VISIBLE_DEVICES")
-    if mask is None:
-        return gpus
-    picked = []
-    for token in (t.strip() for t in mask.split(",")):
-        if not token:
-            break
-        if token.isdigit():
-            match = [g for g in gpus if g.index == int(token)]
-        else:
-            match = [g for g in gpus if g.uuid and g.uuid.startswith(token)]
-        if not match:
-            break  # CUDA stops at the first invalid entry
-        picked += [g for g in match if g not in picked]
-    return picked
+    from ..nvml import cuda_visible
+
+    picked = cuda_visible(environ.get("CUDA_VISIBLE_DEVICES"), gpus)
+    return gpus if picked is None else picked
 
 
-def _from_nvml() -> GpuReport | None:
+def _from_nvml() -> GpuReport:
+    """The driver and GPUs through gpulab's NVML binding (gpulab_jupyter.nvml)."""
+    from .. import nvml
+
     try:
-        import pynvml
-    except ImportError:
-        return None
+        lib = nvml.Nvml.load()
+    except nvml.NVMLError_LibraryNotFound:
+        # NVML's own words for it (its library cannot say them: it is not there)
+        return GpuReport(problem=f"{NVML_UNREACHABLE} (NVML Shared Library Not Found)")
+    except nvml.NVMLError as e:
+        return GpuReport(problem=f"{NVML_UNREACHABLE} ({e})")
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        return GpuReport(problem=f"the NVIDIA driver could not be reached through NVML ({e})")
-    try:
-        report = GpuReport(driver=_text(pynvml.nvmlSystemGetDriverVersion()))
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        report.cuda = f"{cuda // 1000}.{cuda % 1000 // 10}"
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        report = GpuReport(
+            driver=lib.nvmlSystemGetDriverVersion(),
+            cuda=nvml.cuda_version(lib.nvmlSystemGetCudaDriverVersion_v2()),
+        )
+        for g in nvml.gpus(lib):
+            capability = f"{g.capability[0]}.{g.capability[1]}"
             report.gpus.append(
-                Gpu(
-                    i,
-                    _text(pynvml.nvmlDeviceGetName(h)),
-                    f"{major}.{minor}",
-                    int(mem.total),
-                    int(mem.used),
-                    _text(pynvml.nvmlDeviceGetUUID(h)),
-                )
+                Gpu(g.index, g.name, capability, g.memory_total, g.memory_used, g.uuid)
             )
         return report
-    except pynvml.NVMLError as e:
+    except nvml.NVMLError as e:
         return GpuReport(problem=f"NVML could not list the GPUs ({e})")
     finally:
-        pynvml.nvmlShutdown()
+        try:
+            lib.nvmlShutdown()
+        except nvml.NVMLError:
+            pass  # the answer is already made
 
 
 def _from_nvidia_smi() -> GpuReport | None:
@@ -139,10 +122,8 @@ def detect_gpus(environ=None) -> GpuReport:
     """The GPUs visible to this kernel; ``problem`` says why there are none."""
     environ = os.environ if environ is None else environ
     report = _from_nvml()
-    if report is None or (not report.gpus and report.problem):
-        report = _from_nvidia_smi() or report
-    if report is None:
-        return GpuReport(problem="no NVIDIA driver is visible here (neither NVML nor nvidia-smi)")
+    if not report.gpus and report.problem:
+        report = _from_nvidia_smi() or report  # gpulab's images: its stand-in says why
     report.gpus = _visible(report.gpus, environ)
     if not report.gpus and not report.problem:
         report.problem = "the NVIDIA driver lists no GPU for this container"

@@ -12,14 +12,14 @@ from gpulab_hub.doctor import sandbox
 from gpulab_hub.doctor.answer import ProbeError
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
 from gpulab_hub.doctor.gpu import Inventory
-from gpulab_hub.gpus import wsl
+from gpulab_hub.gpus import nvml, wsl
 from gpulab_hub.projects import objects
 
 DOCKER_ERRORS = sandbox.DOCKER_ERRORS
 _short = sandbox.short  # a Docker error in one line (cluster.py's name for it)
 CALL_TIMEOUT = 30  # seconds for one Docker API call (doctor must finish within a minute)
 # What the explicit-devices path mounts from the driver folder (ProjectSpawner.driver_dir).
-DRIVER_LIBS = ("libcuda.so.1", "libnvidia-ml.so.1")
+DRIVER_LIBS = ("libcuda.so.1", nvml.SONAME)
 
 
 def doctor_docker() -> host.Docker:
@@ -177,7 +177,9 @@ def check_gpu_container(
         )
     how = f"a container of {image} given {len(inv.gpus)} GPU(s) ({g.isolation})"
     try:
-        facts = sandbox.run_probe(dk, image, ["nvml", "libnvidia-ml.so.1"], probes, g)
+        # NVML as a project's process would open it, from inside the container: the
+        # probe's own few ctypes calls (probe.py says why not the binding)
+        facts = sandbox.run_probe(dk, image, ["nvml", nvml.SONAME], probes, g)
     except ProbeError as e:
         facts = {"gpus": [], "error": str(e)}
     if "error" in facts and not facts.get("gpus"):

@@ -1,12 +1,14 @@
-"""The host's NVIDIA driver and GPUs: NVML (nvidia-ml-py) first, ``nvidia-smi`` second.
+"""The host's NVIDIA driver and GPUs: NVML first, ``nvidia-smi`` second.
 
+NVML through the hub's one client (``gpulab_hub.gpus.nvml``, gpulab's binding), from
+the library this module finds (also where it is not on the loader's path);
+``nvidia-smi`` where NVML cannot be loaded, and as a second witness in the GPU tests.
 Nothing here touches NVML at import: :func:`inventory` loads it when called, and
 a machine with no driver gets an :class:`Inventory` whose ``error`` says why.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shutil
@@ -16,14 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, gpu_absent
-from gpulab_hub.gpus import wsl
+from gpulab_hub.gpus import nvml, wsl
 
-NVML_SONAME = "libnvidia-ml.so.1"
+NVML_SONAME = nvml.SONAME
+
 # Where drivers put NVML when it is not on the loader's path: the NVIDIA
 # container images' convention (and the lent GPU hosts), WSL2, distributions.
 NVML_DIRS = (
     "/usr/local/nvidia/lib64",
-    "/usr/lib/wsl/lib",
+    wsl.WSL_LIB,
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib64",
     "/usr/lib/aarch64-linux-gnu",
@@ -160,19 +163,17 @@ def find_nvml_library(ldconfig_text: str | None = None) -> str | None:
 
 
 def nvml_inventory() -> Inventory:
-    """The driver and GPUs through NVML (gpulab's inventory, nvitop), loaded only now."""
-    from gpulab_hub import gpus
-
+    """The driver and GPUs through NVML (the hub's inventory), loaded only now."""
     lib = find_nvml_library()
     if lib is None:
         return Inventory(error=f"{NVML_SONAME} not found", error_kind="no-library")
-    # dlopen("libnvidia-ml.so.1") inside NVML's bindings finds the copy loaded here by
-    # its soname, also when its folder (/usr/local/nvidia/lib64) is not on the loader's path.
     try:
-        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
-    except OSError as e:
+        nvml.loaded(lib)  # the copy found here, also where it is not on the loader's path
+    except nvml.NVMLError_LibraryNotFound as e:
         return Inventory(error=f"{lib} does not load: {e}", error_kind="no-library")
-    found = gpus.inventory()
+    except nvml.NVMLError:
+        pass  # the inventory says what NVML answered
+    found = nvml.inventory(lib)
     if not found.driver:
         problem = found.problem
         kind = "other"

@@ -3,7 +3,10 @@ object of facts; the hub side judges them. Standard library only, Python >= 3.6,
 so it runs in any image with a python3.
 
 Modes:
-  nvml PATH  load the driver's NVML from PATH: driver, GPUs it sees
+  nvml PATH  load the driver's NVML from PATH: driver, GPUs it sees (five ctypes calls
+             of its own: the image under test need not have gpulab's NVML binding,
+             gpulab_contract.nvml, nor a Python that runs it; the hub's inventory,
+             read through that binding, is what the probe's answer is compared with)
   image      torch's version, CUDA and compiled architectures
   project    image + environment, GPU device nodes, CUDA/cuDNN copies on the
              library path and those a process has mapped after importing torch

@@ -1,4 +1,4 @@
-"""The hub host's GPU inventory, read through NVML (nvitop) when asked.
+"""The hub host's GPU inventory, read through NVML (``gpulab_hub.gpus.nvml``) when asked.
 
 No GPU, no driver: an empty inventory whose ``problem`` says why in words, so
 the hub keeps working for CPU projects. NVML is loaded on the first call only.
@@ -6,7 +6,6 @@ the hub keeps working for CPU projects. NVML is loaded on the first call only.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass, field
 
 
@@ -49,68 +48,8 @@ class Inventory:
         }
 
 
-def _mig_profile(name: str) -> str:
-    # NVML names MIG devices like "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
-    return name.rsplit(" MIG ", 1)[1] if " MIG " in name else ""
-
-
-def _minor_number(gpu) -> int:
-    """The GPU's /dev/nvidia<N> number (NVML's minor number; the index if unknown)."""
-    from nvitop import libnvml
-
-    minor = libnvml.nvmlQuery("nvmlDeviceGetMinorNumber", gpu.handle)
-    return minor if isinstance(minor, int) else int(gpu.index)
-
-
 def inventory() -> Inventory:
     """Every GPU of this host, with MIG slices as devices of their own (where enabled)."""
-    try:
-        from nvitop import Device as NvDevice
-        from nvitop import NVMLError
-    except ImportError:
-        return Inventory(problem="nvitop is not installed, so GPUs cannot be listed")
-    # nvitop logs a banner when the library is missing; we say it in one line.
-    logging.getLogger("nvitop.api.libnvml").setLevel(logging.CRITICAL + 1)
-    try:
-        gpus = NvDevice.all()
-        inv = Inventory(driver=NvDevice.driver_version(), cuda=NvDevice.cuda_driver_version())
-    except NVMLError as e:
-        kind = type(e).__name__
-        if "LibraryNotFound" in kind or "DriverNotLoaded" in kind:
-            return Inventory(problem="no NVIDIA driver on this host: projects run on the CPU")
-        return Inventory(problem=f"NVML could not list the GPUs ({e}): projects run on the CPU")
-    if not gpus:
-        inv.problem = "the NVIDIA driver sees no GPU on this host: projects run on the CPU"
-    for gpu in gpus:
-        major, minor = gpu.cuda_compute_capability()
-        cap = f"{major}.{minor}"
-        dev_minor = _minor_number(gpu)
-        mig = bool(gpu.is_mig_mode_enabled())
-        slices = gpu.mig_devices() if mig else []
-        if not slices:
-            inv.devices.append(
-                Device(
-                    str(gpu.index),
-                    gpu.uuid(),
-                    gpu.name(),
-                    gpu.memory_total(),
-                    cap,
-                    mig,
-                    minor=dev_minor,
-                )
-            )
-        for s in slices:
-            inv.devices.append(
-                Device(
-                    index=f"{gpu.index}:{s.mig_index}",
-                    uuid=s.uuid(),
-                    name=s.name(),
-                    memory_total=s.memory_total(),
-                    capability=cap,
-                    mig_mode=True,
-                    parent_uuid=gpu.uuid(),
-                    mig_profile=_mig_profile(s.name()),
-                    minor=dev_minor,
-                )
-            )
-    return inv
+    from gpulab_hub.gpus import nvml
+
+    return nvml.inventory()

@@ -1,8 +1,8 @@
 """The average GPU utilisation of each holding, for the usage ledger.
 
 The hub's metrics thread (metrics.py, every 10 s) reads each GPU's utilisation from
-NVML and adds it, weighted by the time since the last reading, to every holding of
-that GPU. When a project gives its GPUs back, ``record_usage`` takes the holding's
+NVML (gpus/nvml.py) and adds it, weighted by the time since the last reading, to every
+holding of that GPU. When a project gives its GPUs back, ``record_usage`` takes the holding's
 average into its ledger record. What the meter saw is the hub process's own: after
 a hub restart a holding's average covers the time since. A gap of more than
 ``GAP`` seconds between readings is not counted (the hub was busy or stopped), and a
@@ -11,7 +11,6 @@ GPU NVML cannot measure (a MIG instance, WSL2) has no average (``None``).
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping
 
@@ -19,7 +18,6 @@ from gpulab_hub.gpus import allocator
 
 GAP = 60.0  # seconds: a longer gap between readings is left out
 FORGET = 86400.0  # seconds: a holding not seen for this long is dropped (bounded memory)
-LOG = logging.getLogger("gpulab.gpus")
 
 Key = tuple[str, str, str]  # owner, project, GPU UUID
 
@@ -60,17 +58,6 @@ METER = Meter()  # the hub process's one meter
 
 def utilisation() -> dict[str, float | None]:
     """Blocking: each GPU's utilisation now (percent) from NVML; {} without NVML."""
-    try:
-        from nvitop import Device as NvDevice
-        from nvitop import NVMLError
-    except ImportError:
-        return {}
-    try:
-        out: dict[str, float | None] = {}
-        for gpu in NvDevice.all():
-            util = gpu.gpu_utilization()
-            out[gpu.uuid()] = float(util) if isinstance(util, int | float) else None
-        return out
-    except NVMLError as e:
-        LOG.debug("GPU utilisation not read: %s", e)
-        return {}
+    from gpulab_hub.gpus import nvml
+
+    return nvml.utilisation()
