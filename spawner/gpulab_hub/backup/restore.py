@@ -96,6 +96,11 @@ def verify(tar: tarfile.TarFile, manifest: dict, archive: Path, say=print) -> li
             )
         entry = listed.get(m.name)
         kind = "file" if m.isreg() else "folder" if m.isdir() else "link" if m.issym() else "other"
+        if kind == "other":
+            raise BackupError(
+                f"{archive} holds {m.name[:200]!r}, which is no file, folder or link (a hard "
+                f"link or a device): {refuse}."
+            )
         if not isinstance(entry, dict) or entry.get("type") != kind:
             raise BackupError(
                 f"{archive} holds {m.name[:200]!r}, not as its manifest lists: {refuse}."
@@ -169,10 +174,16 @@ def restore(
         )
     say(f"Reading {archive}...")
     with _open(archive) as tar:
-        manifest = read_manifest(tar, archive)
-        say(f"It is a backup of {manifest.get('home', '?')} made by gpulab "
-            f"{manifest['gpulab']} at {manifest.get('created', '?')}.")  # fmt: skip
-        members = verify(tar, manifest, archive, say)
+        try:
+            manifest = read_manifest(tar, archive)
+            say(f"It is a backup of {manifest.get('home', '?')} made by gpulab "
+                f"{manifest['gpulab']} at {manifest.get('created', '?')}.")  # fmt: skip
+            members = verify(tar, manifest, archive, say)
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+            raise BackupError(
+                f"{archive} is not a gpulab backup, or it is damaged or cut short ({e}); "
+                "nothing was restored."
+            ) from e
         home.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         stage = home / f".gpulab-restore-{stamp}"

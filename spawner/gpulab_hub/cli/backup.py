@@ -68,8 +68,10 @@ def cmd_restore(args, environ) -> int:
 
     try:
         home, hub_dir = _home(environ)
+        # Project folders go where a hub on this GPULAB_HOME keeps them by default.
+        projects_root = hubsettings.default_layout(home).projects_root
         restore.restore(
-            Path(args.archive), home=home, hub_dir=hub_dir, projects_root=hubsettings.default_layout(home).projects_root,
+            Path(args.archive), home=home, hub_dir=hub_dir, projects_root=projects_root,
             force=args.force, running=running_hub(hub_dir), environ=environ,
         )  # fmt: skip
     except (BackupError, ValueError) as e:
