@@ -179,12 +179,13 @@ def idle_rss() -> dict:
 def bytecode_cached() -> bool:
     import importlib.util
 
+    import gpulab_contract.nvml
     import gpulab_jupyter.nvml
     import gpulab_jupyter.sampler
 
     return all(
         Path(importlib.util.cache_from_source(m.__file__)).exists()
-        for m in (gpulab_jupyter.nvml, gpulab_jupyter.sampler)
+        for m in (gpulab_contract.nvml, gpulab_jupyter.nvml, gpulab_jupyter.sampler)
     )
 
 
