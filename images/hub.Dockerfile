@@ -12,16 +12,19 @@ RUN apt-get update \
  && npm cache clean --force
 
 WORKDIR /srv/gpulab/app
+COPY contract/ contract/
 COPY spawner/ spawner/
 COPY extensions/ extensions/
 COPY images/ images/
 COPY jupyterhub_config.py ./
-# gpulab-hub depends on gpulab-jupyter (the GPU-architecture module the doctor and
-# base image builds share with %gpu_install): both from this checkout, not an index.
+# gpulab-hub depends on gpulab-contract (what the hub and projects agree on: the
+# environment, job ids, the Dockerfile's managed block, the GPU-architecture facts),
+# from this checkout, not an index. The user side (extensions/) is not installed here:
+# `gpulab up` builds it, with the contract, into the wheels base images install.
 # nbconvert (a dependency of gpulab-hub) renders public notebook links.
-RUN pip install --no-cache-dir ./extensions ./spawner \
+RUN pip install --no-cache-dir ./contract ./spawner \
  && python -c "import gpulab_hub.spawner, gpulab_hub.accounts.auth, gpulab_hub.sharing.public, \
-gpulab_hub.doctor.cuda, gpulab_hub.images.base, gpulab_jupyter.arch, nbconvert, \
+gpulab_hub.doctor.cuda, gpulab_hub.images.base, gpulab_contract.arch, nbconvert, \
 gpulab_hub.ssh.keys, gpulab_hub.ssh.web, gpulab_hub.ssh.hubapi, gpulab_hub.home.web, gpulab_hub.cli"
 
 # 8000: the proxy (browsers); 2222: the SSH gateway into projects (GPULAB_SSH_PORT).

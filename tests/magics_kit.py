@@ -202,10 +202,10 @@ def site_packages(python: Path) -> Path:
 
 
 def new_dockerfile(project: Path) -> bytes:
-    text = (
-        TEMPLATE.read_text()
-        .replace("{{ display_name }}", "test")
-        .replace("{{ base_image }}", "gpulab/base:latest")
+    from gpulab_hub import images  # the template as the spawner renders it
+
+    text = images.render(
+        TEMPLATE.parent, TEMPLATE.name, display_name="test", base_image="gpulab/base:latest"
     )
     text += "RUN echo 'a user line' \\\n    && true\n# a user comment\n"
     (project / "Dockerfile").write_text(text)

@@ -18,6 +18,7 @@ from gpulab_hub.images import userwheel
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).with_name("golden")
 WHEEL = "gpulab_jupyter-0.1.0-py3-none-any.whl"
+CONTRACT_WHEEL = "gpulab_contract-0.1.0-py3-none-any.whl"
 CUDA = "nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04"
 
 CASES = {
@@ -49,7 +50,7 @@ CASES = {
 
 
 def rendered(name: str) -> str:
-    return baseimage.render(REPO / "images", CASES[name], [WHEEL])
+    return baseimage.render(REPO / "images", CASES[name], [CONTRACT_WHEEL, WHEEL])
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -104,7 +105,7 @@ def test_context_trusts_host_certificates_and_carries_wheels(tmp_path):
     assert f"pip install --no-cache-dir /opt/gpulab/wheels/{torch.name}" in dockerfile
     assert (
         'python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_proxy, '
-        'tensorboard, gpulab_jupyter"' in dockerfile
+        'tensorboard, gpulab_contract, gpulab_jupyter"' in dockerfile
     )
 
 
@@ -167,6 +168,29 @@ def test_the_user_wheel_is_built_once_per_content_of_its_sources(tmp_path):
     (src / "gpulab_jupyter" / "jobs.py").write_text("")  # a new file counts too
     newest = userwheel.cached(src, cache, build)
     assert len(builds) == 4 and newest[0].read_text() == "X = 2\n"
+
+
+def test_project_images_get_the_contract_wheel_beside_the_user_wheel(tmp_path):
+    """gpulab_jupyter depends on gpulab_contract: `gpulab up` builds both wheels (each
+    once per content of its own sources) and the base image installs both."""
+    fake_tree(tmp_path)
+    contract = tmp_path / "contract"
+    (contract / "gpulab_contract").mkdir(parents=True)
+    (contract / "gpulab_contract" / "__init__.py").write_text("")
+    builds = []
+
+    def build(tree: Path, out: Path) -> None:
+        builds.append(tree.name)
+        name = "gpulab_contract" if tree.name == "contract" else "gpulab_jupyter"
+        (out / f"{name}-0.1.0-py3-none-any.whl").write_text(tree.name)
+
+    wheels = userwheel.project_wheels(tmp_path, tmp_path / "cache", build)
+    assert [w.name for w in wheels] == [CONTRACT_WHEEL, WHEEL]
+    assert userwheel.project_wheels(tmp_path, tmp_path / "cache", build) == wheels
+    assert builds == ["contract", "extensions"]  # once each
+    text = baseimage.render(REPO / "images", CASES["base-cpu"], [w.name for w in wheels])
+    assert f"/opt/gpulab/wheels/{CONTRACT_WHEEL}" in text
+    assert f"/opt/gpulab/wheels/{WHEEL}" in text
 
 
 def test_a_failed_user_wheel_build_leaves_nothing_to_reuse(tmp_path):

@@ -110,7 +110,7 @@ def test_module_imports(name):
 def test_no_import_cycles():
     known = set(MODULES)
     graph = {name: imported_by(name, path, known) for name, path in MODULES.items()}
-    assert graph["gpulab_hub.doctor.cuda"] >= {"gpulab_jupyter.arch"}  # the reader reads
+    assert graph["gpulab_hub.doctor.cuda"] >= {"gpulab_hub.doctor.gpu"}  # the reader reads
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -118,3 +118,71 @@ def test_no_import_cycles():
 def test_the_cycle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# --- the hub-project contract (gpulab_contract) ------------------------------------
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every module an ``import`` anywhere in ``path`` names (top-level or in a function,
+    TYPE_CHECKING blocks included), and every literal ``importlib.import_module`` /
+    ``__import__`` argument."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            arg = node.args[0]
+            if called in ("import_module", "__import__") and isinstance(arg, ast.Constant):
+                names.add(str(arg.value))
+    return names
+
+
+def test_the_hub_never_imports_the_user_side(tmp_path):
+    """The hub reads what it shares with projects from gpulab_contract; gpulab_jupyter
+    (with jupyter_server and ipywidgets behind it) is the project's, not the hub's."""
+    files = sorted((_ROOT / "spawner" / "gpulab_hub").rglob("*.py"))
+    assert len(files) > 100
+    offenders = {
+        str(path.relative_to(_ROOT)): sorted(
+            n for n in _imported_names(path) if n.split(".")[0] == "gpulab_jupyter"
+        )
+        for path in files
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+    # and the scan does see such imports, wherever they hide
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import gpulab_jupyter.arch\n"
+        "def f():\n"
+        "    from gpulab_jupyter.magics import dockerfile\n"
+        "    return importlib.import_module('gpulab_jupyter.jobs.model')\n"
+    )
+    assert _imported_names(planted) == {
+        "gpulab_jupyter.arch",
+        "gpulab_jupyter.magics",
+        "gpulab_jupyter.jobs.model",
+    }
+
+
+def test_the_contract_needs_only_the_standard_library():
+    """Both sides install gpulab_contract: it imports Python's standard library and
+    itself only, so the hub never pulls the user side in through it, nor the reverse."""
+    import sys
+
+    files = sorted((_ROOT / "contract" / "gpulab_contract").rglob("*.py"))
+    assert files
+    outside = {
+        str(path.relative_to(_ROOT)): sorted(
+            n
+            for n in _imported_names(path)
+            if n.split(".")[0] not in sys.stdlib_module_names | {"gpulab_contract", "__future__"}
+        )
+        for path in files
+    }
+    assert {k: v for k, v in outside.items() if v} == {}

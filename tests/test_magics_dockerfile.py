@@ -8,23 +8,54 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpulab_hub import images
+from gpulab_hub.sharing import installs
 from gpulab_jupyter.magics import dockerfile as df
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "images" / "project.Dockerfile.j2"
+
+
+def _rendered() -> str:
+    """The project template as the spawner renders it for a new project."""
+    return images.render(TEMPLATE.parent, TEMPLATE.name, display_name="p", base_image="b:1")
+
+
 SIX = "RUN python -m pip install --no-cache-dir six==1.17.0 && python -c 'import six'"
 SIX_OLD = "RUN python -m pip install --no-cache-dir six==1.16.0 && python -c 'import six'"
 TOMLI = "RUN python -m pip install --no-cache-dir tomli==2.0.1 && python -c 'import tomli'"
 
 
 def test_markers_are_the_templates_lines():
-    lines = TEMPLATE.read_text().splitlines()
+    lines = _rendered().splitlines()
     assert df.START_MARKER in lines
     assert df.END_MARKER in lines
     assert lines.index(df.START_MARKER) < lines.index(df.END_MARKER)
+    # the template renders them from the contract: it never writes them itself
+    assert ">>> gpulab managed block" not in TEMPLATE.read_text()
+
+
+def test_the_hub_reads_the_block_the_magic_writes():
+    """One parser on both sides: Save a copy (the hub) sees exactly the lines
+    %gpu_install recorded, apt lines and all; a Dockerfile the magic refuses as
+    malformed has no block for the hub either."""
+    text = df.apply(_rendered(), [("six", SIX), ("tomli", TOMLI)], ["libgl1"], "1000:100")
+    found = installs.managed_installs(text)
+    assert [i.line for i in found.installs] == [SIX, TOMLI]
+    assert found.apt == ["libgl1"] and not found.refused
+    twice = (
+        f"FROM a\n{df.START_MARKER}\n{SIX}\n{df.END_MARKER}\n{df.START_MARKER}\n{df.END_MARKER}\n"
+    )
+    with pytest.raises(df.DockerfileError):
+        df.split(twice)
+    assert not installs.managed_installs(twice).installs
+    # a marker indented by a space is a marker for both
+    spaced = f"FROM a\n  {df.START_MARKER}\n{SIX}\n {df.END_MARKER}\n"
+    assert df.managed_packages(spaced) == {"six": "six==1.17.0"}
+    assert [i.line for i in installs.managed_installs(spaced).installs] == [SIX]
 
 
 def test_a_line_is_added_then_replaced_for_the_same_package():
-    text = TEMPLATE.read_text()
+    text = _rendered()
     one = df.apply(text, [("six", SIX_OLD)])
     assert one.count(SIX_OLD) == 1
     assert len(one.splitlines()) == len(text.splitlines()) + 1
@@ -36,7 +67,7 @@ def test_a_line_is_added_then_replaced_for_the_same_package():
 
 
 def test_apt_packages_share_one_root_section_before_pip_lines():
-    text = df.apply(TEMPLATE.read_text(), [("six", SIX)], ["libgl1"], "1000:100")
+    text = df.apply(_rendered(), [("six", SIX)], ["libgl1"], "1000:100")
     text = df.apply(text, [], ["ffmpeg", "libgl1"], "1000:100")
     block = text.split(df.START_MARKER)[1].split(df.END_MARKER)[0].strip().splitlines()
     assert block[0] == "USER root"
@@ -70,7 +101,7 @@ def test_broken_dockerfiles_are_refused_with_a_reason(text, words):
 
 def test_update_is_atomic_and_keeps_the_mode(tmp_path):
     path = tmp_path / "Dockerfile"
-    path.write_text(TEMPLATE.read_text())
+    path.write_text(_rendered())
     path.chmod(0o640)
     old, new = df.update(path, [("six", SIX)])
     assert path.read_bytes() == new != old
@@ -161,7 +192,7 @@ def test_concurrent_writers_from_separate_processes_lose_nothing(tmp_path):
     import multiprocessing
 
     path = tmp_path / "Dockerfile"
-    path.write_text(TEMPLATE.read_text())
+    path.write_text(_rendered())
     ctx = multiprocessing.get_context("spawn")
     workers = [ctx.Process(target=_write_lines, args=(str(path), w)) for w in range(20)]
     for w in workers:

@@ -402,13 +402,15 @@ def ensure_local_debian(dk: Docker, name: str, cache_dir: Path, log=print) -> st
 
 
 def user_wheels(repo_dir: Path, out_dir: Path) -> list[Path]:
-    """The user-side distribution (extensions/) as a wheel in ``out_dir``: built once
-    per content of its sources (kept in this machine's cache), copied from there."""
+    """The user side (extensions/) and the contract (contract/) as wheels in ``out_dir``:
+    each built once per content of its sources (kept in this machine's cache), copied
+    from there."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob(userwheel.PATTERN):
-        old.unlink()
+    for _, pattern in userwheel.PROJECT_WHEELS:
+        for old in out_dir.glob(pattern):
+            old.unlink()
     try:
-        wheels = userwheel.cached(repo_dir / "extensions", cache_dir() / "wheels")
+        wheels = userwheel.project_wheels(repo_dir, cache_dir() / "wheels")
     except (userwheel.WheelError, OSError) as e:
         raise HostError(str(e)) from e
     return [Path(shutil.copy2(w, out_dir / w.name)) for w in wheels]

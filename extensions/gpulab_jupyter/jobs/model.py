@@ -18,7 +18,8 @@ import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gpulab_contract.jobs import JOB_ID  # the hub matches the same ids
+# Job ids: the contract's, which the hub matches too (new_id makes them).
+from gpulab_contract.jobs import JOB_ID, new_id  # noqa: F401
 
 # A job's name: what the user called it (shown in lists), plain and short.
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._ -]{0,63}")

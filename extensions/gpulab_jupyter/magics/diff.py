@@ -60,7 +60,7 @@ def recorded(text: str) -> tuple[dict[str, str], set[str]]:
     head, block, tail = dockerfile.split(text)
     own = set()
     lines = [ln.rstrip("\r\n") for ln in head + tail]
-    for group in dockerfile._logical(lines):
+    for group in dockerfile.logical(lines):
         for req in dockerfile.pip_requirements(dockerfile.instruction_text(group)):
             name = dockerfile.requirement_name(req)
             if name:

@@ -23,16 +23,14 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 
+from gpulab_contract import managed_block  # the hub reads these lines back
+
 TORCH_STACK = ("torch", "torchvision", "torchaudio", "triton")
 URL_SCHEMES = ("https", "http", "git+https", "git+http", "git+ssh", "hg+https", "svn+https")
 ARCHIVES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz")
 # Whole-value patterns: used with fullmatch only (``$`` would also accept a value
 # that ends in a newline, which would then start a new line of the Dockerfile).
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,20}")
-# A host name or IPv4 address, with an optional port (pip's --trusted-host).
-_LABEL = r"[A-Za-z0-9][A-Za-z0-9-]{0,62}"
-_HOST = re.compile(rf"{_LABEL}(?:\.{_LABEL}){{0,20}}(?::[0-9]{{1,5}})?")
-_APT = re.compile(r"[a-z0-9][a-z0-9+.\-]{0,99}(=[A-Za-z0-9.+~:\-]{1,100})?")
 MAX_CHECK = 2000  # characters of --check code
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _OPTION = re.compile(r"(^|[\s;,])-{1,2}[A-Za-z]")
@@ -186,7 +184,7 @@ def check_url(value: str, option: str, allow_path: bool = False) -> str:
 
 def check_host(host: str) -> str:
     """--trusted-host: a host name or address, optionally with a port."""
-    if len(host) > 260 or not _HOST.fullmatch(host):
+    if not managed_block.host_ok(host):
         raise SpecError(f"--trusted-host: {host[:80]!r} is not a host name (like example.org).")
     return host
 
@@ -198,7 +196,7 @@ def check_module(name: str) -> str:
 
 
 def check_apt(name: str) -> str:
-    if not _APT.fullmatch(name):
+    if not managed_block.APT_PACKAGE.fullmatch(name):
         raise SpecError(f"--apt: {name!r} is not a Debian package name.")
     return name
 

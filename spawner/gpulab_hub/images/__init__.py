@@ -24,6 +24,7 @@ import requests.exceptions
 import urllib3.exceptions
 from dockerfile_parse import DockerfileParser
 
+from gpulab_contract import managed_block
 from gpulab_hub.images import confine
 from gpulab_hub.projects import objects
 
@@ -56,6 +57,11 @@ def render(images_dir: str | Path, template: str, **params) -> str:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+    )
+    # the managed block's markers, from the contract the magic and Save a copy parse with
+    env.globals.update(
+        managed_block_start=managed_block.START_MARKER,
+        managed_block_end=managed_block.END_MARKER,
     )
     return env.get_template(template).render(**params)
 

@@ -1,5 +1,6 @@
-"""The user-side distribution (``extensions/``, gpulab-jupyter) as the wheel that
-base images install, built once per content of its source tree.
+"""The wheels that base images install, each built once per content of its source
+tree: the user side (``extensions/``, gpulab-jupyter) and the contract it shares with
+the hub (``contract/``, gpulab-contract), which the user side depends on.
 
 Building it takes pip several seconds (a fresh build environment each time), and
 every ``gpulab up`` needs it. The build is reproducible (hatchling: same sources,
@@ -19,6 +20,9 @@ import tempfile
 from pathlib import Path
 
 PATTERN = "gpulab_jupyter-*.whl"
+CONTRACT_PATTERN = "gpulab_contract-*.whl"
+# (source folder in the checkout, its wheel's file names): what project images install
+PROJECT_WHEELS = (("contract", CONTRACT_PATTERN), ("extensions", PATTERN))
 # Build outputs and tool caches that are not the wheel's sources (the front end's
 # build output, gpulab_jupyter/labextension, is a source here: the wheel packs it).
 NOT_SOURCES = {"node_modules", "lib", ".yarn", "__pycache__", "build", "dist"}
@@ -49,7 +53,11 @@ def _pip_wheel(src: Path, out_dir: Path) -> None:
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out_dir), str(src)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise WheelError("building the gpulab-jupyter wheel failed:\n" + done.stderr[-2000:])
+        raise WheelError(f"building the {_name(src)} wheel failed:\n" + done.stderr[-2000:])
+
+
+def _name(src: Path) -> str:
+    return "gpulab-contract" if Path(src).name == "contract" else "gpulab-jupyter"
 
 
 def _prune(cache: Path, keep: int = KEEP) -> None:
@@ -62,14 +70,14 @@ def _prune(cache: Path, keep: int = KEEP) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def cached(src: Path, cache: Path, build=_pip_wheel) -> list[Path]:
+def cached(src: Path, cache: Path, build=_pip_wheel, pattern: str = PATTERN) -> list[Path]:
     """The wheel(s) of ``src`` from ``cache``, built there first when its sources changed.
 
     A build goes to a private folder that is renamed into place whole, so two
     ``gpulab up`` at once never see half a wheel.
     """
     entry = cache / source_digest(src)
-    wheels = sorted(entry.glob(PATTERN))
+    wheels = sorted(entry.glob(pattern))
     if wheels:
         os.utime(entry)  # recently used: kept by the pruning below
         return wheels
@@ -77,14 +85,23 @@ def cached(src: Path, cache: Path, build=_pip_wheel) -> list[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     try:
         build(src, tmp)
-        if not list(tmp.glob(PATTERN)):
-            raise WheelError(f"building the gpulab-jupyter wheel made no {PATTERN} file")
+        if not list(tmp.glob(pattern)):
+            raise WheelError(f"building the {_name(src)} wheel made no {pattern} file")
         try:
             tmp.rename(entry)
         except OSError:  # another build of the same sources got there first
-            if not list(entry.glob(PATTERN)):
+            if not list(entry.glob(pattern)):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _prune(cache)
-    return sorted(entry.glob(PATTERN))
+    return sorted(entry.glob(pattern))
+
+
+def project_wheels(repo_dir: Path, cache: Path, build=_pip_wheel) -> list[Path]:
+    """The contract's wheel and the user side's, from ``cache`` (built there first when
+    their sources changed): what base images install, so every project has both."""
+    out: list[Path] = []
+    for folder, pattern in PROJECT_WHEELS:
+        out += cached(Path(repo_dir) / folder, cache, build, pattern)
+    return out

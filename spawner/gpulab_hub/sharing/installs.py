@@ -2,10 +2,11 @@
 
 A notebook copied into another project imports what ``%gpu_install`` installed
 in its own project. Those installs are the RUN lines of the source Dockerfile's
-managed block (gpulab_jupyter.magics.dockerfile knows its markers and writes
-it). Save a copy reads that block, shows the person copying every line it would
-write, whole, and writes the lines they tick into the managed block of the
-destination project's Dockerfile; the destination's next build installs them.
+managed block (gpulab_contract.managed_block: its markers and its parser, the same
+code the magic writes it with). Save a copy reads that block, shows the person
+copying every line it would write, whole, and writes the lines they tick into the
+managed block of the destination project's Dockerfile; the destination's next
+build installs them.
 
 The source Dockerfile is hostile input (its project's users write it): it is
 read through safefs (no link followed, a regular file, at most 1 MiB of UTF-8),
@@ -52,16 +53,15 @@ from packaging.utils import canonicalize_name
 from traitlets import List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from gpulab_contract import managed_block
 from gpulab_hub.images.project import MAX_DOCKERFILE_BYTES, read_dockerfile
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
-from gpulab_jupyter.magics import dockerfile
-from gpulab_jupyter.magics.spec import SpecError, check_apt, check_host
 
 LOCK_TIMEOUT = 30.0  # seconds to wait for an install running in the destination
 MAX_LINE = 4096
 MAX_REFUSED_SHOWN = 100  # refused lines listed on the page; the rest are counted
 PREVIEW = 1000  # characters of a refused line shown
-# The build variables %gpu_install writes (gpulab_jupyter.arch.build_env, MAX_JOBS).
+# The build variables %gpu_install writes (gpulab_contract.arch.build_env, MAX_JOBS).
 BUILD_VARIABLES = (
     "TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES", "CUDAARCHS", "FLASH_ATTN_CUDA_ARCHS",
     "FORCE_CUDA", "MAX_JOBS", "CMAKE_BUILD_PARALLEL_LEVEL",
@@ -81,7 +81,7 @@ _PACKAGE = re.compile(_NAME)
 _TOKENS = re.compile(r"(?:[^\s']+|'[^']*')+")
 _USER = re.compile(r"USER (?:root|[0-9]{1,10}(?::[0-9]{1,10})?|[a-z_][a-z0-9_-]{0,31})")
 _APT = re.compile(
-    re.escape(dockerfile.APT_RUN).replace(re.escape("{packages}"), r"([a-z0-9][ -~]{0,2000})")
+    re.escape(managed_block.APT_RUN).replace(re.escape("{packages}"), r"([a-z0-9][ -~]{0,2000})")
 )
 _PRINTABLE = re.compile(rf"[ -~]{{1,{MAX_LINE}}}")
 # What an allowed index URL may add under an allowed prefix: plain path segments, none
@@ -218,7 +218,7 @@ class Found:
 
     def apt_line(self) -> str:
         """The apt-get line written for these packages (between USER lines)."""
-        return dockerfile.APT_RUN.format(packages=" ".join(self.apt))
+        return managed_block.APT_RUN.format(packages=" ".join(self.apt))
 
     def refuse(self, line: str, reason: str) -> None:
         if len(self.refused) < MAX_REFUSED_SHOWN:
@@ -250,11 +250,7 @@ def _variable(token: str) -> bool:
 def _option_value(option: str, value: str) -> bool:
     """Whether ``value`` has the form %gpu_install writes for ``option``."""
     if option == TRUSTED_HOST:
-        try:
-            check_host(value)
-        except SpecError:
-            return False
-        return True
+        return managed_block.host_ok(value)
     if option == "--no-binary":
         return bool(_PACKAGE.fullmatch(value))
     return bool(_URL.fullmatch(value))
@@ -346,27 +342,16 @@ def apt_packages(line: str) -> list[str] | None:
     if m is None:
         return None
     names = m.group(1).split(" ")
-    try:
-        return [check_apt(n) for n in names]
-    except SpecError:
+    if not all(managed_block.APT_PACKAGE.fullmatch(n) for n in names):
         return None
-
-
-def _block(text: str) -> list[str] | None:
-    """The managed block's lines (without line endings); None when there is none."""
-    lines = text.split("\n")
-    starts = [n for n, ln in enumerate(lines) if ln.rstrip("\r") == dockerfile.START_MARKER]
-    ends = [n for n, ln in enumerate(lines) if ln.rstrip("\r") == dockerfile.END_MARKER]
-    if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        return None
-    return [ln.removesuffix("\r") for ln in lines[starts[0] + 1 : ends[0]]]
+    return names
 
 
 def managed_installs(text: str, allowed=()) -> Found:
     """What the managed block of a Dockerfile's text installs, line by line: the lines
     offered, and those refused with the reason (``allowed``: see :func:`why_refused`)."""
     found = Found()
-    block = _block(text)
+    block = managed_block.block_lines(text)
     if block is None:
         return found
     for n, line in enumerate(block):
@@ -538,8 +523,8 @@ def write_installs(dir_fd: int, found: Found, user: str, uid: int, gid: int) -> 
             except UnicodeDecodeError as e:
                 raise ProjectError("its Dockerfile is not UTF-8 text") from e
             try:
-                new = dockerfile.apply(text, pip_lines, found.apt, user).encode()
-            except dockerfile.DockerfileError as e:
+                new = managed_block.apply(text, pip_lines, found.apt, user).encode()
+            except managed_block.DockerfileError as e:
                 raise ProjectError(str(e)) from e
             if new == old or _replace(dir_fd, old, new):
                 return
