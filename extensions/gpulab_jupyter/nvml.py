@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from gpulab_contract.nvml import (  # noqa: F401 - the binding's names, for every reader here
+from gpulab_contract.nvml import (
     SONAME,
     Nvml,
     NVMLError,
@@ -25,6 +25,12 @@ from gpulab_contract.nvml import (  # noqa: F401 - the binding's names, for ever
     NVMLError_NotSupported,
     cuda_version,
 )
+from gpulab_jupyter import devices
+
+__all__ = [  # the binding's names every reader here uses, and this client's own
+    "SONAME", "Nvml", "NVMLError", "NVMLError_DriverNotLoaded", "NVMLError_LibraryNotFound",
+    "NVMLError_NotSupported", "cuda_version", "opened", "Gpu", "gpus", "cuda_visible",
+]  # fmt: skip
 
 
 @contextmanager
@@ -56,8 +62,6 @@ class Gpu:
 def gpus(nvml: Nvml) -> list[Gpu]:
     """Every whole GPU NVML lists that this process can open, in NVML's order, with its
     compute capability and memory (NVMLError when one of those cannot be read)."""
-    from gpulab_jupyter import devices
-
     found = []
     for d in devices.enumerate_devices(nvml):
         if d.is_mig:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from gpulab_contract.nvml import (  # noqa: F401 - the binding's names, for every hub reader
+from gpulab_contract.nvml import (
     SONAME,
     Nvml,
     NVMLError,
@@ -25,6 +25,10 @@ from gpulab_contract.nvml import (  # noqa: F401 - the binding's names, for ever
 )
 from gpulab_hub.gpus import Device, Inventory
 
+__all__ = [  # the binding's names hub readers use, and this client's own
+    "SONAME", "Nvml", "NVMLError", "NVMLError_DriverNotLoaded", "NVMLError_LibraryNotFound",
+    "cuda_version", "loaded", "inventory", "utilisation",
+]  # fmt: skip
 LOG = logging.getLogger("gpulab.gpus")
 NO_DRIVER = "no NVIDIA driver on this host: projects run on the CPU"
 NO_GPU = "the NVIDIA driver sees no GPU on this host: projects run on the CPU"
