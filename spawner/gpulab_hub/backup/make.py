@@ -130,6 +130,15 @@ def copy_database(db: Path, dest: Path) -> None:
         raise BackupError(f"The hub's database {db} is damaged ({check}); it was not backed up.")
 
 
+def require_hub(home: Path, hub_dir: Path) -> None:
+    """BackupError unless ``hub_dir`` holds a hub (before its configuration is read, which
+    would make a key there)."""
+    if not hub_dir.is_dir():
+        raise BackupError(
+            f"There is no hub at {home} (no {hub_dir}): set GPULAB_HOME to the hub's folder."
+        )
+
+
 def _open_private(path: Path) -> int:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     return os.open(path, flags, 0o600)
@@ -152,11 +161,8 @@ def make(
     (JUPYTERHUB_CRYPT_KEY)."""
     started = time.monotonic()
     home, hub_dir = Path(home), Path(hub_dir)
-    if not hub_dir.is_dir():
-        raise BackupError(
-            f"There is no hub at {home} (no {hub_dir}): set GPULAB_HOME to the hub's folder."
-        )
-    out = Path(out) if out else Path.cwd() / default_name()
+    require_hub(home, hub_dir)
+    out = Path(out).absolute() if out else Path.cwd() / default_name()
     if os.path.lexists(out):
         raise BackupError(f"{out} exists already; name another file with -o.")
     if not out.parent.is_dir():

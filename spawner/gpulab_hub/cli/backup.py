@@ -26,6 +26,7 @@ def cmd_backup(args, environ) -> int:
 
     try:
         home, hub_dir = _home(environ)
+        make.require_hub(home, hub_dir)
         try:
             config = hubsettings.read_config(hubsettings.config_file())
             where = hubsettings.from_config(config)
