@@ -1,12 +1,15 @@
-"""Both distributions install as wheels, not only editable: what images/hub.Dockerfile
-(``pip install ./extensions ./spawner``) and the base images do.
+"""The three distributions install as wheels, not only editable: what
+images/hub.Dockerfile (``pip install ./contract ./spawner``) and the base images
+(the contract's wheel and the user side's) do.
 
 The wheels are built as pip builds them there (``pip wheel --no-deps``, each in its own
 build environment) and installed with ``--no-deps --no-index`` into a fresh virtual
 environment that sees the test environment's packages only as a plain folder at the end
 of ``sys.path`` (so the test environment's editable gpulab installs are not loaded).
-Then every module of both distributions must import *from the wheel*, every source file
-and page template must be in it, and every template the code names must be there.
+Then every module of the three distributions must import *from the wheel*, every source
+file and page template must be in it, and every template the code names must be there.
+The hub's wheel with the contract's alone (no user side) imports every hub module too:
+the hub does not need gpulab_jupyter.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {
+    "gpulab_contract": ROOT / "contract" / "gpulab_contract",
     "gpulab_hub": ROOT / "spawner" / "gpulab_hub",
     "gpulab_jupyter": ROOT / "extensions" / "gpulab_jupyter",
 }
@@ -53,16 +57,20 @@ def wheels(tmp_path_factory) -> dict[str, Path]:
         spawner,
         ignore=shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", "*.pyc"),
     )
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(3) as pool:
         hub = pool.submit(_pip_wheel, spawner, tmp / "hub")
         lab = pool.submit(_pip_wheel, ROOT / "extensions", tmp / "lab")
-        return {"gpulab_hub": hub.result(), "gpulab_jupyter": lab.result()}
+        contract = pool.submit(_pip_wheel, ROOT / "contract", tmp / "contract")
+        return {
+            "gpulab_contract": contract.result(),
+            "gpulab_hub": hub.result(),
+            "gpulab_jupyter": lab.result(),
+        }
 
 
-@pytest.fixture(scope="module")
-def installed(wheels, tmp_path_factory) -> Path:
-    """A fresh virtual environment with both wheels: its python."""
-    env = tmp_path_factory.mktemp("venv") / "env"
+def _venv_with(wheels: list[Path], where: Path) -> Path:
+    """A fresh virtual environment with these wheels: its python."""
+    env = where / "env"
     venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
     purelib = subprocess.run(
@@ -77,10 +85,16 @@ def installed(wheels, tmp_path_factory) -> Path:
     deps = [p for p in site.getsitepackages() if Path(p).is_dir()]
     Path(purelib, "zz-test-deps.pth").write_text("\n".join(deps) + "\n")
     cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q"]
-    cmd += ["--no-deps", "--no-index", *map(str, wheels.values())]
+    cmd += ["--no-deps", "--no-index", *map(str, wheels)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return python
+
+
+@pytest.fixture(scope="module")
+def installed(wheels, tmp_path_factory) -> Path:
+    """A fresh virtual environment with the three wheels: its python."""
+    return _venv_with(list(wheels.values()), tmp_path_factory.mktemp("venv"))
 
 
 def _source_files(top: str) -> set[str]:
@@ -129,7 +143,7 @@ INSTALLED_CHECK = textwrap.dedent(
 
     prefix = Path(sys.prefix).resolve()
     report = {"modules": {}, "failed": {}, "templates": {}, "scripts": {}}
-    for top in ("gpulab_hub", "gpulab_jupyter"):
+    for top in sys.argv[1].split(","):
         pkg = importlib.import_module(top)
         names = [top] + [m.name for m in pkgutil.walk_packages(pkg.__path__, top + ".")]
         for name in names:
@@ -142,7 +156,7 @@ INSTALLED_CHECK = textwrap.dedent(
             folder = getattr(mod, "TEMPLATES", None)
             if isinstance(folder, Path):
                 report["templates"][name] = sorted(p.name for p in folder.glob("*.html"))
-    for dist in ("gpulab-hub", "gpulab-jupyter"):
+    for dist in sys.argv[2].split(","):
         for ep in metadata.distribution(dist).entry_points:
             if ep.group == "console_scripts":
                 report["scripts"][ep.name] = [ep.value, (prefix / "bin" / ep.name).is_file()]
@@ -158,17 +172,39 @@ INSTALLED_CHECK = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def report(installed) -> dict:
+def _report(python: Path, tops, dists) -> dict:
     done = subprocess.run(
-        [str(installed), "-c", INSTALLED_CHECK],
+        [str(python), "-c", INSTALLED_CHECK, ",".join(tops), ",".join(dists)],
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=installed.parent,  # not the checkout: nothing imported from the sources
+        cwd=python.parent,  # not the checkout: nothing imported from the sources
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def report(installed) -> dict:
+    dists = ("gpulab-contract", "gpulab-hub", "gpulab-jupyter")
+    return _report(installed, sorted(SOURCES), dists)
+
+
+def test_the_hub_and_the_contract_alone_import_without_the_user_side(wheels, tmp_path):
+    """What the hub image installs (``./contract ./spawner``): every hub module imports
+    from those two wheels, and the user side is nowhere to be found."""
+    hub_only = [wheels["gpulab_contract"], wheels["gpulab_hub"]]
+    python = _venv_with(hub_only, tmp_path)
+    report = _report(python, ["gpulab_contract", "gpulab_hub"], ["gpulab-hub"])
+    assert report["failed"] == {}
+    assert all(path.startswith(report["prefix"]) for path in report["modules"].values())
+    for top in ("gpulab_contract", "gpulab_hub"):
+        count = sum(1 for n in report["modules"] if n == top or n.startswith(top + "."))
+        assert count == sum(1 for f in _source_files(top) if f.endswith(".py")), top
+    absent = subprocess.run(
+        [str(python), "-c", "import gpulab_jupyter"], capture_output=True, text=True
+    )
+    assert "No module named 'gpulab_jupyter'" in absent.stderr
 
 
 def test_every_module_imports_from_the_installed_wheels(report):
