@@ -82,16 +82,24 @@ class ToggleAuthorizationHandler(_AccountAction):
             raise web.HTTPError(404, f"No account named {name!r}.")
         if not wanted and info.username == self.current_user.name:
             raise web.HTTPError(400, SELF_UNAPPROVE)
-        if bool(info.is_authorized) != wanted:
-            info.is_authorized = wanted
-            self.db.commit()
-            done = "approved" if wanted else "unapproved"
-            self.log.info("gpulab: %s %s the account %s", self.current_user.name, done, name)
-        if wanted:
-            # A hub user from the moment of approval: others can share with them
-            # before they ever log in.
-            self.user_from_username(info.username)
+        set_approval(self, info, wanted)
         self._back(name)
+
+
+def set_approval(handler, info: UserInfo, wanted: bool) -> None:
+    """Approve (or unapprove) NativeAuthenticator's account ``info``, as an admin's
+    page asked (this page and the admin overview, admin/web.py)."""
+    if bool(info.is_authorized) != wanted:
+        info.is_authorized = wanted
+        handler.db.commit()
+        done = "approved" if wanted else "unapproved"
+        handler.log.info(
+            "gpulab: %s %s the account %s", handler.current_user.name, done, info.username
+        )
+    if wanted:
+        # A hub user from the moment of approval: others can share with them
+        # before they ever log in.
+        handler.user_from_username(info.username)
 
 
 class DiscardHandler(_AccountAction):
