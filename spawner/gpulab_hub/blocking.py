@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tornado.web import HTTPError
+
 LOG = logging.getLogger("gpulab_hub")
 
 DOCKER = "docker"
@@ -63,19 +65,21 @@ _lock = threading.Lock()
 _warned: set[str] = set()
 
 
-class Busy(Exception):
-    """A lock that was not free in time; ``str()`` is a sentence for the user."""
+class Busy(HTTPError):
+    """A lock that was not free in time; ``str()`` is a sentence for the user. An
+    HTTPError (503, those words), so a hub page that lets it through shows the words,
+    never a traceback."""
 
     def __init__(self, what: str):
-        super().__init__(what)
         self.what = what
-
-    def __str__(self) -> str:
-        what = self.what
-        return (
+        self.sentence = (
             f"{what[:1].upper()}{what[1:]} is busy: another change to {what} is under way; "
             "try again in a moment."
         )
+        super().__init__(503, "%s", self.sentence)
+
+    def __str__(self) -> str:
+        return self.sentence
 
 
 class OnLoop(RuntimeError):

@@ -21,34 +21,24 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpulab_contract import files
 from gpulab_hub import blocking
 
 LOG = logging.getLogger("gpulab_hub")
 
 
-def fsync_dir(folder: Path) -> None:
-    """Make a rename, creation or removal in ``folder`` durable."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+fsync_dir = files.fsync_dir  # make a rename, creation or removal in a folder durable
+
+# Hub records are the hub account's alone, whatever umask the writing command has.
+RECORD_MODE = 0o600
 
 
 def write_atomic(path: Path, data) -> None:
-    """Write ``data`` as JSON to ``path``: a reader sees the old or the new file, never
-    half of one, and after a crash (power loss included) the new one is there."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)  # the rename itself, durable
+    """Write ``data`` as JSON to ``path`` with gpulab's one atomic writer
+    (gpulab_contract.files): a reader sees the old or the new file, never half of one,
+    and after a crash (power loss included) the new one is there."""
+    text = json.dumps(data, indent=1)
+    files.write_atomic(path, text.encode("utf-8"), mode=RECORD_MODE)
 
 
 def move_aside(path: Path) -> Path:

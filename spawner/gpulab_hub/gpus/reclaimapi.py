@@ -16,13 +16,12 @@ reuses).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 from tornado import web
 
-from gpulab_hub import hubsettings, jsonfile
+from gpulab_hub import blocking, hubsettings, jsonfile
 from gpulab_hub.cluster.jobsapi import _Base
 from gpulab_hub.gpus import reclaimrecord
 
@@ -54,8 +53,8 @@ class ReclaimHandler(_Base):
             raise web.HTTPError(404, f"No project {owner}/{project}.")
         where = hubsettings.of_handler(self)
         try:
-            w = await asyncio.to_thread(
-                reclaimrecord.warning_of, where.allocations_file, owner, project
+            w = await blocking.run(
+                blocking.RECORDS, reclaimrecord.warning_of, where.allocations_file, owner, project
             )
         except (jsonfile.RecordError, OSError) as e:
             self.log.warning("gpulab: the GPU reclaim record cannot be read: %s", e)

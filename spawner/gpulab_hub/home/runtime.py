@@ -26,7 +26,7 @@ from urllib.parse import quote
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.projects import options
 from gpulab_hub.sharing import roles
@@ -123,7 +123,8 @@ class RuntimeHandler(BaseHandler):
 
     async def _choices(self, spawner) -> tuple[options.GpuChoices | None, int]:
         """What this computer offers the project, and its GPUs where none was chosen."""
-        inventory = await asyncio.to_thread(gpu_spawner.cached_inventory)  # NVML off the event loop
+        # NVML off the event loop
+        inventory = await blocking.run(blocking.RECORDS, gpu_spawner.cached_inventory)
         gpu_choices = getattr(spawner, "gpu_choices", None)
         choices = gpu_choices() if gpu_choices is not None else None  # reads the cache
         default = getattr(spawner, "default_gpus", 0) if inventory.devices else 0

@@ -19,14 +19,13 @@ Values are never logged; every answer says ``Cache-Control: no-store``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from jupyterhub import orm
 from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.secrets import crypt
 from gpulab_hub.secrets.store import SecretStore
 from gpulab_hub.sharing import roles
@@ -81,8 +80,8 @@ class SecretsAPIHandler(APIHandler):
         folder = hubsettings.of_handler(self).secrets_dir
         store = SecretStore(folder, owner, self.log)
         try:
-            encrypted = await asyncio.to_thread(
-                store.encrypted_for, project, role == "collaborator"
+            encrypted = await blocking.run(
+                blocking.RECORDS, store.encrypted_for, project, role == "collaborator"
             )
         except store.Error as e:
             self.log.error("gpulab: secrets of %s: %s", owner, e)

@@ -9,12 +9,10 @@ The page lists names and dates only. Each user sees and changes only their own.
 
 from __future__ import annotations
 
-import asyncio
-
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.projects.title import title
 from gpulab_hub.secrets import crypt
 from gpulab_hub.secrets.names import (
@@ -58,8 +56,8 @@ class SecretsPageHandler(BaseHandler):
     async def _page(self, status: int = 200, message: str = "", error: str = "", kept: str = ""):
         store = self._store()
         try:
-            secrets, selections = await asyncio.to_thread(
-                lambda: (store.listing(), store.selections())
+            secrets, selections = await blocking.run(
+                blocking.RECORDS, lambda: (store.listing(), store.selections())
             )
         except store.Error as e:
             self.log.error("gpulab: %s", e)
@@ -88,7 +86,7 @@ class SecretsPageHandler(BaseHandler):
             name = check_name(self.get_body_argument("name", ""))
             value = check_value(self.get_body_argument("value", ""))
             encrypted = await crypt.encrypt(value)
-            new = await asyncio.to_thread(store.put, name, encrypted)
+            new = await blocking.run(blocking.RECORDS, store.put, name, encrypted)
             done = "added" if new else "replaced"
             self.log.info("gpulab: %s %s the secret %s", store.user, done, name)
             if new:
@@ -99,7 +97,7 @@ class SecretsPageHandler(BaseHandler):
             )
         if action == "delete":
             name = self.get_body_argument("name", "")
-            if not await asyncio.to_thread(store.delete, name):
+            if not await blocking.run(blocking.RECORDS, store.delete, name):
                 raise SecretRefused(f"You have no secret named {name[:70]}.")
             self.log.info("gpulab: %s deleted the secret %s", store.user, name)
             return (
@@ -112,7 +110,9 @@ class SecretsPageHandler(BaseHandler):
                 raise SecretRefused("Choose one of your own projects.")
             names = self.get_body_arguments("names")
             collaborators = self.get_body_argument("collaborators", "") == "1"
-            chosen = await asyncio.to_thread(store.choose, project, names, collaborators)
+            chosen = await blocking.run(
+                blocking.RECORDS, store.choose, project, names, collaborators
+            )
             self.log.info(
                 "gpulab: %s chose the secrets %s for %s (collaborators: %s)",
                 store.user, ", ".join(chosen.names) or "-", project, chosen.collaborators,

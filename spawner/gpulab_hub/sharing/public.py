@@ -264,10 +264,7 @@ class PublicLinksHandler(_Base):
     @web.authenticated
     async def get(self, project: str):
         self._check(project)
-        try:
-            await self._page(project)
-        except blocking.Busy as e:
-            raise web.HTTPError(503, "%s", e) from e
+        await self._page(project)
 
     async def _create(self, project: str) -> tuple[str, str]:
         owner = self.current_user.name
@@ -306,8 +303,6 @@ class PublicLinksHandler(_Base):
             raise FileRefused(400, f"Unknown action {action!r}.")
         except FileRefused as e:
             await self._page(project, status=e.status, error=str(e))
-        except blocking.Busy as e:
-            raise web.HTTPError(503, "%s", e) from e
 
 
 def _mib(n: int, up: bool = False) -> str:

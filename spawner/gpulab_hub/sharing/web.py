@@ -22,7 +22,8 @@ same-origin pages frame it (JupyterLab's Share dialog shows it in an iframe).
 
 The page's records (sharing settings, link access, group-share roles) are read and
 written on the records pool (blocking.py), never on the hub's event loop; JupyterHub's
-database stays on the loop. A record held too long elsewhere shows as 503 with words.
+database stays on the loop. A record held too long elsewhere shows as 503 with words
+(blocking.Busy is an HTTPError).
 """
 
 from __future__ import annotations
@@ -387,26 +388,20 @@ class ShareHandler(BaseHandler):
 
     @web.authenticated
     async def get(self, first: str, second: str | None = None):
-        try:
-            owner, project, resharing = await self._target(first, second)
-            self.allow_framing_by(owner)
-            await self._page(owner, project, resharing)
-        except blocking.Busy as e:
-            raise web.HTTPError(503, "%s", e) from e
+        owner, project, resharing = await self._target(first, second)
+        self.allow_framing_by(owner)
+        await self._page(owner, project, resharing)
 
     @web.authenticated
     async def post(self, first: str, second: str | None = None):
+        owner, project, resharing = await self._target(first, second)
+        self.allow_framing_by(owner)
+        token = None if resharing else self._token(project)
         try:
-            owner, project, resharing = await self._target(first, second)
-            self.allow_framing_by(owner)
-            token = None if resharing else self._token(project)
-            try:
-                message, link = await self._act(token, owner, project, resharing)
-            except ApiError as e:
-                await self._page(owner, project, resharing, status=e.status, error=str(e))
-                return
-            finally:
-                self._drop_token(token)
-            await self._page(owner, project, resharing, message=message, link=link)
-        except blocking.Busy as e:
-            raise web.HTTPError(503, "%s", e) from e
+            message, link = await self._act(token, owner, project, resharing)
+        except ApiError as e:
+            await self._page(owner, project, resharing, status=e.status, error=str(e))
+            return
+        finally:
+            self._drop_token(token)
+        await self._page(owner, project, resharing, message=message, link=link)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import asyncssh
 
+from gpulab_contract import files
+
 MAX_KEY = 64 * 1024
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_MAKE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class HostKeyError(Exception):
@@ -48,16 +49,10 @@ def _read_private(path: Path) -> bytes | None:
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` as a new file (a temporary name, then renamed over, so a
-    link at ``path`` is replaced, never followed)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, _MAKE, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` as a new file with gpulab's one atomic writer
+    (gpulab_contract.files: a temporary name, then renamed over, so a link at ``path``
+    is replaced, never followed)."""
+    files.write_atomic(path, data, mode=mode)
 
 
 def load_or_make(path: str | Path) -> asyncssh.SSHKey:

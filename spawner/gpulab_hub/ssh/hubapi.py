@@ -23,14 +23,13 @@ collaborators to start the project (the rule of the "Shared with me" page).
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from jupyterhub import orm
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.sharing import roles
 from gpulab_hub.sharing.received import policy_store
 from gpulab_hub.ssh import GATEWAY_SCOPE, names
@@ -129,7 +128,7 @@ class AccessHandler(APIHandler):
             reply["can_start"] = True
         else:  # the sharing settings: a file, read off the event loop
             policies = policy_store(where.records_dir)
-            settings = await asyncio.to_thread(policies.get, owner, project)
+            settings = await blocking.run(blocking.RECORDS, policies.get, owner, project)
             reply["can_start"] = settings.collaborators_may_start
         reply.update(
             container=spawner.container_name,

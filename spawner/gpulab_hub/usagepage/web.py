@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from jupyterhub import orm
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.usagepage import report
 
 
@@ -37,7 +36,7 @@ class _AdminOnly(BaseHandler):
 class UsageHandler(_AdminOnly):
     """/hub/gpulab/usage?window=7d: GPU-hours by user, project and GPU."""
 
-    def _members(self, where: hubsettings.HubSettings) -> dict[str, list[str]]:
+    def _members(self, where: hubsettings.Layout) -> dict[str, list[str]]:
         named = report.budget_groups(where)
         if not named:
             return {}
@@ -50,8 +49,9 @@ class UsageHandler(_AdminOnly):
         window = self._window()
         where = hubsettings.of_handler(self)
         members = self._members(where)
-        loop = asyncio.get_running_loop()
-        figures = await loop.run_in_executor(None, report.build, where, window, members, _labels)
+        figures = await blocking.run(
+            blocking.RECORDS, report.build, where, window, members, _labels
+        )
         html = await self.render_template(
             "gpulab-usage.html",
             report=figures,
@@ -69,8 +69,7 @@ class UsageCsvHandler(_AdminOnly):
         self._check_admin()
         window = self._window()
         where = hubsettings.of_handler(self)
-        loop = asyncio.get_running_loop()
-        text = await loop.run_in_executor(None, report.csv_text, where, window)
+        text = await blocking.run(blocking.RECORDS, report.csv_text, where, window)
         day = time.strftime("%Y%m%d", time.gmtime())
         self.set_header("Content-Type", "text/csv; charset=utf-8")
         self.set_header(
