@@ -62,12 +62,14 @@ def test_every_reader_reaches_nvml_through_gpulabs_binding_alone():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
+@no_driver_here  # (on a GPU host the hub process keeps the NVML it loaded)
 def test_the_hub_without_a_driver_library_says_projects_run_on_the_cpu():
     inv = hub_nvml.inventory(ABSENT)
     assert (inv.devices, inv.driver, inv.cuda) == ([], "", "")
     assert inv.problem == "no NVIDIA driver on this host: projects run on the CPU"
 
 
+@no_driver_here
 def test_the_hub_with_a_library_that_is_not_nvml_says_what_nvml_lacks():
     inv = hub_nvml.inventory(ctypes.util.find_library("c"))
     assert inv.devices == []
@@ -86,6 +88,7 @@ def test_the_hubs_inventory_and_meter_on_this_driverless_machine():
     assert hub_nvml._nvml is None  # nothing kept: a driver installed later is found
 
 
+@no_driver_here
 def test_the_doctor_tells_a_found_library_that_does_not_load(tmp_path, monkeypatch):
     broken = tmp_path / "libnvidia-ml.so.1"
     broken.write_bytes(b"not a shared object")
