@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from test_cluster_spawner_units import spawner_of
 
+from gpulab_contract.environment import HUB_PEERS as HUB_PEERS_ENV
 from gpulab_hub.cluster import ClusterError
-from gpulab_hub.cluster.spawner import HUB_PEERS_ENV
 from gpulab_hub.spawner import ProjectSpawner
 
 

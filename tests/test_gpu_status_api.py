@@ -22,6 +22,7 @@ import tornado.httpclient
 # (with an autouse event-loop fixture) to every later test of the suite.
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
+from gpulab_contract import environment
 from gpulab_jupyter import diagnosis, handlers
 from gpulab_jupyter.handlers import API_PREFIX
 from gpulab_jupyter.jobs.model import JOB_ID
@@ -311,7 +312,7 @@ def test_image_state_passes_only_hub_paths(url, passed):
     state = handlers.image_state(env)
     assert state["build_log_url"] == (url if passed else "")
     assert state["state"] == "last-good"
-    assert "\n" not in state["note"] and len(state["note"]) == handlers.NOTE_MAX
+    assert "\n" not in state["note"] and len(state["note"]) == environment.NOTE_MAX
     assert handlers.image_state({"GPULAB_IMAGE_STATE": "broken"})["state"] == "latest"
 
 

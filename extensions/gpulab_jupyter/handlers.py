@@ -13,7 +13,6 @@ server's own token at most every ``RECLAIM_EVERY_S``).
 import asyncio
 import json
 import os
-import re
 import time
 from urllib.parse import quote
 
@@ -21,43 +20,31 @@ import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
+from gpulab_contract import environment
+
 from . import devices
 
 API_PREFIX = "api/gpulab/v1"
 
 
-# Which image the project runs: its Dockerfile's latest build, or (when that failed)
-# the last one that built. The hub sets these in the container's environment.
-IMAGE_STATES = ("latest", "last-good")
-# A path on the hub (no scheme, no host, no "//"): the only links the page builds from it.
-HUB_PATH = re.compile(r"/(?!/)[A-Za-z0-9._~%/-]*(\?[A-Za-z0-9._~%=&-]*)?")
-NOTE_MAX = 300
-DISPLAY_NAME_MAX = 100  # as the hub bounds a project's display name
-
-
 def image_state(environ) -> dict:
     """The image this project runs, for the user: ``state`` (``latest`` or
-    ``last-good``), ``note`` (one line) and ``build_log_url`` (a hub path, or "").
-    Anything else in those variables (a project's Dockerfile can set them) is dropped."""
-    state = environ.get("GPULAB_IMAGE_STATE", "")
-    url = environ.get("GPULAB_BUILD_LOG_URL", "")
-    return {
-        "state": state if state in IMAGE_STATES else "latest",
-        "note": " ".join(environ.get("GPULAB_IMAGE_NOTE", "").split())[:NOTE_MAX],
-        "build_log_url": url if HUB_PATH.fullmatch(url) else "",
-    }
+    ``last-good``: its Dockerfile's latest build, or the last one that built when that
+    failed), ``note`` (one line) and ``build_log_url`` (a hub path, or ""). The
+    contract's reader drops anything else (a project's Dockerfile can set them)."""
+    env = environment.read(environ)
+    return {"state": env.image_state, "note": env.image_note, "build_log_url": env.build_log_url}
 
 
 def project_info(environ):
     """What this container knows about the project it serves (pure, for tests)."""
-    project = environ.get("GPULAB_PROJECT", "")
-    # The name the owner gave the project ("Alice First"), one line; else its id.
-    display = " ".join(environ.get("GPULAB_PROJECT_DISPLAY_NAME", "").split())[:DISPLAY_NAME_MAX]
+    env = environment.read(environ)
     return {
-        "project": project,
-        "display_name": display or project,
-        "owner": environ.get("GPULAB_OWNER", ""),
-        "workspace": environ.get("GPULAB_WORKSPACE", os.getcwd()),
+        "project": env.project,
+        # the name the owner gave the project ("Alice First"), one line; else its id
+        "display_name": env.display_name,
+        "owner": env.owner,
+        "workspace": env.workspace or os.getcwd(),
         "image": environ.get("JUPYTER_IMAGE_SPEC", ""),
         "image_state": image_state(environ),
     }

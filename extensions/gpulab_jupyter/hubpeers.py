@@ -23,12 +23,13 @@ firewall (gpulab_hub.cluster.nodefirewall).
 from __future__ import annotations
 
 import ipaddress
-import os
 
 from tornado import web
 from tornado.routing import Matcher, Rule
 
-ENV = "GPULAB_HUB_PEERS"
+from gpulab_contract import environment
+
+ENV = environment.HUB_PEERS
 REFUSED = (
     "This project's server answers only the gpulab hub. Open the project from the "
     "hub's home page.\n"
@@ -91,7 +92,7 @@ class RefusedHandler(web.RequestHandler):
 def only_hub_peers(web_app: web.Application, env=None, log=None) -> frozenset[str] | None:
     """Put the peer check first among ``web_app``'s routes (routes added later go
     after it) where ``GPULAB_HUB_PEERS`` is set; the peers, or None (no check)."""
-    value = (os.environ if env is None else env).get(ENV)
+    value = environment.read(env).hub_peers
     peers = allowed_peers(value)
     if peers is None:
         return None

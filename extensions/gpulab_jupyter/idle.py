@@ -18,14 +18,16 @@ import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 
+from gpulab_contract import environment
+
 SOURCES = {"gpulab_jobs_last_activity": "job", "gpulab_gpu_last_activity": "gpu",
            "gpulab_keep_last_activity": "keep"}  # fmt: skip
 RECENT = timedelta(minutes=2)
 
 
 def idle_timeout(environ) -> int:
-    raw = environ.get("GPULAB_IDLE_TIMEOUT", "0")
-    return int(raw) if raw.isdigit() and len(raw) <= 9 else 0
+    """Seconds without activity before the hub stops the project (0: never)."""
+    return environment.read(environ).idle_timeout_s
 
 
 def activity_body(settings: dict, last: datetime, timeout: int, now: datetime) -> dict:

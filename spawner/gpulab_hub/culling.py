@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import sys
 
+from gpulab_contract import environment
+
 SERVICE = "gpulab-idle-culler"
 SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 
@@ -31,7 +33,7 @@ def configure(c, timeout_s: int) -> None:
     """The culler service and its role (``timeout_s`` 0: no culling), and what each
     project server needs to know (the timeout, for the notice in JupyterLab)."""
     env = dict(c.Spawner.environment) if "environment" in c.Spawner else {}
-    env["GPULAB_IDLE_TIMEOUT"] = str(timeout_s)
+    env.update(environment.build(idle_timeout_s=timeout_s))
     if not timeout_s:
         c.Spawner.environment = env
         return

@@ -21,6 +21,7 @@ import requests.exceptions
 from dockerspawner import DockerSpawner
 from traitlets import TraitError, default, validate
 
+from gpulab_contract import environment
 from gpulab_hub import blocking, host, images
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
@@ -359,16 +360,20 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
 
     def get_env(self):
         env = super().get_env()
-        env["GPULAB_PROJECT"] = project_name(self.name)
-        # JupyterLab's tab title names the project as its people know it (a project is
-        # renamed only while it is stopped, so the start's name holds while it runs)
-        env["GPULAB_PROJECT_DISPLAY_NAME"] = title(self)
-        env["GPULAB_OWNER"] = self.user.name
         # Which image this start runs, for the project's user (docs/projects.md)
         state, note = getattr(self, "_image_note", ("latest", ""))
-        env["GPULAB_IMAGE_STATE"] = state
-        env["GPULAB_IMAGE_NOTE"] = note
-        env["GPULAB_BUILD_LOG_URL"] = getattr(self, "_build_log_url", "")
+        env.update(
+            environment.build(
+                project=project_name(self.name),
+                # JupyterLab's tab title names the project as its people know it (renamed
+                # only while it is stopped, so the start's name holds while it runs)
+                display_name=title(self),
+                owner=self.user.name,
+                image_state=state,
+                image_note=note,
+                build_log_url=getattr(self, "_build_log_url", ""),
+            )
+        )
         return env
 
     async def create_object(self):

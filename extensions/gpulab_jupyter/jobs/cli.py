@@ -9,11 +9,10 @@ first word that is not one of ``run``'s own options.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from pathlib import Path
 
+from gpulab_contract.environment import project_dir
 from gpulab_jupyter.jobs.model import FINISHED, JobError, JobRecord, JobRequest, command_line
 
 USAGE_EXAMPLES = """examples:
@@ -29,10 +28,6 @@ USAGE_EXAMPLES = """examples:
   gpulab-job logs -f 20261123-141502-a1b2
   gpulab-job stop 20261123-141502-a1b2
 """
-
-
-def project_dir() -> Path:
-    return Path(os.environ.get("GPULAB_PROJECT_DIR") or "/workspace")
 
 
 class _RaisingParser(argparse.ArgumentParser):

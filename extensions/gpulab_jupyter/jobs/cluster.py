@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
 
+from gpulab_contract import environment
 from gpulab_jupyter.jobs.local import LIST_MAX, LocalEngine
 from gpulab_jupyter.jobs.model import (
     FINISHED,
@@ -40,8 +41,7 @@ from gpulab_jupyter.jobs.model import (
 )
 from gpulab_jupyter.jobs.node import log_name, result_name
 
-ENGINE_VAR = "GPULAB_JOBS_ENGINE"
-CLUSTER = "cluster"
+CLUSTER = environment.CLUSTER
 TIMEOUT_S = 30.0
 ANSWER_MAX_BYTES = 1024 * 1024
 WAITING = ("PENDING", "CONFIGURING")
@@ -382,6 +382,6 @@ def _log_path(job_id: str, rank: int) -> str:
 
 def engine_for(project: Path, environ: Mapping[str, str] = os.environ):
     """The jobs engine of this project: the cluster's where the spawner says so."""
-    if environ.get(ENGINE_VAR) == CLUSTER:
+    if environment.read(environ).cluster_jobs:
         return ClusterEngine(project)
     return LocalEngine(project)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from gpulab_contract import environment
 from gpulab_jupyter.jobs import launch
 from gpulab_jupyter.jobs.engine import this_machine
 from gpulab_jupyter.jobs.model import (
@@ -75,7 +76,7 @@ class LocalEngine:
         machine = self.machine if needs_gpus else launch.Machine()
         argv = launch.command(req, machine, self.python, output)
         env = launch.environment(req, machine, {**os.environ, **(extra_env or {})})
-        env["GPULAB_JOB_ID"] = job_id
+        env.update(environment.build(job_id=job_id))  # as the hub names a multi-node job
         if req.kind == "command":
             _find_program(req.command[0], env.get("PATH", os.defpath), self.project)
         if self.root.is_symlink():

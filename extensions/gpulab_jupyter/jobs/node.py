@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpulab_contract import environment
 from gpulab_jupyter.jobs.model import JOB_ID, JobError, write_json
 from gpulab_jupyter.jobs.supervise import STOP_GRACE_S, _log_line
 
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or not 1 <= args.nodes <= MAX_NODES or not 0 <= args.rank < args.nodes:
         p.error("a command after --, and 0 <= rank < nodes")
-    project = Path(os.environ.get("GPULAB_PROJECT_DIR") or os.getcwd())
+    project = environment.project_dir(default=os.getcwd())
     try:
         return run(project, args.job, args.rank, args.nodes, command)
     except JobError as e:

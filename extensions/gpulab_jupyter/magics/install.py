@@ -11,6 +11,8 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from gpulab_contract.environment import project_dir
+
 from . import buildenv, dockerfile, options, pipenv, piplog, verify
 from .progress import Progress, say
 from .runline import run_line
@@ -19,10 +21,6 @@ from .spec import SpecError
 
 class InstallFailed(Exception):
     """The install failed and was undone; ``str()`` is the one-line summary."""
-
-
-def project_dir() -> Path:
-    return Path(os.environ.get("GPULAB_PROJECT_DIR") or "/workspace")
 
 
 def _pip_args(opts, benv, constraint_file: str | None, extra=()) -> list[str]:

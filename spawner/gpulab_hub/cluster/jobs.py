@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from gpulab_contract import environment
 from gpulab_hub import jsonfile
 from gpulab_hub.cluster import ClusterError, batch
 from gpulab_hub.cluster.batch import FAILURE, PROGRESS, NodeEngine, SlurmGpus
@@ -137,9 +138,7 @@ def job_container(site: Site, project: ProjectRef, req: TrainRequest) -> objects
     """The job's container: the project's, with the job's name, image, environment and
     limits, on the job network (no GPUs named: Slurm decides them on each node)."""
     base = project.container
-    env = job_env(
-        req, site.cpus, {"GPULAB_PROJECT": project.name, "GPULAB_OWNER": project.owner}
-    )
+    env = job_env(req, site.cpus, environment.build(project=project.name, owner=project.owner))
     return replace(
         base,
         name=container_name(base.name, req.job_id),

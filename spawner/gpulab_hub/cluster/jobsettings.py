@@ -11,10 +11,10 @@ from pathlib import Path
 
 from traitlets import HasTraits, Int, TraitError, Unicode, validate
 
+from gpulab_contract import environment
 from gpulab_hub.cluster import ClusterError, batch, slurm_name
 from gpulab_hub.cluster.multinode import MASTER_PORT, JobNetwork, Limits
 
-ENGINE_VAR = "GPULAB_JOBS_ENGINE"  # gpulab_jupyter.jobs.cluster reads it
 NODE_IMAGE = "node_image"  # the spawner's state: the image by digest the project runs
 _DIGEST_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,200}@sha256:[0-9a-f]{64}")
 OFF = (
@@ -143,7 +143,8 @@ class MultiNodeJobSettings(HasTraits):
 
     def get_env(self):
         env = super().get_env()
-        env[ENGINE_VAR] = "cluster"  # jobs go through the hub's API (gpulab_jupyter.jobs)
+        # jobs go through the hub's API (gpulab_jupyter.jobs.cluster)
+        env.update(environment.build(jobs_engine=environment.CLUSTER))
         return env
 
     def job_site(self):

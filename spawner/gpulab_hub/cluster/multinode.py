@@ -41,6 +41,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 
+from gpulab_contract import environment
 from gpulab_contract.jobs import JOB_ID
 from gpulab_hub.cluster import ClusterError, batch, slurm_name
 from gpulab_hub.cluster.batch import (
@@ -218,8 +219,7 @@ def job_env(req: TrainRequest, cpus: int, base: dict[str, str] | None = None) ->
     env = dict(base or {})
     env.update(
         {
-            "GPULAB_JOB_ID": req.job_id,
-            "GPULAB_JOB_NODES": str(req.nodes),
+            **environment.build(job_id=req.job_id, job_nodes=req.nodes),
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": str(max(1, cpus // req.processes_per_node)),
             "NCCL_SOCKET_IFNAME": "eth0",

@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from traitlets import default
 
+from gpulab_contract import environment
 from gpulab_hub.cluster import (
     ClusterError,
     batch,
@@ -50,7 +51,6 @@ STOP_WAIT = 60.0  # seconds stop waits for a cancelled job to leave Slurm's acti
 _nodes_cache: dict[tuple[str, str], tuple[float, list[Node]]] = {}
 _nodes_lock = threading.Lock()
 # The project server's list of peers it answers (gpulab_jupyter.hubpeers reads it).
-HUB_PEERS_ENV = "GPULAB_HUB_PEERS"
 
 
 def cluster_nodes(client: Slurm, fresh: bool = False) -> list[Node]:
@@ -233,7 +233,7 @@ class ProjectSlurmSpawner(MultiNodeJobSettings, ClusterSettings, ProjectSpawner)
         if not self.trait_has_value("hub_connect_url") or self.hub_connect_url is None:
             self.hub_connect_url = self._hub_url_for_nodes()
         env = super().get_env()
-        env[HUB_PEERS_ENV] = self._hub_peers()
+        env.update(environment.build(hub_peers=self._hub_peers()))
         return env
 
     def _node_addresses(self) -> dict[str, str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from jupyterhub.slugs import is_valid_safe_slug
 
+from gpulab_contract import environment
 from gpulab_hub.gpus import wsl
 
 # Networks a project container or build must never join: "host" shares the host's
@@ -222,15 +223,8 @@ def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
 def container_env(s: ContainerSettings) -> dict[str, str]:
     """The spawner's environment plus what gpulab adds for every project."""
     env = dict(s.env)
-    env.update(
-        {
-            "GPULAB_WORKSPACE": s.workspace,
-            "GPULAB_PROJECT_DIR": s.workspace,
-            "GPULAB_DATA": s.data_mount,
-            "HF_HOME": s.hf_cache_mount,
-            "HF_TOKEN_PATH": HF_TOKEN_PATH,
-        }
-    )
+    env.update(environment.build(workspace=s.workspace, data=s.data_mount))
+    env.update({"HF_HOME": s.hf_cache_mount, "HF_TOKEN_PATH": HF_TOKEN_PATH})
     env.update(gpu_env(s.gpus))
     return env
 
