@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+from gpulab_contract.text import strip_ansi
 from gpulab_jupyter.jobs.model import JOB_ID, JobError, JobRecord, JobRequest, command_line
 from gpulab_jupyter.secrets import deliver
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 LOG_TAIL_BYTES = 16384
 BODY_MAX_BYTES = 64 * 1024
 ACTIONS = ("stop", "rerun")
@@ -31,7 +30,7 @@ ACTIONS = ("stop", "rerun")
 
 def plain(text: str) -> str:
     """Log text without terminal escape codes (colours, cursor moves)."""
-    return ANSI.sub("", text)
+    return strip_ansi(text)
 
 
 def record_json(record: JobRecord, log_tail: str | None = None) -> dict:

@@ -6,6 +6,8 @@ import re
 
 from packaging.utils import canonicalize_name
 
+from gpulab_contract.text import CONTROL, strip_ansi
+
 _BOX = re.compile(r"^[\s│║|╰─>×]+")
 _KEEP = re.compile(
     r"\berror\b|\bfatal\b|Killed|No module named|undefined reference|not found|"
@@ -38,14 +40,6 @@ _BUILDING = re.compile(
 )
 _KILLED = re.compile(r"^\s*Killed\s*$|Killed signal terminated program", re.MULTILINE)
 _CREATED = re.compile(rf"Created wheel for {_NAME}: filename=(\S+\.whl)")
-# Terminal escapes (colours, cursor moves, titles) and other control characters but tab.
-_ESCAPE = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window titles, links
-    r"|\x1b[@-_]?"  # other two-character escapes (or a lone ESC)
-    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
-)
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _INSECURE = re.compile(r"The repository located at (\S+) is not a trusted or secure host")
 _CUDA_BUILD = re.compile(r"\bnvcc\b|\bcuda\b|TORCH_CUDA_ARCH_LIST|CUDAExtension", re.IGNORECASE)
 
@@ -53,10 +47,10 @@ _CUDA_BUILD = re.compile(r"\bnvcc\b|\bcuda\b|TORCH_CUDA_ARCH_LIST|CUDAExtension"
 def plain(line: str) -> str:
     """A line as a terminal would show it: no escape codes, no control characters;
     after a carriage return, only what overwrote the line."""
-    line = _ESCAPE.sub("", line)
+    line = strip_ansi(line)
     if "\r" in line:
         line = next((part for part in reversed(line.split("\r")) if part.strip()), "")
-    return _CONTROL.sub("", line)
+    return CONTROL.sub("", line)
 
 
 def stage_of(line: str) -> str | None:

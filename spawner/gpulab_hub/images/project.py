@@ -31,6 +31,7 @@ from pathlib import Path
 
 from dockerfile_parse import DockerfileParser
 
+from gpulab_contract.text import CONTROL, strip_ansi
 from gpulab_hub import blocking, images, jsonfile
 from gpulab_hub.images import confine, policy
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
@@ -387,16 +388,13 @@ def record(project: Project, tag: str | None, failed: bool) -> None:
 # --- build logs, as their owner reads them -------------------------------------------
 LOG_NAME = re.compile(r"build-\d{8}-\d{6}\.log")
 MAX_LOG_SHOWN = 256 << 10  # the end of a longer log is shown
-# ANSI escape sequences (colours, cursor moves, window titles) that build output carries
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def plain_text(text: str) -> str:
     """Build output as plain text: no ANSI escape codes or other control characters
     (a carriage return, as in progress bars, ends a line)."""
-    text = _ANSI.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
-    return _CONTROL.sub("", text)
+    text = strip_ansi(text).replace("\r\n", "\n").replace("\r", "\n")
+    return CONTROL.sub("", text)
 
 
 def latest_log(project: Project) -> Path | None:
