@@ -5,30 +5,30 @@
 import os
 from pathlib import Path
 
-from gpulab_hub import hubfiles, settings
+from gpulab_hub import hubconfig, hubfiles, settings
 from gpulab_hub.gpus import metrics
 from gpulab_hub.secrets import crypt
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
+# gpulab's settings, parsed once from the site's environment (docs/configuration.md).
+site = hubconfig.with_hub_ip(settings.parse(os.environ))
 # The hub folder is private: umask 077 for what the hub makes, older files fixed.
-home = settings.site(os.environ)["GPULAB_HOME"]
-hub_dir = settings.paths(home)["hub"]
-hubfiles.start_private(hub_dir)
+hubfiles.start_private(site.hub_dir)
 # The key that encrypts users' secrets, made once unless JUPYTERHUB_CRYPT_KEY is set.
-crypt.ensure_key(hub_dir)
+crypt.ensure_key(site.hub_dir)
 images = Path(__file__).resolve().parent / "images"
-settings.apply(c, settings.with_hub_ip(os.environ), images_dir=images)
+hubconfig.apply(c, site, images_dir=images)
 
 # ---- Your own lines go here, above gpulab's last lines. ----
 
 
 # gpulab's last lines. The site's own configuration files, in name order
 # (hubfiles.config_d_files); then what reads the whole configuration.
-site_files, ignored = hubfiles.config_d_files(home)
+site_files, ignored = hubfiles.config_d_files(site.home)
 for why in ignored:
     print(f"gpulab: {why}", flush=True)
 for path in site_files:
     load_subconfig(str(path))  # noqa: F821 (provided by JupyterHub)
-settings.finish(c)
+hubconfig.finish(c)
 # gpulab's GPU figures on /hub/metrics, beside JupyterHub's (gpus/metrics.py).
 metrics.register(metrics.Sources.of_config(c))

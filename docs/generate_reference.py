@@ -11,11 +11,11 @@ from pathlib import Path
 
 from gpulab_hub.accounts.auth import GpulabAuthenticator
 from gpulab_hub.cluster.spawner import ProjectSlurmSpawner
-from gpulab_hub.projects.deletion import GpulabDeletion
-from gpulab_hub.settings import DEFAULTS
+from gpulab_hub.settings import defaults
 from gpulab_hub.sharing.installs import GpulabSaveCopy
 from gpulab_hub.sharing.publicrender import GpulabPublicLinks
 from gpulab_hub.spawner import ProjectSpawner
+from gpulab_hub.workflows.deletion import GpulabDeletion
 
 OUT = Path(__file__).with_name("reference.md")
 
@@ -61,7 +61,7 @@ def render() -> str:
         "| variable | default |",
         "| --- | --- |",
     ]
-    lines += [f"| `{k}` | `{v}` |" for k, v in DEFAULTS.items()]
+    lines += [f"| `{k}` | `{v}` |" for k, v in defaults().items()]
     lines.append("")
     for cls in (
         ProjectSpawner,

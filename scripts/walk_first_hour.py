@@ -381,8 +381,8 @@ def admin_password() -> str:
         return os.environ["GPULAB_ADMIN_PASSWORD"]
     from gpulab_hub import settings
 
-    s = settings.site(os.environ)
-    return settings.paths(s["GPULAB_HOME"])["admin_password"].read_text().splitlines()[1]
+    s = settings.parse(os.environ)
+    return s.admin_password_file.read_text().splitlines()[1]
 
 
 def main(argv=None) -> int:

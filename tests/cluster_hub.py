@@ -22,7 +22,7 @@ from cluster_kit import SlurmKit
 from conftest import PREFIX as SESSION_PREFIX
 from conftest import REPO, Hub, hub_env
 
-from gpulab_hub import cli, host, hubfiles, pidfile, settings
+from gpulab_hub import cli, host, hubfiles, hubsettings, pidfile
 
 ADMIN_PASSWORD = "cluster-admin-Passw0rd"
 PREFIX = f"{SESSION_PREFIX}slurm"  # GPULAB_CONTAINER_PREFIX: its projects' job names
@@ -58,21 +58,22 @@ def start(home: Path, kit: SlurmKit, **spawner) -> tuple[Hub, subprocess.Popen]:
         GPULAB_CONTAINER_PREFIX=PREFIX, GPULAB_NETWORK=f"{SESSION_PREFIX}-net",
     )  # fmt: skip
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    p = settings.paths(home)
-    p["hub"].mkdir(parents=True, exist_ok=True)
-    host.ensure_data_root(p["data"])
-    p["projects"].mkdir(exist_ok=True)
-    log_path = p["hub"] / "hub.log"
+    where = hubsettings.default_layout(home)
+    hub_dir = Path(home) / "hub"
+    hub_dir.mkdir(parents=True, exist_ok=True)
+    host.ensure_data_root(where.data_root)
+    where.projects_root.mkdir(exist_ok=True)
+    log_path = hub_dir / "hub.log"
     umask = os.umask(hubfiles.UMASK)
     try:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(config)],
-                cwd=p["hub"], env=env, stdout=log, stderr=log, start_new_session=True,
+                cwd=hub_dir, env=env, stdout=log, stderr=log, start_new_session=True,
             )  # fmt: skip
     finally:
         os.umask(umask)
-    pidfile.write(p["hub"] / cli.HUB_PIDFILE, proc.pid)
+    pidfile.write(hub_dir / cli.HUB_PIDFILE, proc.pid)
     url = env["GPULAB_BIND_URL"]
     try:
         cli.wait_for_hub(url, proc, log_path)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from cluster_kit import wait_for
 
-from gpulab_hub import images, settings
+from gpulab_hub import hubsettings, images
 from gpulab_hub.projects import objects, safe_owner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -189,7 +189,7 @@ def two_node_job(cluster, slurm_hub, user, docker_engine, torch_site: TorchSite)
     t0 = time.monotonic()
     site = torch_site.wait()
     took["torch unpacked (waited for)"] = time.monotonic() - t0
-    projects = settings.paths(slurm_hub.home)["projects"]
+    projects = hubsettings.default_layout(slurm_hub.home).projects_root
     base = slurm_hub.env["GPULAB_BASE_IMAGE"]
     folder = make_project(projects, owner, PROJECT, base, site, docker_engine.call("info"))
     t0 = time.monotonic()

@@ -20,7 +20,7 @@ H100 = Device("0", "GPU-1", "NVIDIA H100 80GB HBM3", 80 << 30, "9.0")
 
 
 def test_a_gpu_host_builds_from_cuda_with_cuda_torch_by_default():
-    spec = base_spec_for(settings.site({}), Inventory(devices=[H100], driver="580"))
+    spec = base_spec_for(settings.parse({}), Inventory(devices=[H100], driver="580"))
     assert spec.base_image == baseimage.CUDA_FROM
     assert spec.base_image.startswith("nvidia/cuda:") and "devel" in spec.base_image
     assert spec.torch == "torch"  # PyPI's Linux torch: the CUDA build
@@ -28,14 +28,14 @@ def test_a_gpu_host_builds_from_cuda_with_cuda_torch_by_default():
 
 
 def test_a_host_without_gpus_builds_from_the_local_debian_without_torch():
-    spec = base_spec_for(settings.site({}), Inventory(problem="no NVIDIA driver"))
+    spec = base_spec_for(settings.parse({}), Inventory(problem="no NVIDIA driver"))
     assert spec.base_image == baseimage.LOCAL_FROM == "gpulab/debian:bookworm"
     assert spec.torch == ""
     assert spec.variant == "cpu"
 
 
 def test_the_admins_choice_wins_on_a_gpu_host():
-    s = settings.site(
+    s = settings.parse(
         {"GPULAB_BASE_FROM": "gpulab/debian:bookworm", "GPULAB_TORCH": "torch==2.9.1"}
     )
     spec = base_spec_for(s, Inventory(devices=[H100]))

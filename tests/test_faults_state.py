@@ -18,7 +18,7 @@ import pytest
 from faults_kit import PREFIX, RecordedDocker, inventory
 from traitlets.config import Config
 
-from gpulab_hub import culling, jsonfile, settings, ssh
+from gpulab_hub import culling, hubconfig, jsonfile, ssh
 from gpulab_hub.doctor import report
 from gpulab_hub.gpus import allocator, keeper
 from gpulab_hub.gpus import spawner as gpu_spawner
@@ -192,7 +192,7 @@ def test_hub_starts_with_damaged_group_share_roles(tmp_path, caplog, name, text)
     path = hub / groupshares.FILE_NAME
     path.write_bytes(text)
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
+    hubconfig.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
     # no group-share role loaded from it: only gpulab's own roles
     assert [r["name"] for r in c.JupyterHub.load_roles] == [
         "user",
@@ -209,7 +209,7 @@ def test_hub_starts_with_unreadable_group_share_roles(tmp_path, caplog):
     hub = tmp_path / "hub"
     (hub / groupshares.FILE_NAME).mkdir(parents=True)
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
+    hubconfig.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
     # no group-share role loaded from it: only gpulab's own roles
     assert [r["name"] for r in c.JupyterHub.load_roles] == [
         "user",
@@ -267,7 +267,7 @@ def test_a_failed_write_leaves_the_old_record(tmp_path):
 
 
 def test_deleting_a_project_completes_with_a_damaged_gpu_record(tmp_path, caplog):
-    from gpulab_hub.projects import deletion
+    from gpulab_hub.workflows import deletion
 
     gpus = tmp_path / "hub" / "gpu-allocations.json"
     gpus.parent.mkdir()

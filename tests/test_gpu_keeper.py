@@ -6,8 +6,9 @@ reclaim clock)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from gpulab_hub import settings
+from gpulab_hub import hubconfig, settings
 from gpulab_hub.gpus import keeper, queue, reclaim, reclaimrecord
 from gpulab_hub.gpus.allocator import Request
 from gpulab_hub.gpus.keeper import HubState, Plan, Server, Start, plan
@@ -187,23 +188,22 @@ def test_the_service_and_its_role_get_the_settings():
     c = Config()
     c.ProjectSpawner.allocations_file = "/srv/x/hub/gpu-allocations.json"
     c.ProjectSpawner.gpu_reclaim_grace = 120.0
-    keeper.configure(c)
+    keeper.configure(c, hubconfig.complete(c, settings.DEFAULT))
     (svc,) = c.JupyterHub.services
-    assert svc["environment"] == {
-        "GPULAB_QUEUE_FILE": "/srv/x/hub/gpu-queue.json",
-        "GPULAB_ALLOCATIONS_FILE": "/srv/x/hub/gpu-allocations.json",
-        "GPULAB_GPU_RECLAIM_IDLE": "300.0",
-        "GPULAB_GPU_RECLAIM_GRACE": "120.0",
-        "GPULAB_GPU_IDLE_RELEASE": "1500.0",
-        "GPULAB_USAGE_FILE": "/srv/x/hub/gpu-usage.jsonl",
-        "GPULAB_GPU_USAGE_WINDOW": "604800.0",
-        "GPULAB_GPU_BUDGET_HOURS": "{}",
-    }
+    # what the service makes of the environment it is given
+    k = keeper.Keeper.of(settings.of_service(svc["environment"]))
+    assert (k.queue_file, k.allocations_file, k.usage_file) == (
+        Path("/srv/x/hub/gpu-queue.json"),
+        Path("/srv/x/hub/gpu-allocations.json"),
+        Path("/srv/x/hub/gpu-usage.jsonl"),
+    )
+    assert k.settings == reclaim.Settings(grace=120.0, idle_after=300.0, release_after=1500.0)
+    assert (k.usage_window, k.budget_hours) == (604800.0, {})
     assert c.JupyterHub.load_roles == [
         {"name": "gpulab-gpu-keeper", "services": ["gpulab-gpu-keeper"],
          "scopes": ["list:users", "read:servers", "start:servers", "delete:servers"]}
     ]  # fmt: skip
-    assert "GPULAB_GPU_RECLAIM_IDLE" in settings.DEFAULTS
+    assert "GPULAB_GPU_RECLAIM_IDLE" in settings.variables()
 
 
 def test_the_home_page_row_of_a_warned_project_says_when_it_stops(tmp_path):
@@ -250,11 +250,14 @@ def test_the_keeper_service_stops_at_the_hubs_first_signal(tmp_path):
     import sys
     import time
 
+    from traitlets.config import Config
+
+    c = Config()
+    c.ProjectSpawner.allocations_file = str(tmp_path / "gpu-allocations.json")
+    site = settings.parse({"GPULAB_GPU_RECLAIM_IDLE": "600", "GPULAB_GPU_RECLAIM_GRACE": "600"})
     env = dict(
         os.environ, JUPYTERHUB_API_TOKEN="t", JUPYTERHUB_API_URL="http://127.0.0.1:9/hub/api",
-        GPULAB_QUEUE_FILE=str(tmp_path / "gpu-queue.json"),
-        GPULAB_ALLOCATIONS_FILE=str(tmp_path / "gpu-allocations.json"),
-        GPULAB_GPU_RECLAIM_IDLE="600", GPULAB_GPU_RECLAIM_GRACE="600",
+        **settings.service_env(hubconfig.complete(c, site)),
     )  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpulab_hub.gpus.keeper"], env=env,
@@ -333,9 +336,9 @@ def test_budgets_naming_a_group_let_the_keeper_read_groups():
 
     c = Config()
     c.ProjectSpawner.gpu_budget_hours = {"group:students": 20, "*": 40}
-    keeper.configure(c)
+    keeper.configure(c, hubconfig.complete(c, settings.DEFAULT))
     (svc,) = c.JupyterHub.services
-    assert keeper.budgets_from_env(svc["environment"]["GPULAB_GPU_BUDGET_HOURS"]) == {
+    assert keeper.Keeper.of(settings.of_service(svc["environment"])).budget_hours == {
         "*": 40.0, "group:students": 20.0,
     }  # fmt: skip
     assert "read:groups" in c.JupyterHub.load_roles[0]["scopes"]
@@ -389,21 +392,20 @@ def test_a_record_written_before_reasons_still_reads(tmp_path):
 
 
 def test_settings_set_after_gpulabs_reach_the_service_through_finish():
-    """An admin's lines (or jupyterhub_config.d) after settings.apply: settings.finish, the
-    config file's last step, hands them to the keeper in place of the first ones."""
+    """An admin's lines (or jupyterhub_config.d) after hubconfig.apply: hubconfig.finish,
+    the config file's last step, hands them to the keeper in place of the first ones."""
     from traitlets.config import Config
 
-    from gpulab_hub import settings
-
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": "/srv/x", "GPULAB_HUB_IP": "127.0.0.1"}, images_dir="/i")
+    hubconfig.apply(c, {"GPULAB_HOME": "/srv/x", "GPULAB_HUB_IP": "127.0.0.1"}, images_dir="/i")
     before = [s["name"] for s in c.JupyterHub.services]
     c.ProjectSpawner.gpu_idle_release = 3600.0  # the admin's line
     c.ProjectSpawner.gpu_budget_hours = {"group:students": 20}
-    settings.finish(c)
+    hubconfig.finish(c)
     assert [s["name"] for s in c.JupyterHub.services] == before  # replaced, not added
     (svc,) = [s for s in c.JupyterHub.services if s["name"] == keeper.SERVICE]
-    assert svc["environment"]["GPULAB_GPU_IDLE_RELEASE"] == "3600.0"
-    assert svc["environment"]["GPULAB_GPU_BUDGET_HOURS"] == '{"group:students": 20.0}'
+    k = keeper.Keeper.of(settings.of_service(svc["environment"]))
+    assert k.settings.release_after == 3600.0
+    assert k.budget_hours == {"group:students": 20.0}
     (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == keeper.SERVICE]
     assert "read:groups" in role["scopes"]

@@ -16,8 +16,8 @@ OWNER = "dana"
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 
-def where(tmp_path: Path) -> hubsettings.HubSettings:
-    return hubsettings.HubSettings(
+def where(tmp_path: Path) -> hubsettings.Layout:
+    return hubsettings.Layout(
         records_dir=tmp_path / "hub",
         projects_root=tmp_path / "projects",
         data_root=tmp_path / "data",

@@ -24,7 +24,6 @@ from tornado.web import Application, RequestHandler
 from traitlets.config import Config
 
 from gpulab_hub import hubsettings
-from gpulab_hub.projects import deletion
 from gpulab_hub.secrets import crypt
 from gpulab_hub.secrets.names import (
     MAX_SECRETS,
@@ -34,6 +33,7 @@ from gpulab_hub.secrets.names import (
     check_value,
 )
 from gpulab_hub.secrets.store import SecretStore, Selection, forget_user
+from gpulab_hub.workflows import deletion
 from gpulab_jupyter import secrets as user_secrets
 from gpulab_jupyter.secrets import deliver
 
@@ -551,12 +551,12 @@ def test_get_tells_a_collaborator_and_a_kernel_without_secrets_why(kernel_env):
 def test_the_hub_is_configured_without_writing_and_names_the_kernel_manager(
     tmp_path, monkeypatch
 ):
-    from gpulab_hub import secrets, settings
+    from gpulab_hub import hubconfig, secrets
     from gpulab_jupyter.secrets.kernels import SecretsKernelManager
 
     monkeypatch.delenv(crypt.KEY_ENV, raising=False)
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
+    hubconfig.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
     hub = tmp_path / "hub"
     assert not (hub / "crypt-key").exists() and not (hub / "secrets").exists()  # no writes
     assert "keys" not in c.CryptKeeper  # no key yet: secrets are off, the hub starts
@@ -567,5 +567,5 @@ def test_the_hub_is_configured_without_writing_and_names_the_kernel_manager(
     )
     crypt.ensure_key(hub, environ={})  # what jupyterhub_config.py does first
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
+    hubconfig.apply(c, {"GPULAB_HOME": str(tmp_path)}, images_dir="images")
     assert c.CryptKeeper["keys"] == crypt.read_keys(hub)

@@ -1,24 +1,52 @@
-"""Site settings (GPULAB_* variables) -> a plain traitlets Config."""
+"""Site settings (GPULAB_* variables) -> a plain traitlets Config (hubconfig.apply)."""
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from traitlets.config import Config
 
-from gpulab_hub import accounts, culling, doctor, home, secrets, settings, sharing, ssh, usagepage
+from gpulab_hub import (
+    accounts,
+    culling,
+    doctor,
+    home,
+    hubconfig,
+    projects,
+    secrets,
+    settings,
+    sharing,
+    ssh,
+    usagepage,
+)
 from gpulab_hub.gpus import keeper
-from gpulab_hub.projects import rename, title
+from gpulab_hub.projects import title
+from gpulab_hub.workflows import rename
 
 
 def applied(environ) -> Config:
     c = Config()
-    settings.apply(c, environ, images_dir="/opt/gpulab/images")
+    hubconfig.apply(c, environ, images_dir="/opt/gpulab/images")
     return c
 
 
-def test_defaults_give_a_working_single_machine_hub():
+def handed_on(service: dict) -> settings.Settings:
+    """The settings a hub service reads from the environment it is given."""
+    return settings.of_service(service["environment"])
+
+
+def test_defaults_give_a_working_single_machine_hub(monkeypatch):
+    for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "GPULAB_LOOP_GUARD"):
+        monkeypatch.delenv(name, raising=False)
     c = applied({})
+    # The services get the hub's settings, complete with the layout the traits give.
+    hub_settings = hubconfig.given(c)
+    assert hub_settings.layout.queue_file == Path("/srv/gpulab/hub/gpu-queue.json")
+    assert hub_settings.layout.usage_file == Path("/srv/gpulab/hub/gpu-usage.jsonl")
+    assert (hub_settings.gpus.reclaim_idle, hub_settings.gpus.reclaim_grace) == (300.0, 300.0)
+    assert hub_settings.gpus.idle_release == 1500.0
+    assert hub_settings.layout.usage_window == 604800.0
     # tornado_settings (cookies, headers) are merged by several parts: checked on their own
     hub = Config({k: v for k, v in c.JupyterHub.items() if k != "tornado_settings"})
     assert hub == Config(
@@ -55,14 +83,14 @@ def test_defaults_give_a_working_single_machine_hub():
                     "gpulab_hub.sharing.public.PublicNotebookHandler",
                     {"public_links": False, "max_hours": 168},
                 ),
-                ("/gpulab/rename/([^/]+)", "gpulab_hub.projects.rename.RenameHandler"),
+                ("/gpulab/rename/([^/]+)", "gpulab_hub.workflows.rename.RenameHandler"),
                 (
                     "/api/gpulab/projects/([^/]+)/([^/]+)/rename",
-                    "gpulab_hub.projects.rename.RenameAPIHandler",
+                    "gpulab_hub.workflows.rename.RenameAPIHandler",
                 ),
                 (
                     "/gpulab/build-log/([^/]+)(?:/([^/]+))?",
-                    "gpulab_hub.projects.buildlog.BuildLogHandler",
+                    "gpulab_hub.home.buildlog.BuildLogHandler",
                 ),
                 # multi-node jobs on a Slurm cluster, asked for by project servers
                 (
@@ -113,6 +141,7 @@ def test_defaults_give_a_working_single_machine_hub():
                 str(home.TEMPLATES),
                 str(doctor.TEMPLATES),
                 str(sharing.TEMPLATES),
+                str(projects.TEMPLATES),
                 str(rename.TEMPLATES),
                 str(usagepage.TEMPLATES),
                 str(accounts.TEMPLATES),
@@ -148,32 +177,13 @@ def test_defaults_give_a_working_single_machine_hub():
                 {
                     "name": keeper.SERVICE,
                     "command": [sys.executable, "-m", "gpulab_hub.gpus.keeper"],
-                    "environment": {
-                        "GPULAB_QUEUE_FILE": "/srv/gpulab/hub/gpu-queue.json",
-                        "GPULAB_ALLOCATIONS_FILE": "/srv/gpulab/hub/gpu-allocations.json",
-                        "GPULAB_GPU_RECLAIM_IDLE": "300.0",
-                        "GPULAB_GPU_RECLAIM_GRACE": "300.0",
-                        "GPULAB_GPU_IDLE_RELEASE": "1500.0",
-                        "GPULAB_USAGE_FILE": "/srv/gpulab/hub/gpu-usage.jsonl",
-                        "GPULAB_GPU_USAGE_WINDOW": "604800.0",
-                        "GPULAB_GPU_BUDGET_HOURS": "{}",
-                    },
+                    "environment": settings.service_env(hub_settings),
                 },
                 # SSH into projects on port 2222 of the web's address (0.0.0.0)
                 {
                     "name": ssh.SERVICE,
                     "command": [sys.executable, "-m", "gpulab_hub.ssh"],
-                    "environment": {
-                        "GPULAB_SSH_BIND": "0.0.0.0",
-                        "GPULAB_SSH_PORT": "2222",
-                        "GPULAB_SSH_HOST_KEY": "/srv/gpulab/hub/ssh/host_ed25519_key",
-                        "GPULAB_SSH_KEYS_DIR": "/srv/gpulab/hub/ssh/keys",
-                        "GPULAB_SSH_LOG": "/srv/gpulab/hub/ssh/sessions.log",
-                        "GPULAB_CONTAINER_PREFIX": "gpulab",
-                        "GPULAB_LOGIN_ATTEMPTS": "5",
-                        "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
-                        "GPULAB_REVOKE_WITHIN_S": "30",
-                    },
+                    "environment": settings.service_env(hub_settings),
                 },
             ],  # fmt: skip
             "custom_scopes": {**sharing.roles.CUSTOM_SCOPES, **ssh.CUSTOM_SCOPES},
@@ -326,7 +336,7 @@ def test_host_networking_is_refused_at_start(network):
 
 
 def test_empty_variables_fall_back_to_defaults():
-    assert settings.site({"GPULAB_HOME": ""})["GPULAB_HOME"] == "/srv/gpulab"
+    assert settings.parse({"GPULAB_HOME": ""}).home == Path("/srv/gpulab")
 
 
 def test_group_share_roles_survive_a_hub_restart(tmp_path):
@@ -351,7 +361,7 @@ def test_group_share_roles_survive_a_hub_restart(tmp_path):
     )
     c = Config()
     no_culler = {"GPULAB_HOME": str(tmp_path), "GPULAB_IDLE_TIMEOUT": "0", "GPULAB_SSH_PORT": "0"}
-    settings.apply(c, no_culler, images_dir="images")
+    hubconfig.apply(c, no_culler, images_dir="images")
     assert [r for r in c.JupyterHub.load_roles[1:] if r["name"] != keeper.SERVICE] == [
         {
             "name": "gpulab-group-share-0123",
@@ -368,7 +378,7 @@ def test_the_revocation_window_is_a_site_setting():
     assert "--ProjectAuthorizer.shares_max_age=8" in c.Spawner.args
     assert "--ProjectAuthorizer.connections_recheck_s=4" in c.Spawner.args  # twice in it
     (gateway,) = [s for s in c.JupyterHub.services if s["name"] == ssh.SERVICE]
-    assert gateway["environment"]["GPULAB_REVOKE_WITHIN_S"] == "8"
+    assert handed_on(gateway).sharing.revoke_within_s == 8
     for bad in ("1", "3601", "8s", "-5", "08\n"):
         with pytest.raises(ValueError, match="GPULAB_REVOKE_WITHIN_S"):
             applied({"GPULAB_REVOKE_WITHIN_S": bad})

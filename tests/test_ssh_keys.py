@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from gpulab_hub import ssh
 from gpulab_hub.ssh import hubapi, keys
 from gpulab_hub.ssh.keys import KeyRefused, KeyStore
+from gpulab_hub.ssh.settings import Settings as GatewaySettings
 
 OWNER, PROJECT = "skowner", "sshp"
 COLLAB, VIEWER, STRANGER = "skcollab", "skviewer", "skstranger"
@@ -252,10 +253,10 @@ def test_names_that_no_account_has_make_no_paths(tmp_path, made, name):
 def configured(**env):
     from traitlets.config import Config
 
-    from gpulab_hub import settings
+    from gpulab_hub import hubconfig
 
     c = Config()
-    settings.apply(c, {"GPULAB_HOME": "/srv/x", "GPULAB_HUB_IP": "127.0.0.1", **env}, "/i")
+    hubconfig.apply(c, {"GPULAB_HOME": "/srv/x", "GPULAB_HUB_IP": "127.0.0.1", **env}, "/i")
     return c
 
 
@@ -267,18 +268,19 @@ def test_configure_adds_the_gateway_its_role_and_pages(monkeypatch):
     (service,) = [s for s in c.JupyterHub.services if s["name"] == ssh.SERVICE]
     assert service["command"][1:] == ["-m", "gpulab_hub.ssh"]
     where = ssh.paths("/srv/x/hub")
-    assert service["environment"] == {
-        "GPULAB_SSH_BIND": "10.1.2.3",
-        "GPULAB_SSH_PORT": "2200",
-        "GPULAB_SSH_HOST_KEY": str(where["host_key"]),
-        "GPULAB_SSH_KEYS_DIR": str(where["keys_dir"]),
-        "GPULAB_SSH_LOG": str(where["log"]),
-        "GPULAB_CONTAINER_PREFIX": "gpulab",
-        "GPULAB_LOGIN_ATTEMPTS": "5",
-        "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
-        "GPULAB_REVOKE_WITHIN_S": "30",
-        "DOCKER_HOST": "unix:///run/other.sock",
-    }
+    env = service["environment"]
+    assert env["DOCKER_HOST"] == "unix:///run/other.sock"
+    assert "GPULAB_ADMIN_PASSWORD" not in env["GPULAB_SETTINGS"]  # no secrets handed on
+    # what the gateway reads from that environment (and JupyterHub's own variables)
+    hub_api = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api", "JUPYTERHUB_API_TOKEN": "t"}
+    got = GatewaySettings.from_env({**env, **hub_api})
+    assert (got.bind, got.port, got.prefix, got.recheck_s) == ("10.1.2.3", 2200, "gpulab", 15.0)
+    assert (got.host_key, got.keys_dir, got.log) == (
+        where["host_key"],
+        where["keys_dir"],
+        str(where["log"]),
+    )
+    assert (got.limits.user_failures, got.limits.lockout_s) == (5, 300)
     role = next(r for r in c.JupyterHub.load_roles if r["name"] == ssh.SERVICE)
     assert role == {"name": ssh.SERVICE, "scopes": ssh.SCOPES, "services": [ssh.SERVICE]}
     assert ssh.GATEWAY_SCOPE in c.JupyterHub.custom_scopes
@@ -319,9 +321,11 @@ def test_configure_refuses_bad_settings(env):
 
 
 def test_the_bind_address_defaults_to_the_hubs():
-    assert ssh.bind_of({"GPULAB_BIND_URL": "http://[::1]:8000"}) == "::1"
-    assert ssh.bind_of({"GPULAB_BIND_URL": "http://0.0.0.0:8000"}) == "0.0.0.0"
-    assert ssh.bind_of({"GPULAB_SSH_BIND": "ssh.example.org"}) == "ssh.example.org"
+    from gpulab_hub import settings
+
+    assert settings.parse({"GPULAB_BIND_URL": "http://[::1]:8000"}).ssh_bind == "::1"
+    assert settings.parse({"GPULAB_BIND_URL": "http://0.0.0.0:8000"}).ssh_bind == "0.0.0.0"
+    assert settings.parse({"GPULAB_SSH_BIND": "ssh.example.org"}).ssh_bind == "ssh.example.org"
 
 
 def render_page(**values) -> str:

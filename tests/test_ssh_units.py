@@ -82,13 +82,34 @@ def test_lockout_words_and_settings():
     assert limits.lockout_message(61).startswith("Too many failed logins")
     assert limits.lockout_message(61).endswith("Try again in 2 minutes.")
     assert limits.lockout_message(5).endswith("Try again in 1 minute.")
-    got = limits.Limits.from_env(
-        {"GPULAB_LOGIN_ATTEMPTS": "7", "GPULAB_LOGIN_LOCKOUT_SECONDS": "60"}
+    from gpulab_hub import settings
+
+    got = limits.Limits.of(
+        settings.parse({"GPULAB_LOGIN_ATTEMPTS": "7", "GPULAB_LOGIN_LOCKOUT_SECONDS": "60"})
     )
     assert (got.user_failures, got.lockout_s, got.ip_failures) == (7, 60, 30)
-    for bad in ("0", "-1", "1e3", "five", "9" * 12):
+    for bad in ("-1", "1e3", "five", "9" * 12, "1001"):
         with pytest.raises(ValueError, match="GPULAB_LOGIN_ATTEMPTS"):
-            limits.Limits.from_env({"GPULAB_LOGIN_ATTEMPTS": bad})
+            settings.parse({"GPULAB_LOGIN_ATTEMPTS": bad})
+
+
+def test_login_attempts_0_never_locks_an_account_over_ssh_as_on_the_login_page():
+    """GPULAB_LOGIN_ATTEMPTS=0 is documented as "never locked": the hub starts with it
+    (the gateway's limits once refused it, so the hub did not), and wrong tokens for one
+    account do not lock it; the address lockout still counts them."""
+    from traitlets.config import Config
+
+    from gpulab_hub import hubconfig, settings
+
+    c = Config()
+    hubconfig.apply(c, {"GPULAB_LOGIN_ATTEMPTS": "0", "GPULAB_HUB_IP": "127.0.0.1"}, "/i")
+    (gw,) = [s for s in c.JupyterHub.services if s["name"] == "gpulab-ssh"]
+    lim = limits.Limiter(limits.Limits.of(settings.of_service(gw["environment"])), Clock())
+    for _ in range(29):
+        lim.password_failed("10.0.0.9", "alice")
+    assert lim.password_locked("10.0.0.8", "alice") == 0  # the account: never locked
+    lim.password_failed("10.0.0.9", "alice")
+    assert lim.address_locked("10.0.0.9") > 0  # the address: its 30th failure
 
 
 # --- Docker's multiplexed stream -------------------------------------------------------
@@ -307,20 +328,23 @@ def test_secrets_env_keeps_checked_names_and_values():
 
 
 def test_settings_from_the_services_environment(tmp_path):
+    from gpulab_hub import settings
+
+    site = settings.parse({"GPULAB_HOME": str(tmp_path), "GPULAB_SSH_BIND": "127.0.0.1"})
     env = {
-        "GPULAB_SSH_PORT": "2222",
-        "GPULAB_SSH_BIND": "127.0.0.1",
-        "GPULAB_SSH_HOST_KEY": str(tmp_path / "k"),
-        "GPULAB_SSH_KEYS_DIR": str(tmp_path / "keys"),
+        **settings.service_env(site),
         "JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api",
         "JUPYTERHUB_API_TOKEN": "t" * 32,
     }
     s = Settings.from_env(env)
-    assert (s.port, s.prefix, s.recheck_s) == (2222, "gpulab", 15.0)
+    assert (s.port, s.prefix, s.recheck_s, s.bind) == (2222, "gpulab", 15.0, "127.0.0.1")
+    assert s.host_key == tmp_path / "hub" / "ssh" / "host_ed25519_key"
     with pytest.raises(ValueError, match="JUPYTERHUB_API_TOKEN"):
         Settings.from_env({**env, "JUPYTERHUB_API_TOKEN": ""})
+    with pytest.raises(ValueError, match="GPULAB_SETTINGS"):
+        Settings.from_env({k: v for k, v in env.items() if k != "GPULAB_SETTINGS"})
     with pytest.raises(ValueError, match="GPULAB_SSH_PORT"):
-        Settings.from_env({**env, "GPULAB_SSH_PORT": "70000"})
+        settings.parse({"GPULAB_SSH_PORT": "70000"})
 
 
 # --- the session log and the host key ------------------------------------------------------
@@ -451,17 +475,21 @@ def test_the_address_lockout_settings_reach_the_gateway():
     """GPULAB_SSH_IP_ATTEMPTS and GPULAB_SSH_FAILURE_WINDOW, documented for the site,
     are in the gateway service's environment and become its limits; out of range, the
     hub does not start and says which."""
-    from gpulab_hub import settings
-    from gpulab_hub import ssh as ssh_pkg
-    from gpulab_hub.ssh.limits import Limits
+    from traitlets.config import Config
 
-    s = settings.site({"GPULAB_SSH_IP_ATTEMPTS": "7", "GPULAB_SSH_FAILURE_WINDOW": "120"})
-    env = ssh_pkg.service_env(s, "/srv/x/hub", environ={})
-    limits = Limits.from_env(env)
-    assert (limits.ip_failures, limits.window_s) == (7, 120)
-    default = ssh_pkg.service_env(settings.site({}), "/srv/x/hub", environ={})
-    assert "GPULAB_SSH_IP_ATTEMPTS" not in default  # the gateway's own default: 30 in 600 s
-    assert (Limits.from_env(default).ip_failures, Limits.from_env(default).window_s) == (30, 600)
-    bad = settings.site({"GPULAB_SSH_IP_ATTEMPTS": "lots"})
+    from gpulab_hub import hubconfig
+
+    hub_api = {"JUPYTERHUB_API_URL": "http://127.0.0.1:8081/hub/api", "JUPYTERHUB_API_TOKEN": "t"}
+
+    def gateway_limits(**site) -> limits.Limits:
+        c = Config()
+        hubconfig.apply(c, {"GPULAB_HUB_IP": "127.0.0.1", **site}, images_dir="/i")
+        (gw,) = [s for s in c.JupyterHub.services if s["name"] == "gpulab-ssh"]
+        return Settings.from_env({**gw["environment"], **hub_api}).limits
+
+    got = gateway_limits(GPULAB_SSH_IP_ATTEMPTS="7", GPULAB_SSH_FAILURE_WINDOW="120")
+    assert (got.ip_failures, got.window_s) == (7, 120)
+    default = gateway_limits()
+    assert (default.ip_failures, default.window_s) == (30, 600)
     with pytest.raises(ValueError, match="GPULAB_SSH_IP_ATTEMPTS must be a whole number"):
-        ssh_pkg.service_env(bad, "/srv/x/hub", environ={})
+        gateway_limits(GPULAB_SSH_IP_ATTEMPTS="lots")

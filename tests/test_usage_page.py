@@ -36,8 +36,8 @@ FORMULA_OWNER = "=HYPERLINK(evil)"  # a name the ledger refuses: the line is ski
 # --- the words, on real files (no hub) ---
 
 
-def settings(tmp_path: Path, budgets: dict | None = None) -> hubsettings.HubSettings:
-    return hubsettings.HubSettings(
+def settings(tmp_path: Path, budgets: dict | None = None) -> hubsettings.Layout:
+    return hubsettings.Layout(
         records_dir=tmp_path / "hub",
         projects_root=tmp_path / "projects",
         data_root=tmp_path / "data",

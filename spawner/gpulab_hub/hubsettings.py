@@ -1,11 +1,12 @@
-"""One source of truth for where gpulab keeps things: the hub's own configuration.
+"""The layout: where gpulab keeps things, and what it names them.
 
-``jupyterhub_config.py`` (site settings, then the admin's ``c.ProjectSpawner.*``
-lines) decides where projects, shared data, hub records and the GPU allocation
-record live. :class:`HubSettings` is read from that configuration once, through
-``ProjectSpawner``'s traits (so defaults and the admin's overrides both count),
-and handed to the hub's pages (:func:`of_handler`), the ``gpulab`` command and
-the doctor (:func:`load`). Nothing else derives these paths.
+Derived from ``GPULAB_HOME`` (:func:`default_layout`, which ``hubconfig.apply`` writes
+into ``ProjectSpawner``'s traits), then moved wherever the admin's own
+``c.ProjectSpawner.*`` lines move it. :class:`Layout` is read back from the hub's
+configuration once, through ``ProjectSpawner``'s traits (so defaults and the admin's
+overrides both count), and is part of the settings (``settings.Settings.layout``)
+that the hub's pages (:func:`of_handler`), the ``gpulab`` command and the doctor
+(:func:`load`) get. Nothing else derives these paths.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 from traitlets.utils.importstring import import_item
 
+from gpulab_hub.settings import DEFAULT, GPU_USAGE_WINDOW_S, parse
+
 # Files in ``records_dir`` (the hub's folder), each kept by one module.
 SHARING_POLICY = "sharing.json"
 GROUP_SHARE_ROLES = "group-share-roles.json"
@@ -25,8 +28,13 @@ DELETED = "deleted"
 SECRETS = "secrets"  # one file per user (secrets/store.py)
 
 
+# Files beside the GPU allocation record, unless the traits say otherwise.
+QUEUE = "gpu-queue.json"  # starts waiting for a GPU
+USAGE = "gpu-usage.jsonl"  # ended GPU holdings
+
+
 @dataclass(frozen=True)
-class HubSettings:
+class Layout:
     """Where gpulab keeps things, and the names it gives Docker objects."""
 
     records_dir: Path  # hub-owned: sharing records, public links, doctor report, archives
@@ -39,11 +47,16 @@ class HubSettings:
     allowed_base_images: tuple[str, ...]  # what project Dockerfiles may name (policy.py)
     prefix: str
     network: str
-    queue_file: Path = Path("/srv/gpulab/hub/gpu-queue.json")  # starts waiting for a GPU
-    usage_file: Path = Path("/srv/gpulab/hub/gpu-usage.jsonl")  # ended GPU holdings
-    usage_window: float = 7 * 24 * 3600.0  # seconds budgets are measured over
+    queue_file: Path | None = None  # None: QUEUE beside allocations_file
+    usage_file: Path | None = None  # None: USAGE beside allocations_file
+    usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
     budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
-    driver_dir: str = "/usr/local/nvidia"  # ProjectSpawner.driver_dir (its default is this)
+    driver_dir: str = DEFAULT.gpus.driver_dir  # ProjectSpawner.driver_dir
+
+    def __post_init__(self) -> None:
+        for name, file in (("queue_file", QUEUE), ("usage_file", USAGE)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, Path(self.allocations_file).parent / file)
 
     @property
     def sharing_policy(self) -> Path:
@@ -70,6 +83,23 @@ class HubSettings:
         return self.records_dir / SECRETS
 
 
+def default_layout(home: str | Path) -> Layout:
+    """The layout under ``home`` (GPULAB_HOME) where no trait moves anything."""
+    hub = Path(home) / "hub"
+    return Layout(
+        records_dir=hub,
+        projects_root=Path(home) / "projects",
+        data_root=Path(home) / "data",
+        state_root=hub / "projects",
+        allocations_file=hub / "gpu-allocations.json",
+        image_repo=DEFAULT.images.image_repo,
+        base_image=DEFAULT.images.base_image,
+        allowed_base_images=(DEFAULT.images.base_image,),
+        prefix=DEFAULT.prefix,
+        network=DEFAULT.network_name,
+    )
+
+
 def spawner_of(config, spawner_class=None):
     """The hub's spawner (``JupyterHub.spawner_class``, gpulab's ProjectSpawner by
     default) with this (traitlets) configuration: its traits are the settings."""
@@ -79,9 +109,9 @@ def spawner_of(config, spawner_class=None):
     return spawner_class(config=config)
 
 
-def from_spawner(sp) -> HubSettings:
-    """The settings of a spawner made by :func:`spawner_of`."""
-    return HubSettings(
+def from_spawner(sp) -> Layout:
+    """The layout of a spawner made by :func:`spawner_of`."""
+    return Layout(
         records_dir=Path(sp.records_dir),
         projects_root=Path(sp.projects_root),
         data_root=Path(sp.data_root),
@@ -100,20 +130,17 @@ def from_spawner(sp) -> HubSettings:
     )
 
 
-def from_config(config, spawner_class=None) -> HubSettings:
-    """The settings a hub with this (traitlets) configuration uses: its spawner's
+def from_config(config, spawner_class=None) -> Layout:
+    """The layout a hub with this (traitlets) configuration uses: its spawner's
     traits (``JupyterHub.spawner_class``, gpulab's ProjectSpawner)."""
     return from_spawner(spawner_of(config, spawner_class))
 
 
-def of_handler(handler) -> HubSettings:
-    """The running hub's settings, for one of its pages (built once per hub)."""
-    app_settings = handler.settings
-    if "gpulab" not in app_settings:
-        app_settings["gpulab"] = from_config(
-            app_settings["config"], app_settings.get("spawner_class")
-        )
-    return app_settings["gpulab"]
+def of_handler(handler) -> Layout:
+    """The running hub's layout, for one of its pages (its settings': read once)."""
+    from gpulab_hub import settings
+
+    return settings.of_handler(handler).layout
 
 
 def config_file() -> Path:
@@ -131,8 +158,8 @@ def read_config(config_file: Path):
     from traitlets.config.loader import PyFileConfigLoader
 
     # The command never listens for containers: spare the config file asking Docker
-    # where the hub's API should listen (settings.with_hub_ip).
-    placeholder = not os.environ.get("GPULAB_HUB_IP")
+    # where the hub's API should listen (hubconfig.with_hub_ip).
+    placeholder = not parse(os.environ).hub_ip
     if placeholder:
         os.environ["GPULAB_HUB_IP"] = "127.0.0.1"
     umask = os.umask(0o077)  # the config file makes the hub's umask; keep this process's
@@ -145,7 +172,7 @@ def read_config(config_file: Path):
             del os.environ["GPULAB_HUB_IP"]
 
 
-def load(config_file: Path) -> HubSettings:
-    """The settings of the hub that ``config_file`` (its jupyterhub_config.py)
+def load(config_file: Path) -> Layout:
+    """The layout of the hub that ``config_file`` (its jupyterhub_config.py)
     configures, read as the hub reads it, with this process's environment."""
     return from_config(read_config(config_file))

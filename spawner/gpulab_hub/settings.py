@@ -1,287 +1,380 @@
-"""Site settings -> JupyterHub configuration.
+"""gpulab's settings: one typed object, parsed once, handed to every part.
 
-``jupyterhub_config.py`` calls :func:`apply` with the process environment;
-tests call it with a plain dict and a fresh ``traitlets.config.Config``.
-Every site setting is an environment variable with a default that works on
-one machine out of the box (see docs/configuration.md).
+Three words, each meaning one thing (docs/architecture.md, "Settings"):
+
+- **settings**: the :class:`Settings` object here: every value the site sets with a
+  ``GPULAB_*`` environment variable, parsed and checked by :func:`parse` (the one
+  reader of those variables on the hub side), plus the :attr:`Settings.layout` the
+  hub's traits give. Every default is a field's default below, and nowhere else.
+- **layout**: where files live (``hubsettings.Layout``): paths derived from
+  ``GPULAB_HOME``, moved where the admin's traits move them.
+- **traits**: the ``config=True`` traits of gpulab's configurable classes
+  (``c.ProjectSpawner.* = ...`` in jupyterhub_config.py, docs/reference.md).
+
+The hub parses the settings once when it reads jupyterhub_config.py
+(``hubconfig.apply``), completes them with the layout after the admin's lines
+(``hubconfig.finish``) and hands them to its pages (the tornado setting
+:data:`APP_KEY`: :func:`of_handler`) and to its services (one variable,
+:data:`SERVICE_VAR`, written by :func:`service_env` and read by :func:`of_service`).
+The ``gpulab`` command and the doctor parse them once per run (:func:`parse`).
+
+Nothing here imports gpulab's capabilities: this module sits at the bottom of the
+house, and everything may read it.
 """
 
 from __future__ import annotations
 
-import sys
+import dataclasses
+import ipaddress
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
-from gpulab_hub import accounts, culling, doctor, home, secrets, sharing, ssh, usagepage
-from gpulab_hub.gpus import keeper
-from gpulab_hub.projects import buildlog, objects, rename, title
-from gpulab_hub.sharing import accept, groupshares, origins
+APP_KEY = "gpulab"  # the tornado setting that holds the hub's Settings (pages)
+SERVICE_VAR = "GPULAB_SETTINGS"  # the variable that hands them to a hub service
 
-DEFAULTS = {
-    "GPULAB_HOME": "/srv/gpulab",
-    "GPULAB_BIND_URL": "http://0.0.0.0:8000",
-    "GPULAB_HUB_PORT": "8081",
-    "GPULAB_PROXY_API_PORT": "8001",
-    "GPULAB_NETWORK": "",
-    "GPULAB_HUB_IP": "",
-    "GPULAB_HUB_CONNECT_IP": "",
-    "GPULAB_ADMIN": "admin",
-    "GPULAB_ADMIN_PASSWORD": "",
-    "GPULAB_BASE_IMAGE": "gpulab/base:latest",
-    # "": the host decides (images/base.py default_from): a CUDA image on GPU hosts
-    "GPULAB_BASE_FROM": "",
-    "GPULAB_TORCH_CUDA_ARCH_LIST": "",
-    "GPULAB_TORCH": "",
-    "GPULAB_GPU_POLICY": "exclusive",
-    "GPULAB_GPU_ISOLATION": "auto",
-    "GPULAB_DRIVER_DIR": "/usr/local/nvidia",
-    "GPULAB_IMAGE_REPO": "gpulab/project",
-    "GPULAB_CONTAINER_PREFIX": "gpulab",
-    "GPULAB_MAX_PROJECTS": "10",
-    "GPULAB_OPEN_SIGNUP": "0",
-    "GPULAB_SHARE_MAX_HOURS": "168",
-    "GPULAB_PUBLIC_LINKS": "0",
-    "GPULAB_SUBDOMAIN_HOST": "",
-    "GPULAB_PUBLIC_URL": "",
-    "GPULAB_PASSWORD_MIN_LENGTH": "10",
-    "GPULAB_PASSWORD_CHECK_COMMON": "1",
-    "GPULAB_LOGIN_ATTEMPTS": "5",
-    "GPULAB_LOGIN_LOCKOUT_SECONDS": "300",
-    "GPULAB_DELETED_FILES": "archive",
-    "GPULAB_IDLE_TIMEOUT": "7200",
-    # Seconds idle before a GPU holder is warned while starts wait, and from the warning
-    # to its stop ("": ProjectSpawner.gpu_reclaim_idle / gpu_reclaim_grace, 300 each)
-    "GPULAB_GPU_RECLAIM_IDLE": "",
-    "GPULAB_GPU_RECLAIM_GRACE": "",
-    # Seconds a GPU holder may be idle in every way before it is warned and stopped even
-    # when nobody waits ("": ProjectSpawner.gpu_idle_release, 1500; 0: never)
-    "GPULAB_GPU_IDLE_RELEASE": "",
-    # MiB one image build may add to the engine's disk ("": 20 GiB, build_disk_limit)
-    "GPULAB_BUILD_DISK_LIMIT_MB": "",
-    # Seconds within which a revoked or lowered share stops working (project servers'
-    # caches of token checks and share lists; the SSH gateway rechecks twice in it).
-    "GPULAB_REVOKE_WITHIN_S": "30",
-    # The SSH gateway into projects (ssh/): its port (0: no gateway), and its address
-    # ("": the host of GPULAB_BIND_URL).
-    "GPULAB_SSH_PORT": "2222",
-    "GPULAB_SSH_BIND": "",
-    # Failed SSH logins from one address within GPULAB_SSH_FAILURE_WINDOW seconds that
-    # lock the address ("": the gateway's own defaults, 30 in 600 s; ssh/limits.py)
-    "GPULAB_SSH_IP_ATTEMPTS": "",
-    "GPULAB_SSH_FAILURE_WINDOW": "",
-}
+_HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")  # fmt: skip
 
 
-def site(environ) -> dict[str, str]:
-    """The site settings: each GPULAB_* variable, or its default."""
-    return {key: environ.get(key) or default for key, default in DEFAULTS.items()}
+# --- how one variable is read ----------------------------------------------------------
 
 
-def revoke_within_s(s: dict[str, str]) -> int:
-    """GPULAB_REVOKE_WITHIN_S as a whole number of seconds, 2 to 3600."""
-    text = s["GPULAB_REVOKE_WITHIN_S"]
-    if not text.isdigit() or len(text) > 4 or not 2 <= int(text) <= 3600:
-        raise ValueError(
-            f"GPULAB_REVOKE_WITHIN_S must be a whole number of seconds from 2 to 3600; "
-            f"it is {text!r}."
-        )
-    return int(text)
+def text(name: str, value: str) -> str:
+    return value
 
 
-def network_name(s: dict[str, str]) -> str:
-    """The bridge network of projects and builds: GPULAB_NETWORK, else <prefix>-net."""
-    return s["GPULAB_NETWORK"] or f"{s['GPULAB_CONTAINER_PREFIX']}-net"
+def flag(name: str, value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 1 (on) or 0 (off); it is {value!r}.")
+    return value == "1"
 
 
-def with_hub_ip(environ) -> dict[str, str]:
-    """``environ`` with GPULAB_HUB_IP set: where project containers reach the hub.
+def whole(low: int, high: int, unit: str = "a whole number") -> Callable[[str, str], int]:
+    """A whole number from ``low`` to ``high``, digits only."""
 
-    Unless the admin set it, it is the gateway address of gpulab's bridge network
-    (made here if missing), so the hub's API listens there and not on every
-    interface. Blocking (asks Docker): called once when the hub starts.
-    """
-    env = dict(environ)
-    if not env.get("GPULAB_HUB_IP"):
-        import docker.errors
-        import requests.exceptions
+    def parse(name: str, value: str) -> int:
+        if not re.fullmatch(r"[0-9]{1,9}", value) or not low <= int(value) <= high:
+            raise ValueError(f"{name} must be {unit} from {low} to {high}; it is {value!r}.")
+        return int(value)
 
-        from gpulab_hub import host
-
-        try:
-            env["GPULAB_HUB_IP"] = host.ensure_network(host.Docker(), network_name(site(env)))
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            # The hub still starts and tells each user who starts a project why it
-            # cannot; containers need the hub on the network's gateway, so restart the
-            # hub once the engine answers (`gpulab up` starts one).
-            print(f"gpulab: the Docker engine does not answer ({e}); restart the hub once "
-                  "it does", file=sys.stderr)  # fmt: skip
-            env["GPULAB_HUB_IP"] = "127.0.0.1"
-    return env
+    return parse
 
 
-def paths(home: str | Path) -> dict[str, Path]:
-    home = Path(home)
-    return {
-        "hub": home / "hub",
-        "projects": home / "projects",
-        "data": home / "data",
-        "admin_password": home / "hub" / "first-admin-password",
-    }
+def optional(parse: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """``parse``, or None where the variable is empty: the trait's own default then."""
+
+    def read(name: str, value: str) -> Any:
+        return parse(name, value) if value else None
+
+    return read
 
 
-def apply(c, environ, images_dir: str | Path) -> None:
-    """Fill config ``c`` from the site settings in ``environ``."""
-    s = site(environ)
-    p = paths(s["GPULAB_HOME"])
-    hub_dir = p["hub"]
+def choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(name: str, value: str) -> str:
+        if value not in allowed:
+            words = " or ".join(repr(a) for a in allowed)
+            raise ValueError(f"{name} must be {words}; it is {value!r}.")
+        return value
 
-    c.JupyterHub.bind_url = s["GPULAB_BIND_URL"]
-    c.JupyterHub.hub_port = int(s["GPULAB_HUB_PORT"])
-    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{int(s['GPULAB_PROXY_API_PORT'])}"
-    c.JupyterHub.db_url = f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}"
-    c.JupyterHub.cookie_secret_file = str(hub_dir / "jupyterhub_cookie_secret")
-    c.JupyterHub.pid_file = str(hub_dir / "jupyterhub.pid")
-    # Project containers keep running across hub restarts; `gpulab down` stops them.
-    c.JupyterHub.cleanup_servers = False
-    # `gpulab doctor`'s last report, for admins at /hub/gpulab/doctor (linked in the nav bar).
-    # Owners share projects at /hub/gpulab/share/<project> (links last at most the max).
-    # Save a copy at /hub/gpulab/copy; public notebook links only where the admin allows them.
-    # Owners rename stopped projects at /hub/gpulab/rename/<project>; owners and collaborators
-    # read a project's latest build log at /hub/gpulab/build-log/<owner>/<project>.
-    # Where each page finds projects and records: the hub's own configuration (hubsettings.py).
-    # Project servers on a Slurm cluster submit multi-node jobs through the hub's API
-    # /hub/api/gpulab/cluster/jobs/<owner>/<project> (cluster/jobsapi.py; on one machine
-    # it lists none and refuses a submit).
-    from gpulab_hub.cluster import jobsapi
-    from gpulab_hub.gpus import reclaimapi
-    from gpulab_hub.home import runtime
+    return parse
 
-    c.JupyterHub.extra_handlers = (
-        doctor.hub_handlers()
-        + sharing.hub_handlers(
-            int(s["GPULAB_SHARE_MAX_HOURS"]), public_links=s["GPULAB_PUBLIC_LINKS"] == "1"
-        )
-        + rename.hub_handlers()
-        + buildlog.hub_handlers()
-        + jobsapi.hub_handlers()
-        # A project's JupyterLab learns it is warned that it stops unless used (gpus/).
-        + reclaimapi.hub_handlers()
-        # GPU usage by user, project and GPU, with a CSV export, for admins (usagepage/).
-        + usagepage.hub_handlers()
-        # A project's hardware, as Colab's "Change runtime type" (home/runtime.py).
-        + runtime.hub_handlers()
+
+def host_or_empty(name: str, value: str) -> str:
+    """An IP address or a host name, whole; "" where unset."""
+    if value and not valid_host(value):
+        raise ValueError(f"{name} must be an IP address or a host name; it is {value!r}.")
+    return value
+
+
+def valid_host(value: str) -> bool:
+    """An IP address or a host name, whole."""
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return _HOSTNAME.fullmatch(value) is not None
+
+
+def var(name: str, default: Any, parse: Callable[[str, str], Any] = text, *, secret=False):
+    """A field read from the environment variable ``name``; empty or unset: ``default``.
+    ``secret``: never handed to a service (:func:`service_env`)."""
+    return field(default=default, metadata={"var": name, "parse": parse, "secret": secret})
+
+
+# Defaults of traits that other parts read too (the traits take them from here).
+GPU_USAGE_WINDOW_S = 7 * 24 * 3600.0  # ProjectSpawner.gpu_usage_window: a week
+
+PORT = whole(1, 65535, "a port number")
+SECONDS = whole(0, 999_999_999, "a whole number of seconds")
+
+
+# --- the settings ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accounts:
+    """Accounts and logins (accounts/, docs/configuration.md "Users")."""
+
+    admin: str = var("GPULAB_ADMIN", "admin")
+    admin_password: str = var("GPULAB_ADMIN_PASSWORD", "", secret=True)
+    open_signup: bool = var("GPULAB_OPEN_SIGNUP", False, flag)
+    max_projects: int = var("GPULAB_MAX_PROJECTS", 10, whole(1, 100_000))
+    password_min_length: int = var("GPULAB_PASSWORD_MIN_LENGTH", 10, whole(1, 1000))
+    password_check_common: bool = var("GPULAB_PASSWORD_CHECK_COMMON", True, flag)
+    # wrong passwords in a row that lock an account (0: never); the SSH gateway's
+    # per-account limit too (ssh/limits.py)
+    login_attempts: int = var("GPULAB_LOGIN_ATTEMPTS", 5, whole(0, 1000))
+    login_lockout_s: int = var("GPULAB_LOGIN_LOCKOUT_SECONDS", 300, whole(1, 86_400))
+    deleted_files: str = var("GPULAB_DELETED_FILES", "archive", choice("archive", "remove"))
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Shares, links and how soon a revoke takes effect (sharing/)."""
+
+    share_max_hours: int = var("GPULAB_SHARE_MAX_HOURS", 168, whole(1, 100_000))
+    public_links: bool = var("GPULAB_PUBLIC_LINKS", False, flag)
+    # Seconds within which a revoked or lowered share stops working: project servers'
+    # caches of token checks and share lists; the SSH gateway rechecks twice in it.
+    revoke_within_s: int = var(
+        "GPULAB_REVOKE_WITHIN_S", 30, whole(2, 3600, "a whole number of seconds")
     )
-    # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
-    c.JupyterHub.template_paths = [
-        str(home.TEMPLATES),
-        str(doctor.TEMPLATES),
-        str(sharing.TEMPLATES),
-        str(rename.TEMPLATES),
-        str(usagepage.TEMPLATES),
-    ]
-    # Roles mirroring group shares are made at run time; JupyterHub deletes at start any
-    # role it is not given here (see sharing/groupshares.py).
-    c.JupyterHub.load_roles = [sharing.USER_ROLE, *groupshares.load_roles(hub_dir)]
-    # ... and follow every change to the shares, the REST API's included, at once.
-    groupshares.keep_in_step(hub_dir)
-    # Viewer and collaborator: gpulab's scopes, asked for by the project servers'
-    # authorizer (docs/sharing.md). Browser tokens of a project server may carry them.
-    c.JupyterHub.custom_scopes = sharing.roles.CUSTOM_SCOPES
-    c.Spawner.oauth_client_allowed_scopes = sharing.roles.SERVER_CLIENT_SCOPES
-    c.Spawner.server_token_scopes = sharing.roles.SERVER_TOKEN_SCOPES
-    # Access through a link ends with it unless its owner chose otherwise; the accept
-    # page in gpulab's words; no OAuth confirm page for projects (sharing/accept.py).
-    accept.configure(c, hub_dir, revoke_within_s(s))
-    # Hub pages name a project by its display name (projects/title.py).
-    title.configure(c)
-    # Each user's servers on an origin of their own (JupyterHub's subdomain_host), needed
-    # wherever others reach the hub; a strict CSP on the hub's pages (docs/deployment.md).
-    origins.apply(c, s["GPULAB_SUBDOMAIN_HOST"])
-
-    # Projects run on gpulab's bridge network, never the host's: the hub's API listens
-    # on that network's gateway (with_hub_ip), where containers reach it.
-    network = objects.check_network(network_name(s))
-    c.JupyterHub.hub_ip = s["GPULAB_HUB_IP"] or "127.0.0.1"
-    if s["GPULAB_HUB_CONNECT_IP"]:
-        c.JupyterHub.hub_connect_ip = s["GPULAB_HUB_CONNECT_IP"]
-
-    c.JupyterHub.authenticator_class = "gpulab_hub.accounts.auth.GpulabAuthenticator"
-    c.Authenticator.admin_users = {s["GPULAB_ADMIN"]}
-    # NativeAuthenticator lets in only accounts an admin approved.
-    c.Authenticator.allow_all = True
-    c.NativeAuthenticator.open_signup = s["GPULAB_OPEN_SIGNUP"] == "1"
-    c.GpulabAuthenticator.first_admin = s["GPULAB_ADMIN"]
-    c.GpulabAuthenticator.first_admin_password = s["GPULAB_ADMIN_PASSWORD"]
-    c.GpulabAuthenticator.first_admin_password_file = str(p["admin_password"])
-    # Password rules, lockout, cookies, deletion: accounts.py.
-    accounts.configure(c, s, hub_dir)
-
-    c.JupyterHub.allow_named_servers = True
-    # After login, land on the project list instead of starting a "default" project.
-    c.JupyterHub.redirect_to_server = False
-    c.JupyterHub.named_server_limit_per_user = int(s["GPULAB_MAX_PROJECTS"])
-
-    c.JupyterHub.spawner_class = "gpulab_hub.spawner.ProjectSpawner"
-    c.ProjectSpawner.projects_root = str(p["projects"])
-    c.ProjectSpawner.state_root = str(hub_dir / "projects")
-    c.ProjectSpawner.records_dir = str(hub_dir)
-    c.ProjectSpawner.data_root = str(p["data"])
-    c.ProjectSpawner.images_dir = str(images_dir)
-    c.ProjectSpawner.base_image = s["GPULAB_BASE_IMAGE"]
-    c.ProjectSpawner.image_repo = s["GPULAB_IMAGE_REPO"]
-    c.ProjectSpawner.prefix = s["GPULAB_CONTAINER_PREFIX"]
-    c.ProjectSpawner.network_name = network
-    c.ProjectSpawner.allocations_file = str(hub_dir / "gpu-allocations.json")
-    c.ProjectSpawner.gpu_policy = s["GPULAB_GPU_POLICY"]
-    c.ProjectSpawner.gpu_isolation = s["GPULAB_GPU_ISOLATION"]
-    c.ProjectSpawner.driver_dir = s["GPULAB_DRIVER_DIR"]
-    c.Spawner.default_url = "/lab"
-    # A project server trusts the hub's answer on a token this long: a revoked share
-    # stops working within it (JupyterHub's default is 300 s).
-    # gpulab's authorizer enforces the viewer role (only where the hub starts the
-    # server: a plain JupyterLab is unaffected).
-    c.Spawner.args = [
-        f"--HubOAuth.cache_max_age={revoke_within_s(s)}",
-        f"--ServerApp.authorizer_class={sharing.roles.AUTHORIZER_CLASS}",
-        f"--ProjectAuthorizer.shares_max_age={revoke_within_s(s)}",
-        # Open kernels, terminals and rooms are checked again well within the window.
-        f"--ProjectAuthorizer.connections_recheck_s={min(10, revoke_within_s(s) // 2)}",
-        # Logs gpulab writes under .gpulab/ (the %gpu_install log whose path the magic
-        # prints) open in JupyterLab; the project folder is the user's own.
-        "--ContentsManager.allow_hidden=True",
-    ]
-    disk_mb = s["GPULAB_BUILD_DISK_LIMIT_MB"]
-    if disk_mb:
-        if not disk_mb.isdigit() or len(disk_mb) > 9 or int(disk_mb) < 1:
-            raise ValueError("GPULAB_BUILD_DISK_LIMIT_MB must be a whole number of MiB.")
-        c.ProjectSpawner.build_disk_limit = int(disk_mb) << 20
-    # Builds report progress on the spawn page; give them time. A start may also wait
-    # in the GPU queue (up to ProjectSpawner.gpu_queue_max_wait, a day by default, and
-    # cancelled by the user's Stop): JupyterHub's limit covers the whole start.
-    c.Spawner.start_timeout = 3600 + 24 * 3600
-    c.Spawner.http_timeout = 120
-    # Idle projects stop (and free their GPUs), never one with a running job or a busy
-    # GPU: JupyterHub's idle culler as a service (culling.py, docs/jobs.md).
-    idle = s["GPULAB_IDLE_TIMEOUT"]
-    if not idle.isdigit() or len(idle) > 9:
-        raise ValueError("GPULAB_IDLE_TIMEOUT must be a whole number of seconds (0: never).")
-    culling.configure(c, int(idle))
-    # Queued starts the hub forgot (a restart) are started again, and idle GPU holders
-    # are warned and stopped while starts wait: the GPU keeper service (gpus/keeper.py).
-    for key, trait in (("GPULAB_GPU_RECLAIM_IDLE", "gpu_reclaim_idle"),
-                       ("GPULAB_GPU_RECLAIM_GRACE", "gpu_reclaim_grace"),
-                       ("GPULAB_GPU_IDLE_RELEASE", "gpu_idle_release")):  # fmt: skip
-        if s[key]:
-            if not s[key].isdigit() or len(s[key]) > 9:
-                raise ValueError(f"{key} must be a whole number of seconds.")
-            c.ProjectSpawner[trait] = float(s[key])
-    keeper.configure(c)
-    # SSH into projects (ssh/, docs/remote.md) and each user's secrets (secrets/).
-    ssh.configure(c, s, hub_dir)
-    secrets.configure(c, s, hub_dir)
 
 
-def finish(c) -> None:
-    """What must read the whole configuration, called as jupyterhub_config.py's last
-    step (after the admin's lines and ``jupyterhub_config.d``): the GPU keeper's
-    settings (its service's environment)."""
-    keeper.configure(c)
+@dataclass(frozen=True)
+class SSH:
+    """The SSH gateway into projects (ssh/, docs/remote.md)."""
+
+    port: int = var("GPULAB_SSH_PORT", 2222, whole(0, 65535, "a port number (0: no gateway)"))
+    bind: str = var("GPULAB_SSH_BIND", "", host_or_empty)  # "": the host of bind_url
+    # failed logins from one address within failure_window_s that lock the address
+    ip_attempts: int = var("GPULAB_SSH_IP_ATTEMPTS", 30, whole(1, 100_000))
+    failure_window_s: int = var("GPULAB_SSH_FAILURE_WINDOW", 600, whole(1, 86_400))
+
+
+@dataclass(frozen=True)
+class Images:
+    """Base and project images (images/)."""
+
+    base_image: str = var("GPULAB_BASE_IMAGE", "gpulab/base:latest")
+    base_from: str = var("GPULAB_BASE_FROM", "")  # "": the host decides (images/base.py)
+    torch_cuda_arch_list: str = var("GPULAB_TORCH_CUDA_ARCH_LIST", "")
+    torch: str = var("GPULAB_TORCH", "")  # "": the host decides
+    image_repo: str = var("GPULAB_IMAGE_REPO", "gpulab/project")
+    # MiB one build may add to the engine's disk (None: ProjectSpawner.build_disk_limit)
+    build_disk_limit_mb: int | None = var(
+        "GPULAB_BUILD_DISK_LIMIT_MB", None, optional(whole(1, 999_999_999, "a number of MiB"))
+    )
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """GPUs: how they are shared and given, and when idle holders are reclaimed."""
+
+    policy: str = var("GPULAB_GPU_POLICY", "exclusive", choice("exclusive", "shared"))
+    isolation: str = var("GPULAB_GPU_ISOLATION", "auto")
+    driver_dir: str = var("GPULAB_DRIVER_DIR", "/usr/local/nvidia")
+    # Seconds (None: the ProjectSpawner traits gpu_reclaim_idle, gpu_reclaim_grace,
+    # gpu_idle_release, whose defaults are gpus/reclaim.py's)
+    reclaim_idle: int | None = var("GPULAB_GPU_RECLAIM_IDLE", None, optional(SECONDS))
+    reclaim_grace: int | None = var("GPULAB_GPU_RECLAIM_GRACE", None, optional(SECONDS))
+    idle_release: int | None = var("GPULAB_GPU_IDLE_RELEASE", None, optional(SECONDS))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything gpulab runs with (module docstring). Fields with a ``var`` come from
+    the environment; ``layout`` from the hub's traits (None until they are read)."""
+
+    home: Path = var("GPULAB_HOME", Path("/srv/gpulab"), lambda n, v: Path(v))
+    bind_url: str = var("GPULAB_BIND_URL", "http://0.0.0.0:8000")
+    public_url: str = var("GPULAB_PUBLIC_URL", "")
+    subdomain_host: str = var("GPULAB_SUBDOMAIN_HOST", "")
+    hub_port: int = var("GPULAB_HUB_PORT", 8081, PORT)
+    proxy_api_port: int = var("GPULAB_PROXY_API_PORT", 8001, PORT)
+    network: str = var("GPULAB_NETWORK", "")  # "": <prefix>-net (network_name)
+    hub_ip: str = var("GPULAB_HUB_IP", "")
+    hub_connect_ip: str = var("GPULAB_HUB_CONNECT_IP", "")
+    prefix: str = var("GPULAB_CONTAINER_PREFIX", "gpulab")
+    idle_timeout_s: int = var("GPULAB_IDLE_TIMEOUT", 7200, SECONDS)  # 0: never
+    accounts: Accounts = field(default_factory=Accounts)
+    sharing: Sharing = field(default_factory=Sharing)
+    ssh: SSH = field(default_factory=SSH)
+    images: Images = field(default_factory=Images)
+    gpus: Gpus = field(default_factory=Gpus)
+    layout: Any = None  # hubsettings.Layout, from the traits (hubconfig.finish)
+
+    @property
+    def hub_dir(self) -> Path:
+        """The hub's own folder (database, cookie secret, logs, keys): $GPULAB_HOME/hub."""
+        return self.home / "hub"
+
+    @property
+    def admin_password_file(self) -> Path:
+        return self.hub_dir / "first-admin-password"
+
+    @property
+    def network_name(self) -> str:
+        """The bridge network of projects and builds: GPULAB_NETWORK, else <prefix>-net."""
+        return self.network or f"{self.prefix}-net"
+
+    @property
+    def ssh_bind(self) -> str:
+        """The gateway's address: GPULAB_SSH_BIND, else the host of GPULAB_BIND_URL."""
+        bind = self.ssh.bind or urlsplit(self.bind_url).hostname or "0.0.0.0"
+        return host_or_empty("GPULAB_SSH_BIND", bind)
+
+    @property
+    def revoke_recheck_s(self) -> float:
+        """Open connections (SSH sessions) are checked again twice in the window."""
+        return self.sharing.revoke_within_s / 2
+
+
+DEFAULT = Settings()  # every default, in one place: the fields above
+
+
+def fields_with_vars(cls=Settings, prefix: tuple[str, ...] = ()):
+    """(path of attribute names, dataclasses.Field) of every field read from a variable."""
+    for f in dataclasses.fields(cls):
+        if "var" in f.metadata:
+            yield (*prefix, f.name), f
+        elif f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+            f.default_factory
+        ):
+            yield from fields_with_vars(f.default_factory, (*prefix, f.name))
+
+
+def variables() -> dict[str, tuple[str, ...]]:
+    """Every site variable and where it lands in :class:`Settings` (its attribute path)."""
+    return {f.metadata["var"]: path for path, f in fields_with_vars()}
+
+
+def value_at(s: Settings, path: tuple[str, ...]) -> Any:
+    for name in path:
+        s = getattr(s, name)
+    return s
+
+
+def shown(value: Any) -> str:
+    """A default as the site would write it in the environment ("" for none)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def defaults() -> dict[str, str]:
+    """Each site variable and its default, as written in the environment."""
+    return {f.metadata["var"]: shown(value_at(DEFAULT, p)) for p, f in fields_with_vars()}
+
+
+def _build(cls, environ: Mapping[str, str]):
+    values = {}
+    for f in dataclasses.fields(cls):
+        if "var" in f.metadata:
+            raw = environ.get(f.metadata["var"]) or ""
+            if raw:
+                values[f.name] = f.metadata["parse"](f.metadata["var"], raw)
+        elif f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+            f.default_factory
+        ):
+            values[f.name] = _build(f.default_factory, environ)
+    return cls(**values)
+
+
+def parse(environ: Mapping[str, str]) -> Settings:
+    """The site's settings from ``environ`` (the process environment, or a dict in
+    tests): each GPULAB_* variable checked, or its default where empty or unset.
+    ValueError names a variable whose value is not allowed, and says what is."""
+    s = _build(Settings, environ)
+    s.ssh_bind  # noqa: B018 - checked now: a bad address stops the start, naming it
+    return s
+
+
+# --- handing the settings on -----------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not f.metadata.get("secret")
+        }
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def to_json(s: Settings) -> str:
+    """The settings as JSON, secrets left out (what a service gets)."""
+    return json.dumps(_plain(s), sort_keys=True)
+
+
+def _typed(cls, data: Mapping) -> Any:
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value, hint = data[f.name], hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            value = _typed(hint, value)
+        elif hint is Path or hint == Path | None:
+            value = None if value is None else Path(value)
+        elif typing.get_origin(hint) is tuple:
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        values[f.name] = value
+    return cls(**values)
+
+
+def from_json(text_: str) -> Settings:
+    """The settings :func:`to_json` wrote (the layout too, where it was complete)."""
+    data = json.loads(text_)
+    layout = data.pop("layout", None)
+    s = _typed(Settings, data)
+    if layout is not None:
+        from gpulab_hub.hubsettings import Layout
+
+        s = dataclasses.replace(s, layout=_typed(Layout, layout))
+    return s
+
+
+def service_env(s: Settings) -> dict[str, str]:
+    """What a hub service needs in its environment to have the hub's settings (the one
+    writer; :func:`of_service` is the one reader)."""
+    return {SERVICE_VAR: to_json(s)}
+
+
+def of_service(environ: Mapping[str, str]) -> Settings:
+    """The hub's settings, in a service the hub started (:func:`service_env`)."""
+    given = environ.get(SERVICE_VAR)
+    if not given:
+        raise ValueError(f"{SERVICE_VAR} is missing: the hub sets it for its services")
+    return from_json(given)
+
+
+def of_handler(handler) -> Settings:
+    """The running hub's settings, for one of its pages (hubconfig.finish put them in
+    the tornado settings; a hub configured otherwise reads its configuration once)."""
+    app = handler.settings
+    if APP_KEY not in app:
+        import os
+
+        from gpulab_hub import hubsettings
+
+        app[APP_KEY] = dataclasses.replace(
+            parse(os.environ),
+            layout=hubsettings.from_config(app["config"], app.get("spawner_class")),
+        )
+    return app[APP_KEY]

@@ -33,11 +33,11 @@ def hub_routes() -> list[dict]:
     from jupyterhub.app import JupyterHub
     from traitlets.config import Config
 
-    from gpulab_hub import settings
+    from gpulab_hub import hubconfig
 
     config = Config()
     env = {"GPULAB_HOME": "/nonexistent", "GPULAB_HUB_IP": "127.0.0.1"}
-    settings.apply(config, env, images_dir="/nonexistent")
+    hubconfig.apply(config, env, images_dir="/nonexistent")
     app = JupyterHub(config=config)
     app.log.setLevel(logging.ERROR)  # extra_handlers' deprecation warning
     cls = app.authenticator_class

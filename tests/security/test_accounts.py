@@ -21,7 +21,7 @@ from hubclient import HubUser
 from people import password, share_by_link
 from traitlets.config import Config
 
-from gpulab_hub import accounts, settings
+from gpulab_hub import accounts, hubconfig
 
 pytestmark = [pytest.mark.docker]
 
@@ -172,7 +172,7 @@ def test_hub_cookies_carry_samesite(acct_hub):
 
 def test_cookies_are_secure_behind_https():
     c = Config()
-    settings.apply(c, {"GPULAB_PUBLIC_URL": "https://lab.example.org/"}, images_dir="/x")
+    hubconfig.apply(c, {"GPULAB_PUBLIC_URL": "https://lab.example.org/"}, images_dir="/x")
     opts = c.JupyterHub.tornado_settings.get_value({})["cookie_options"]
     assert opts == {"samesite": "Lax", "secure": True}
     assert c.JupyterHub.public_url == "https://lab.example.org/"
@@ -345,8 +345,8 @@ class FakeDocker:
 def test_user_deletion_takes_every_record_away(tmp_path, archive):
     """Without a hub: folders, records and GPU holdings of one user go, others' stay."""
     from gpulab_hub.gpus import allocator
-    from gpulab_hub.projects import deletion
     from gpulab_hub.sharing import policy, public
+    from gpulab_hub.workflows import deletion
 
     hub = tmp_path / "hub"
     place = deletion.Place(

@@ -63,7 +63,7 @@ RUN chmod 0755 /usr/local/bin/python3
 @dataclasses.dataclass
 class Site:
     dk: host.Docker
-    hub: hubsettings.HubSettings
+    hub: hubsettings.Layout
     probes: sandbox.ProbeSettings
     base: str
 
@@ -124,7 +124,7 @@ class Site:
         self.dk.call("start", cid)
         return cid
 
-    def doctor(self, spec: str, hub: hubsettings.HubSettings | None = None) -> list:
+    def doctor(self, spec: str, hub: hubsettings.Layout | None = None) -> list:
         return project.project_findings(self.dk, hub or self.hub, self.probes, spec, None)
 
 

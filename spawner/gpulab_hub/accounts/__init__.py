@@ -22,6 +22,7 @@ which lists approved users only.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from jupyterhub.scopes import needs_scope
@@ -29,6 +30,9 @@ from jupyterhub.utils import maybe_future
 from nativeauthenticator import handlers as native
 from nativeauthenticator.orm import UserInfo
 from tornado import web
+
+if TYPE_CHECKING:
+    from gpulab_hub.settings import Settings
 
 TEMPLATES = Path(__file__).with_name("templates")
 ACTIONS = {"authorize": True, "unauthorize": False}
@@ -176,29 +180,28 @@ def cookie_options(public_url: str) -> dict:
     return options
 
 
-def configure(c, s: dict[str, str], hub_dir: Path) -> None:
-    """Account settings from the site settings ``s`` (settings.apply calls this)."""
+def configure(c, s: Settings) -> None:
+    """Account settings from the settings ``s`` (hubconfig.apply calls this)."""
+    a = s.accounts
     # User names become folder, volume and label names: plain ASCII, checked whole
     # (JupyterHub matches this pattern from the start; \Z, not $, ends it).
     c.Authenticator.username_pattern = USERNAME_PATTERN
     # NativeAuthenticator's own password rules and failed-login lockout.
-    c.NativeAuthenticator.minimum_password_length = int(s["GPULAB_PASSWORD_MIN_LENGTH"])
-    c.NativeAuthenticator.check_common_password = s["GPULAB_PASSWORD_CHECK_COMMON"] == "1"
-    c.NativeAuthenticator.allowed_failed_logins = int(s["GPULAB_LOGIN_ATTEMPTS"])
-    c.NativeAuthenticator.seconds_before_next_try = int(s["GPULAB_LOGIN_LOCKOUT_SECONDS"])
+    c.NativeAuthenticator.minimum_password_length = a.password_min_length
+    c.NativeAuthenticator.check_common_password = a.password_check_common
+    c.NativeAuthenticator.allowed_failed_logins = a.login_attempts
+    c.NativeAuthenticator.seconds_before_next_try = a.login_lockout_s
     # JupyterHub sets cookie_options on its own cookies (the _xsrf one too) and hands
     # them to each project server (JUPYTERHUB_COOKIE_OPTIONS) for its login cookies.
-    if s["GPULAB_PUBLIC_URL"]:
-        c.JupyterHub.public_url = s["GPULAB_PUBLIC_URL"]
-    public = s["GPULAB_PUBLIC_URL"] or s.get("GPULAB_SUBDOMAIN_HOST") or s["GPULAB_BIND_URL"]
+    if s.public_url:
+        c.JupyterHub.public_url = s.public_url
+    public = s.public_url or s.subdomain_host or s.bind_url
     c.JupyterHub.tornado_settings.update({"cookie_options": cookie_options(public)})
     # The authorization, sign-up, login and admin pages' templates (after the ones
-    # settings.apply set), and what the nav bar shows admins (templates/gpulab-nav.html).
+    # hubconfig.apply set), and what the nav bar shows admins (templates/gpulab-nav.html).
     paths = c.JupyterHub.template_paths
     c.JupyterHub.template_paths = [*(paths if isinstance(paths, list) else []), str(TEMPLATES)]
     given = c.JupyterHub.template_vars if "template_vars" in c.JupyterHub else {}
     c.JupyterHub.template_vars = {**dict(given), "gpulab_signups_waiting": signups_waiting}
-    # Deleting a user or a project (deletion.py).
-    if s["GPULAB_DELETED_FILES"] not in ("archive", "remove"):
-        raise ValueError("GPULAB_DELETED_FILES must be 'archive' or 'remove'.")
-    c.GpulabDeletion.archive = s["GPULAB_DELETED_FILES"] == "archive"
+    # Deleting a user or a project (deletion.py): archive or remove (settings checked it).
+    c.GpulabDeletion.archive = a.deleted_files == "archive"

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from gpulab_hub import host, hubfiles, hubsettings, pidfile, settings, ssh
+from gpulab_hub import host, hubconfig, hubfiles, hubsettings, pidfile, settings
 from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import cluster as cli_cluster
 from gpulab_hub.cli import gpus as cli_gpus
@@ -65,7 +65,7 @@ def wait_for_hub(url: str, proc: subprocess.Popen, log_path: Path, timeout: floa
     raise host.HostError(f"The hub did not answer at {api} within {timeout:.0f} s; see {log_path}")
 
 
-def base_spec(s: dict[str, str]) -> baseimage.BaseSpec:
+def base_spec(s: settings.Settings) -> baseimage.BaseSpec:
     """The base image this host needs: GPU variant for its GPUs, else CPU only."""
     inv = gpu_inventory()
     if inv.devices:
@@ -76,26 +76,26 @@ def base_spec(s: dict[str, str]) -> baseimage.BaseSpec:
     return base_spec_for(s, inv)
 
 
-def base_spec_for(s: dict[str, str], inv) -> baseimage.BaseSpec:
+def base_spec_for(s: settings.Settings, inv) -> baseimage.BaseSpec:
     """The base image for these settings and this GPU inventory (pure). Left unset,
     GPULAB_BASE_FROM and GPULAB_TORCH follow the host: on a GPU host a CUDA image
     and PyPI's CUDA torch, so ``torch.cuda.is_available()`` holds in a new project;
     without GPUs the local Debian and no torch."""
     caps = tuple(inv.capabilities)
-    gpu = bool(caps or s["GPULAB_TORCH_CUDA_ARCH_LIST"])
+    i = s.images
+    gpu = bool(caps or i.torch_cuda_arch_list)
     return baseimage.BaseSpec(
-        base_image=s["GPULAB_BASE_FROM"] or baseimage.default_from(gpu),
+        base_image=i.base_from or baseimage.default_from(gpu),
         capabilities=caps,
         gpu_names=tuple(sorted({d.name for d in inv.gpus})),
-        arch_list=s["GPULAB_TORCH_CUDA_ARCH_LIST"],
-        torch=s["GPULAB_TORCH"] or ("torch" if gpu else ""),
+        arch_list=i.torch_cuda_arch_list,
+        torch=i.torch or ("torch" if gpu else ""),
     )
 
 
 def cmd_up(args, environ) -> int:
-    s = settings.site(environ)
-    p = settings.paths(s["GPULAB_HOME"])
-    hub_dir = p["hub"]  # the hub process's own files: database, log, PID file
+    s = settings.parse(environ)
+    hub_dir = s.hub_dir  # the hub process's own files: database, log, PID file
     hub_dir.mkdir(parents=True, exist_ok=True)
     where = hubsettings.load(hubsettings.config_file())
     host.ensure_data_root(where.data_root)
@@ -103,7 +103,7 @@ def cmd_up(args, environ) -> int:
     # From here on, what gpulab up and the hub make is private (the hub folder's files).
     os.umask(hubfiles.UMASK)
     hubfiles.protect(hub_dir)
-    url = local_url(s["GPULAB_BIND_URL"])
+    url = local_url(s.bind_url)
     if hub_pid(hub_dir):
         print(f"gpulab is already running at {url}")
         return 0
@@ -119,10 +119,12 @@ def cmd_up(args, environ) -> int:
         )
     network = where.network
     host.ensure_network(dk, network)
-    host.ensure_firewall(dk, network, int(s["GPULAB_HUB_PORT"]))
+    host.ensure_firewall(dk, network, s.hub_port)
     for name in confine.remove_stale(dk.call, network):
         print(f"Removed the build network {name} an earlier hub left behind")
-    env = settings.with_hub_ip(environ)
+    # The hub's API listens on the network's gateway (hubconfig.with_hub_ip); the hub
+    # process is told where, so its config file need not ask Docker again.
+    env = {**environ, "GPULAB_HUB_IP": hubconfig.with_hub_ip(s).hub_ip}
     host.ensure_base_image(dk, repo_dir(), hub_dir, base_spec(s), where.base_image, network=network)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     log_path = hub_dir / "hub.log"
@@ -144,16 +146,16 @@ def cmd_up(args, environ) -> int:
         raise
 
     print(f"gpulab is running: open {url}")
-    pw_file = p["admin_password"]
+    pw_file = s.admin_password_file
     if pw_file.exists():
         name, password = pw_file.read_text().splitlines()[:2]
         pw_file.unlink()
         print(f"Log in as {name!r} with the password {password}")
         print("(shown only this once: keep it; change it at /hub/change-password)")
     else:
-        print(f"Log in as {s['GPULAB_ADMIN']!r} with the admin password set at the first start.")
+        print(f"Log in as {s.accounts.admin!r} with the admin password set at the first start.")
     print(f"Others sign up at {url.rstrip('/')}/hub/signup; approve them at /hub/authorize.")
-    port = ssh.port_of(s)
+    port = s.ssh.port
     if port:
         where_ssh = urlparse(url).hostname
         print(f"SSH into a project: ssh -p {port} <you>+<project>@{where_ssh} "
@@ -163,8 +165,8 @@ def cmd_up(args, environ) -> int:
 
 
 def cmd_down(args, environ) -> int:
-    s = settings.site(environ)
-    hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
+    s = settings.parse(environ)
+    hub_dir = s.hub_dir
     hub, stale = hub_process(hub_dir)
     try:
         spawner = cli_cluster.hub_spawner()
@@ -186,24 +188,24 @@ def cmd_down(args, environ) -> int:
         cli_cluster.stop_jobs(spawner, uid)
     dk = host.Docker()
     if dk.reachable():
-        label = f"{INSTANCE_LABEL}={s['GPULAB_CONTAINER_PREFIX']}"
+        label = f"{INSTANCE_LABEL}={s.prefix}"
         for name in host.remove_containers(dk, label):
             print(f"Stopped project container {name}")
         if spawner is not None:
             for name in confine.remove_stale(dk.call, spawner.network_name):
                 print(f"Stopped the build on {name}")
-            host.forget_firewall(dk, spawner.network_name, int(s["GPULAB_HUB_PORT"]))
+            host.forget_firewall(dk, spawner.network_name, s.hub_port)
     if host.stop_dockerd(hub_dir):
         print("Stopped the Docker engine gpulab had started.")
     return 0
 
 
 def cmd_status(args, environ) -> int:
-    s = settings.site(environ)
-    hub_dir = settings.paths(s["GPULAB_HOME"])["hub"]
+    s = settings.parse(environ)
+    hub_dir = s.hub_dir
     hub, _ = hub_process(hub_dir)
     pid = hub.pid if hub else None
-    url = local_url(s["GPULAB_BIND_URL"])
+    url = local_url(s.bind_url)
     print(f"hub: running (pid {pid}) at {url}" if pid else "hub: stopped")
     answered = True
     spawner = cli_cluster.hub_spawner()
@@ -214,7 +216,7 @@ def cmd_status(args, environ) -> int:
         print("docker: not reachable")
         return 1 if pid else 0
     print("docker: reachable")
-    label = f"{INSTANCE_LABEL}={s['GPULAB_CONTAINER_PREFIX']}"
+    label = f"{INSTANCE_LABEL}={s.prefix}"
     for c in dk.call("containers", all=True, filters={"label": label}):
         labels = c["Labels"]
         print(f"  {labels.get('gpulab.owner')}/{labels.get('gpulab.project')}: {c['Status']}")

@@ -56,7 +56,7 @@ def waiting_lines(
     return lines
 
 
-def _queue(where: hubsettings.HubSettings, held) -> tuple[list, dict, frozenset]:
+def _queue(where: hubsettings.Layout, held) -> tuple[list, dict, frozenset]:
     """The queue in serving order, the users' GPU-hours, those over budget. Groups'
     budgets need the hub's database: here only users' own and the default count."""
     if not where.queue_file.exists():

@@ -17,7 +17,7 @@ from gpulab_hub.doctor import answer, cuda, libs, sandbox
 from gpulab_hub.doctor.answer import shown
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 from gpulab_hub.doctor.gpu import Gpu
-from gpulab_hub.hubsettings import HubSettings
+from gpulab_hub.hubsettings import Layout
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, ProjectError, objects, project_name, safe_owner
 
@@ -190,7 +190,7 @@ class Recorded:
     image_id: str
 
 
-def recorded_image(dk: host.Docker, hub: HubSettings, user: str, project: str) -> Recorded | None:
+def recorded_image(dk: host.Docker, hub: Layout, user: str, project: str) -> Recorded | None:
     """The image the hub recorded for the project (``image.json`` in its hub-owned state
     folder), if it is still here. Never an image's labels: a Dockerfile sets those."""
     record = Project(hub.projects_root, user, project, hub.state_root)
@@ -227,7 +227,7 @@ def check_spec(spec: str) -> tuple[str, str] | None:
 
 def project_findings(
     dk: host.Docker,
-    hub: HubSettings,
+    hub: Layout,
     probes: sandbox.ProbeSettings,
     spec: str,
     gpus: objects.GpuAssignment | None,

@@ -28,7 +28,7 @@ from gpulab_hub.doctor import (
 )
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding, exit_code
 from gpulab_hub.gpus import wsl as wsl_gpus
-from gpulab_hub.hubsettings import HubSettings
+from gpulab_hub.hubsettings import Layout
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, ProjectError
 
@@ -45,7 +45,7 @@ class Options:
     probe_jobs: bool = True  # on a Slurm cluster: a short probe job on each idle node
 
 
-def report_path(hub: HubSettings) -> Path:
+def report_path(hub: Layout) -> Path:
     return hub.doctor_report
 
 
@@ -56,7 +56,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def images_in_use(dk: host.Docker, hub: HubSettings, probes: sandbox.ProbeSettings) -> list[str]:
+def images_in_use(dk: host.Docker, hub: Layout, probes: sandbox.ProbeSettings) -> list[str]:
     """The base image, what project Dockerfiles start FROM, images of running projects
     (containers of exactly the names the hub gives them: never a label, which an image
     can carry)."""
@@ -150,7 +150,7 @@ def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) ->
 
 
 def docker_findings(
-    dk, info, hub: HubSettings, probes: sandbox.ProbeSettings, environ, opts, inv
+    dk, info, hub: Layout, probes: sandbox.ProbeSettings, environ, opts, inv
 ) -> list[Finding]:
     drivers = hub.driver_dir  # the spawner's driver_dir, as projects get it
     out = [docker_checks.check_gpu_access(info, inv, drivers, opts.cpu_only)]

@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from gpulab_hub import blocking, jsonfile
+from gpulab_hub import blocking, jsonfile, settings
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
 from gpulab_hub.gpus.reclaimrecord import Warning
 
@@ -293,8 +293,23 @@ class Keeper:
     posted: dict[Key, float] = field(default_factory=dict)
     budget_hours: Mapping[str, float] = field(default_factory=dict)  # gpu_budget_hours
     usage_file: Path | None = None
-    usage_window: float = 7 * 24 * 3600.0
+    usage_window: float = settings.GPU_USAGE_WINDOW_S
     release_looked: float = float("-inf")  # when the hub was last asked for idle release
+
+    @classmethod
+    def of(cls, s: settings.Settings) -> Keeper:
+        """The keeper of the hub whose settings are ``s`` (complete with the layout)."""
+        where, g = s.layout, s.gpus
+        return cls(
+            queue_file=where.queue_file,
+            allocations_file=where.allocations_file,
+            settings=reclaim.Settings(
+                grace=g.reclaim_grace, idle_after=g.reclaim_idle, release_after=g.idle_release
+            ),
+            budget_hours=dict(where.budget_hours),
+            usage_file=where.usage_file,
+            usage_window=where.usage_window,
+        )
 
     def over_budget(self, hub: Hub, now: float) -> frozenset[str]:
         """Users who have used their GPU budget up (holdings under way counted)."""
@@ -384,19 +399,7 @@ def main() -> None:
         level=logging.INFO, format="[%(levelname)s %(asctime)s %(name)s] %(message)s"
     )
     env = os.environ
-    usage_file = env.get("GPULAB_USAGE_FILE", "")
-    keeper = Keeper(
-        queue_file=Path(env["GPULAB_QUEUE_FILE"]),
-        allocations_file=Path(env["GPULAB_ALLOCATIONS_FILE"]),
-        settings=reclaim.Settings(
-            grace=float(env["GPULAB_GPU_RECLAIM_GRACE"]),
-            idle_after=float(env["GPULAB_GPU_RECLAIM_IDLE"]),
-            release_after=float(env.get("GPULAB_GPU_IDLE_RELEASE", "0")),
-        ),
-        budget_hours=budgets_from_env(env.get("GPULAB_GPU_BUDGET_HOURS", "")),
-        usage_file=Path(usage_file) if usage_file else None,
-        usage_window=float(env.get("GPULAB_GPU_USAGE_WINDOW", 7 * 24 * 3600.0)),
-    )
+    keeper = Keeper.of(settings.of_service(env))
     hub = Hub(env["JUPYTERHUB_API_URL"], env["JUPYTERHUB_API_TOKEN"])
     while True:
         try:
@@ -408,58 +411,24 @@ def main() -> None:
         time.sleep(EVERY)
 
 
-def budgets_from_env(text: str) -> dict[str, float]:
-    """GPULAB_GPU_BUDGET_HOURS (what ``configure`` wrote: JSON of gpu_budget_hours)."""
-    import json
-
-    if not text:
-        return {}
-    b = json.loads(text)
-    ok = isinstance(b, dict) and all(
-        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-        for k, v in b.items()
-    )
-    if not ok:
-        raise ValueError("GPULAB_GPU_BUDGET_HOURS is not a map of names to GPU-hours")
-    return {k: float(v) for k, v in b.items()}
-
-
-def configure(c) -> None:
-    """The keeper service, its role, and the settings it reads (its environment): the
-    ``ProjectSpawner`` settings ``c`` holds now. Called again, it replaces its own
-    service and role in place: jupyterhub_config.py calls it once more after the
-    admin's lines and ``jupyterhub_config.d`` (``settings.finish``), so those reach
-    the service too."""
-    import json
+def configure(c, s: settings.Settings) -> None:
+    """The keeper service, its role, and its settings (``s``, complete with the
+    layout: what ``ProjectSpawner``'s traits in ``c`` say now, in its environment).
+    Called again, it replaces its own service and role in place:
+    ``hubconfig.finish`` calls it once more after the admin's lines and
+    ``jupyterhub_config.d``, so those reach the service too."""
     import sys
 
     from gpulab_hub.gpus import waiting
-    from gpulab_hub.gpus.spawner import GpuSettings
 
-    names = (
-        "allocations_file", "queue_file", "usage_file", "gpu_usage_window", "gpu_budget_hours",
-        "gpu_reclaim_idle", "gpu_reclaim_grace", "gpu_idle_release",
-    )  # fmt: skip
-    section = c.ProjectSpawner
-    s = GpuSettings(**{n: section[n] for n in names if n in section})
-    reclaim.Settings(  # checked now
-        grace=s.gpu_reclaim_grace, idle_after=s.gpu_reclaim_idle, release_after=s.gpu_idle_release
-    )
+    Keeper.of(s)  # checked now: a setting out of range stops the hub's start
     # reading the members of the groups budgets name
-    scopes = SCOPES + (["read:groups"] if waiting.budget_groups(s) else [])
+    groups = any(k.startswith(waiting.GROUP) for k, _ in s.layout.budget_hours)
+    scopes = SCOPES + (["read:groups"] if groups else [])
     service = {
         "name": SERVICE,
         "command": [sys.executable, "-m", "gpulab_hub.gpus.keeper"],
-        "environment": {
-            "GPULAB_QUEUE_FILE": str(s.queue_file),
-            "GPULAB_ALLOCATIONS_FILE": str(s.allocations_file),
-            "GPULAB_GPU_RECLAIM_IDLE": str(s.gpu_reclaim_idle),
-            "GPULAB_GPU_RECLAIM_GRACE": str(s.gpu_reclaim_grace),
-            "GPULAB_GPU_IDLE_RELEASE": str(s.gpu_idle_release),
-            "GPULAB_USAGE_FILE": str(s.usage_file),
-            "GPULAB_GPU_USAGE_WINDOW": str(s.gpu_usage_window),
-            "GPULAB_GPU_BUDGET_HOURS": json.dumps(dict(s.gpu_budget_hours), sort_keys=True),
-        },
+        "environment": settings.service_env(s),
     }
     role = {"name": SERVICE, "scopes": scopes, "services": [SERVICE]}
     c.JupyterHub.services = _put(

@@ -15,8 +15,10 @@ import docker.errors
 from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
 from gpulab_hub import gpus
-from gpulab_hub.gpus import allocator, usage, utilmeter, wsl
+from gpulab_hub.gpus import allocator, reclaim, usage, utilmeter, wsl
+from gpulab_hub.hubsettings import default_layout
 from gpulab_hub.projects import objects
+from gpulab_hub.settings import DEFAULT, GPU_USAGE_WINDOW_S
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
 
@@ -32,10 +34,10 @@ class GpuSettings(HasTraits):
         Example: ``c.ProjectSpawner.default_gpus = 0``""",
     )
     gpu_policy = Unicode(
-        "exclusive",
+        DEFAULT.gpus.policy,
         config=True,
-        help="""How projects share GPUs: "exclusive" (one project per device) or
-        "shared" (up to ``gpu_shared_cap`` projects per device). Default: exclusive.
+        help=f"""How projects share GPUs: "exclusive" (one project per device) or
+        "shared" (up to ``gpu_shared_cap`` projects per device). Default: {DEFAULT.gpus.policy}.
         Example: ``c.ProjectSpawner.gpu_policy = "shared"``""",
     )
     gpu_shared_cap = Int(
@@ -72,21 +74,21 @@ class GpuSettings(HasTraits):
         Default: True. Example: ``c.ProjectSpawner.gpu_allow_mig = False``""",
     )
     gpu_isolation = Unicode(
-        "auto",
+        DEFAULT.gpus.isolation,
         config=True,
-        help="""How containers are given their GPUs: "runtime" (the NVIDIA
+        help=f"""How containers are given their GPUs: "runtime" (the NVIDIA
         container runtime or CDI, by device UUID), "devices" (explicit
         /dev/nvidia* nodes plus ``driver_dir`` mounted read-only, for hosts
         without the NVIDIA container toolkit), or "auto" (runtime where Docker
-        has it, else devices). Default: auto.
+        has it, else devices). Default: {DEFAULT.gpus.isolation}.
         Example: ``c.ProjectSpawner.gpu_isolation = "devices"``""",
     )
     driver_dir = Unicode(
-        "/usr/local/nvidia",
+        DEFAULT.gpus.driver_dir,
         config=True,
-        help="""Host folder with the NVIDIA driver's user-space libraries (lib64/)
-        and tools (bin/), mounted read-only on the "devices" path.
-        Default: /usr/local/nvidia.
+        help=f"""Host folder with the NVIDIA driver's user-space libraries (lib64/)
+        and tools (bin/), mounted read-only on the "devices" path (site setting
+        GPULAB_DRIVER_DIR). Default: {DEFAULT.gpus.driver_dir}.
         Example: ``c.ProjectSpawner.driver_dir = "/opt/nvidia-driver"``""",
     )
     pytorch_cuda_alloc_conf = Unicode(
@@ -97,11 +99,11 @@ class GpuSettings(HasTraits):
         Example: ``c.ProjectSpawner.pytorch_cuda_alloc_conf = "max_split_size_mb:512"``""",
     )
     allocations_file = Unicode(
-        "/srv/gpulab/hub/gpu-allocations.json",
+        str(default_layout(DEFAULT.home).allocations_file),
         config=True,
-        help="""File recording which project holds which device; it outlives the
+        help=f"""File recording which project holds which device; it outlives the
         hub, so a restart neither frees a GPU in use nor double-books one.
-        Default: /srv/gpulab/hub/gpu-allocations.json.
+        Default: {default_layout(DEFAULT.home).allocations_file}.
         Example: ``c.ProjectSpawner.allocations_file = "/var/lib/gpulab/gpus.json"``""",
     )
     gpu_queue = Bool(
@@ -145,7 +147,7 @@ class GpuSettings(HasTraits):
         return str(Path(self.allocations_file).with_name("gpu-usage.jsonl"))
 
     gpu_usage_window = Float(
-        7 * 24 * 3600.0,
+        GPU_USAGE_WINDOW_S,
         config=True,
         help="""Seconds of GPU use the queue's fair-share order counts (the least
         used over this window go first) and budgets are measured over.
@@ -164,7 +166,7 @@ class GpuSettings(HasTraits):
     )
 
     gpu_reclaim_idle = Float(
-        300.0,
+        reclaim.Settings.idle_after,
         config=True,
         help="""While starts wait in the GPU queue, a project holding GPUs whose server
         reported no activity for this many seconds is warned (its home page row says
@@ -175,7 +177,7 @@ class GpuSettings(HasTraits):
         Example: ``c.ProjectSpawner.gpu_reclaim_idle = 1800``""",
     )
     gpu_reclaim_grace = Float(
-        300.0,
+        reclaim.Settings.grace,
         config=True,
         help="""Seconds from the reclaim warning to the stop; any activity in between
         withdraws the warning. Read by the gpulab-gpu-keeper service (site setting

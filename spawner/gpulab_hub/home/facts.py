@@ -73,7 +73,7 @@ def _device_names() -> dict[str, str]:
     return _inventory[1]
 
 
-def _held(where: hubsettings.HubSettings, owner: str) -> tuple[dict[str, list[str]], str]:
+def _held(where: hubsettings.Layout, owner: str) -> tuple[dict[str, list[str]], str]:
     """project -> UUIDs it holds, of ``owner``'s projects; and why not, if unreadable."""
     try:
         holdings = allocator.AllocationStore(where.allocations_file).holdings()
@@ -88,7 +88,7 @@ def _held(where: hubsettings.HubSettings, owner: str) -> tuple[dict[str, list[st
     return held, ""
 
 
-def _waiting(where: hubsettings.HubSettings, owner: str) -> set[str]:
+def _waiting(where: hubsettings.Layout, owner: str) -> set[str]:
     """``owner``'s projects whose start waits in the GPU queue."""
     if not where.queue_file.exists():
         return set()
@@ -100,7 +100,7 @@ def _waiting(where: hubsettings.HubSettings, owner: str) -> set[str]:
     return {e.project for e in entries if e.owner == owner}
 
 
-def _stops(where: hubsettings.HubSettings, owner: str) -> dict[str, reclaimrecord.Warning]:
+def _stops(where: hubsettings.Layout, owner: str) -> dict[str, reclaimrecord.Warning]:
     """``owner``'s projects warned that they stop unless used: when, and why."""
     try:
         return reclaimrecord.warnings_of(where.allocations_file, owner)
@@ -109,7 +109,7 @@ def _stops(where: hubsettings.HubSettings, owner: str) -> dict[str, reclaimrecor
         return {}
 
 
-def _build(where: hubsettings.HubSettings, owner: str, name: str) -> Build:
+def _build(where: hubsettings.Layout, owner: str, name: str) -> Build:
     project = Project(where.projects_root, owner, name, where.state_root)
     good = projectimage.last_good(project, repo=where.image_repo)
     if projectimage.last_build_failed(project):
@@ -157,7 +157,7 @@ def jobs_running(project: Project) -> int:
 
 
 def projects(
-    where: hubsettings.HubSettings, owner: str, names: list[str], running: tuple[str, ...] = ()
+    where: hubsettings.Layout, owner: str, names: list[str], running: tuple[str, ...] = ()
 ) -> dict[str, Facts]:
     """Blocking: the facts of ``owner``'s projects ``names`` (jobs counted for the
     ``running`` ones)."""
@@ -183,7 +183,7 @@ def projects(
     }
 
 
-def archived_as(where: hubsettings.HubSettings, owner: str, project: str) -> str:
+def archived_as(where: hubsettings.Layout, owner: str, project: str) -> str:
     """Blocking: the archive folder (``deleted/<owner>-<time>``) that holds the deleted
     project's files, the newest; "" when none does (not archived, or removed)."""
     root = where.deleted_dir
@@ -200,7 +200,7 @@ def archived_as(where: hubsettings.HubSettings, owner: str, project: str) -> str
     return f"{hubsettings.DELETED}/{max(found)[1]}" if found else ""
 
 
-def gpu_use(where: hubsettings.HubSettings, owner: str, groups: list[str]) -> str:
+def gpu_use(where: hubsettings.Layout, owner: str, groups: list[str]) -> str:
     """Blocking: the user's own GPU use over the budget window, e.g. "GPU this week: 6.2 h
     of 20 h" (holdings under way counted); "" on a host without GPUs where the user has
     never held one; on WSL2 that its GPU is shared and unmeasured (gpus/wsl.py).

@@ -14,6 +14,7 @@ from jupyterhub.slugs import is_valid_safe_slug
 
 from gpulab_contract import environment
 from gpulab_hub.gpus import wsl
+from gpulab_hub.settings import DEFAULT
 
 # Networks a project container or build must never join: "host" shares the host's
 # network namespace (its loopback traffic included), "none" leaves the hub no way in.
@@ -65,7 +66,7 @@ class GpuAssignment:
     uuids: tuple[str, ...] = ()
     minors: tuple[int, ...] = ()  # /dev/nvidia<minor> of each GPU (explicit-devices path)
     isolation: str = NO_GPU
-    driver_dir: str = "/usr/local/nvidia"  # host folder with the driver's lib64/ and bin/
+    driver_dir: str = DEFAULT.gpus.driver_dir  # host folder with the driver's lib64/, bin/
     alloc_conf: str = "expandable_segments:True"  # PYTORCH_CUDA_ALLOC_CONF
 
 

@@ -7,40 +7,45 @@ from __future__ import annotations
 
 from traitlets import Bool, Enum, Float, HasTraits, Int, List, Unicode, default
 
+from gpulab_hub.hubsettings import default_layout
 from gpulab_hub.projects import objects
+from gpulab_hub.settings import DEFAULT
 
+# Where things live and what images are called, unless the site says otherwise (the
+# settings' defaults, under the default GPULAB_HOME): each trait's default below.
+_LAYOUT = default_layout(DEFAULT.home)
 # The default repository of project images (images/project.py uses the same).
-PROJECT_REPO = "gpulab/project"
+PROJECT_REPO = DEFAULT.images.image_repo
 
 
 class ProjectSettings(HasTraits):
     """Traits of the project side (mixed into ProjectSpawner)."""
 
     projects_root = Unicode(
-        "/srv/gpulab/projects",
+        str(_LAYOUT.projects_root),
         config=True,
-        help="""Host folder holding every project, as <projects_root>/<user>/<project>/.
+        help=f"""Host folder holding every project, as <projects_root>/<user>/<project>/.
 
         Each project folder holds its Dockerfile and files and is mounted at
-        ``workspace_dir`` in its container. Default: /srv/gpulab/projects.
+        ``workspace_dir`` in its container. Default: {_LAYOUT.projects_root}.
         Example: ``c.ProjectSpawner.projects_root = "/srv/gpulab/projects"``
         """,
     )
     state_root = Unicode(
-        "/srv/gpulab/hub/projects",
+        str(_LAYOUT.state_root),
         config=True,
-        help="""Hub-owned folder of what the hub keeps about each project, as
+        help=f"""Hub-owned folder of what the hub keeps about each project, as
         <state_root>/<user>/<project>/: its last image that built (``image.json``)
         and its build logs (``logs/``). Never inside a project folder, where the
         project's user could change it; made root-only (0700).
-        Default: /srv/gpulab/hub/projects (``gpulab up``: $GPULAB_HOME/hub/projects).
+        Default: {_LAYOUT.state_root} (``gpulab up``: $GPULAB_HOME/hub/projects).
         Example: ``c.ProjectSpawner.state_root = "/srv/gpulab/hub/projects"``
         """,
     )
     data_root = Unicode(
-        "/srv/gpulab/data",
+        str(_LAYOUT.data_root),
         config=True,
-        help="""Host folder of shared data, mounted at ``data_mount``.
+        help=f"""Host folder of shared data, mounted at ``data_mount``.
 
         Its ``datasets`` folder is mounted read-only in every project. What a
         project writes is that project's (``data_scope`` "project", the default):
@@ -48,7 +53,7 @@ class ProjectSettings(HasTraits):
         ``models`` and ``outputs``) and ``.../huggingface`` (its Hugging Face
         cache, at ``hf_cache_mount``). With ``data_scope`` "user", each user's
         ``models/<user>`` and ``outputs/<user>`` folders are mounted in all of
-        that user's projects instead. Default: /srv/gpulab/data.
+        that user's projects instead. Default: {_LAYOUT.data_root}.
         Example: ``c.ProjectSpawner.data_root = "/mnt/shared"``
         """,
     )
@@ -96,10 +101,10 @@ class ProjectSettings(HasTraits):
         Example: ``c.ProjectSpawner.project_template = "my-lab.Dockerfile.j2"``""",
     )
     base_image = Unicode(
-        "gpulab/base:latest",
+        DEFAULT.images.base_image,
         config=True,
-        help="""Image a new project's Dockerfile starts FROM. Existing projects
-        keep the FROM line their Dockerfile has. Default: gpulab/base:latest
+        help=f"""Image a new project's Dockerfile starts FROM. Existing projects
+        keep the FROM line their Dockerfile has. Default: {DEFAULT.images.base_image}
         (built by ``gpulab up``).
         Example: ``c.ProjectSpawner.base_image = "gpulab/base:cuda12"``""",
     )
@@ -125,8 +130,8 @@ class ProjectSettings(HasTraits):
     image_repo = Unicode(
         PROJECT_REPO,
         config=True,
-        help="""Repository name of project images; each is tagged with a hash of
-        its Dockerfile and base image. Default: gpulab/project.
+        help=f"""Repository name of project images; each is tagged with a hash of
+        its Dockerfile and base image. Default: {PROJECT_REPO}.
         Example: ``c.ProjectSpawner.image_repo = "registry.local/gpulab-project"``""",
     )
     hf_cache_volume = Unicode(
@@ -238,13 +243,13 @@ class ProjectSettings(HasTraits):
         Example: ``c.ProjectSpawner.build_logs_kept = 30``""",
     )
     records_dir = Unicode(
-        "/srv/gpulab/hub",
+        str(_LAYOUT.records_dir),
         config=True,
-        help="""Hub-owned folder of gpulab's hub-wide records: sharing settings,
+        help=f"""Hub-owned folder of gpulab's hub-wide records: sharing settings,
         group-share roles, public links, the doctor's last report, archives of
         deleted accounts. Hub pages, the ``gpulab`` command and the doctor all read
         it from here (gpulab_hub.hubsettings). Never inside a project folder.
-        Default: /srv/gpulab/hub (``gpulab up``: $GPULAB_HOME/hub).
+        Default: {_LAYOUT.records_dir} (``gpulab up``: $GPULAB_HOME/hub).
         Example: ``c.ProjectSpawner.records_dir = "/var/lib/gpulab"``""",
     )
     pids_limit = Int(

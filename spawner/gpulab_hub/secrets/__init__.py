@@ -18,6 +18,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpulab_hub.settings import Settings
 
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/secrets"
@@ -35,9 +39,9 @@ def hub_handlers() -> list[tuple]:
     ]
 
 
-def configure(c, s: dict[str, str], hub_dir, environ=os.environ) -> None:
+def configure(c, s: Settings, hub_dir, environ=os.environ) -> None:
     """The secrets page, the API project servers ask, the encryption key, the project
-    servers' kernel manager (settings.apply calls this last)."""
+    servers' kernel manager (hubconfig.apply calls this last)."""
     from gpulab_hub.secrets import crypt
 
     c.JupyterHub.extra_handlers = [*c.JupyterHub.extra_handlers, *hub_handlers()]

@@ -2,21 +2,22 @@
 
 The hub page /hub/gpulab/share/<project> lets a project's owner share it with
 a user or a group, make an expiring link (a JupyterHub share code, accepted at
-/hub/accept-share), see who has access, and revoke. settings.py wires it.
+/hub/accept-share), see who has access, and revoke. hubconfig.py wires it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from gpulab_hub.settings import DEFAULT
 from gpulab_hub.sharing import roles
 
 TEMPLATES = Path(__file__).with_name("templates")
 PAGE = "/gpulab/share"
 DEFAULT_LINK_HOURS = 24
 # Project servers cache the hub's token checks this long, so revoking takes this long:
-# the default of GPULAB_REVOKE_WITHIN_S (settings.revoke_within_s), the most it takes.
-REVOKE_WITHIN_S = 30
+# the default of GPULAB_REVOKE_WITHIN_S (the settings' sharing.revoke_within_s).
+REVOKE_WITHIN_S = DEFAULT.sharing.revoke_within_s
 
 # Every user may share their own projects. Not ``read:users:name``, which
 # JupyterHub's API wants for sharing by name: it would let users list each other;

@@ -10,8 +10,8 @@ Two counts, each over a sliding window:
   password, a malformed login name) and never did, from one IP address. Past the
   limit, every login from that address is refused for the lockout period.
 
-The numbers come from the environment (:meth:`Limits.from_env`). The per-account ones
-are the hub's own login rules (``GPULAB_LOGIN_ATTEMPTS``,
+The numbers come from the hub's settings (:meth:`Limits.of`). The per-account ones
+are the hub's own login rules (``GPULAB_LOGIN_ATTEMPTS``, 0 for never,
 ``GPULAB_LOGIN_LOCKOUT_SECONDS``), so a token is no easier to guess over SSH than a
 password on the login page.
 """
@@ -21,8 +21,10 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from gpulab_hub.settings import DEFAULT, Settings
 
 # Keys tracked at most (each a few hundred bytes): a flood of addresses cannot grow the
 # gateway's memory without bound; the oldest are forgotten first.
@@ -31,32 +33,23 @@ MAX_TRACKED = 50_000
 
 @dataclass(frozen=True)
 class Limits:
-    user_failures: int = 5  # failed passwords of one account within window_s
-    ip_failures: int = 30  # failed logins from one address within window_s
-    window_s: float = 600.0
-    lockout_s: float = 300.0
+    # failed passwords of one account within window_s (0: accounts are never locked)
+    user_failures: int = DEFAULT.accounts.login_attempts
+    ip_failures: int = DEFAULT.ssh.ip_attempts  # failed logins from one address in window_s
+    window_s: float = float(DEFAULT.ssh.failure_window_s)
+    lockout_s: float = float(DEFAULT.accounts.login_lockout_s)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Limits:
-        """The limits from ``GPULAB_LOGIN_ATTEMPTS``, ``GPULAB_LOGIN_LOCKOUT_SECONDS``,
-        ``GPULAB_SSH_IP_ATTEMPTS`` and ``GPULAB_SSH_FAILURE_WINDOW`` (defaults above);
-        ValueError names a setting that is not a whole number in its range."""
-        d = cls()
+    def of(cls, s: Settings) -> Limits:
+        """The limits the settings give: the hub's own login rules
+        (``GPULAB_LOGIN_ATTEMPTS``, ``GPULAB_LOGIN_LOCKOUT_SECONDS``) and the address
+        lockout (``GPULAB_SSH_IP_ATTEMPTS``, ``GPULAB_SSH_FAILURE_WINDOW``)."""
         return cls(
-            user_failures=_whole(env, "GPULAB_LOGIN_ATTEMPTS", d.user_failures, 1, 1000),
-            ip_failures=_whole(env, "GPULAB_SSH_IP_ATTEMPTS", d.ip_failures, 1, 100_000),
-            window_s=_whole(env, "GPULAB_SSH_FAILURE_WINDOW", int(d.window_s), 1, 86_400),
-            lockout_s=_whole(env, "GPULAB_LOGIN_LOCKOUT_SECONDS", int(d.lockout_s), 1, 86_400),
+            user_failures=s.accounts.login_attempts,
+            ip_failures=s.ssh.ip_attempts,
+            window_s=float(s.ssh.failure_window_s),
+            lockout_s=float(s.accounts.login_lockout_s),
         )
-
-
-def _whole(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    text = (env.get(name) or "").strip()
-    if not text:
-        return default
-    if not text.isdigit() or len(text) > 9 or not low <= int(text) <= high:
-        raise ValueError(f"{name} must be a whole number from {low} to {high}, not {text!r}.")
-    return int(text)
 
 
 def lockout_message(seconds: float) -> str:
@@ -96,6 +89,8 @@ class Limiter:
         return max(self._left(("ip", ip)), self._left(("user", user)))
 
     def _count(self, key: tuple[str, str], limit: int) -> None:
+        if limit <= 0:  # never locked (GPULAB_LOGIN_ATTEMPTS=0, as on the login page)
+            return
         now = self._clock()
         times = self._failures.pop(key, None) or deque()
         self._failures[key] = times  # newest last: the oldest keys are forgotten first

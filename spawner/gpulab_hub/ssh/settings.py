@@ -1,5 +1,5 @@
-"""The SSH gateway's settings, read once from the environment the hub gives the
-service (ssh/__init__.py's service_env, JupyterHub's own variables)."""
+"""What the SSH gateway runs with: the hub's settings (``gpulab_hub.settings``, handed
+to the service by ssh/__init__.py's service_env) and JupyterHub's own variables."""
 
 from __future__ import annotations
 
@@ -7,12 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpulab_hub import settings as site
 from gpulab_hub.ssh.limits import Limits
-
-
-def _revoke_within(text: str, default: int) -> int:
-    """GPULAB_REVOKE_WITHIN_S as the hub gives it (2..3600), else ``default``."""
-    return int(text) if text.isdigit() and 2 <= int(text) <= 3600 else default
 
 
 @dataclass(frozen=True)
@@ -26,40 +22,35 @@ class Settings:
     api_url: str
     api_token: str
     limits: Limits
-    recheck_s: float = 15.0
+    recheck_s: float = site.DEFAULT.revoke_recheck_s
+
+    @classmethod
+    def of(cls, s: site.Settings, api_url: str, api_token: str) -> Settings:
+        """The gateway's view of the hub's settings ``s``."""
+        from gpulab_hub import ssh
+
+        if not s.ssh.port:
+            raise ValueError("GPULAB_SSH_PORT is 0: the site runs no SSH gateway")
+        where = ssh.paths(s.hub_dir)
+        return cls(
+            bind=s.ssh_bind,
+            port=s.ssh.port,
+            host_key=where["host_key"],
+            keys_dir=where["keys_dir"],
+            log=str(where["log"]),
+            prefix=s.prefix,
+            api_url=api_url,
+            api_token=api_token,
+            limits=Limits.of(s),
+            # twice in the window in which a revoked share ends open connections
+            recheck_s=s.revoke_recheck_s,
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """The service's settings (ssh/__init__.py's service_env, JupyterHub's own
-        variables); ValueError names what is missing or wrong."""
-        from gpulab_hub.sharing import REVOKE_WITHIN_S
-
-        missing = [
-            name
-            for name in (
-                "GPULAB_SSH_PORT",
-                "GPULAB_SSH_HOST_KEY",
-                "GPULAB_SSH_KEYS_DIR",
-                "JUPYTERHUB_API_URL",
-                "JUPYTERHUB_API_TOKEN",
-            )
-            if not env.get(name)
-        ]
+        """The service's settings (its environment: the hub's settings and JupyterHub's
+        API URL and token); ValueError names what is missing or wrong."""
+        missing = [n for n in ("JUPYTERHUB_API_URL", "JUPYTERHUB_API_TOKEN") if not env.get(n)]
         if missing:
             raise ValueError(f"the SSH gateway needs {', '.join(missing)} (the hub sets them)")
-        port = env["GPULAB_SSH_PORT"]
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError(f"GPULAB_SSH_PORT must be a port number, not {port!r}")
-        return cls(
-            bind=env.get("GPULAB_SSH_BIND") or "127.0.0.1",
-            port=int(port),
-            host_key=Path(env["GPULAB_SSH_HOST_KEY"]),
-            keys_dir=Path(env["GPULAB_SSH_KEYS_DIR"]),
-            log=env.get("GPULAB_SSH_LOG", ""),
-            prefix=env.get("GPULAB_CONTAINER_PREFIX") or "gpulab",
-            api_url=env["JUPYTERHUB_API_URL"],
-            api_token=env["JUPYTERHUB_API_TOKEN"],
-            limits=Limits.from_env(env),
-            # twice in the window in which a revoked share ends open connections
-            recheck_s=_revoke_within(env.get("GPULAB_REVOKE_WITHIN_S", ""), REVOKE_WITHIN_S) / 2,
-        )
+        return cls.of(site.of_service(env), env["JUPYTERHUB_API_URL"], env["JUPYTERHUB_API_TOKEN"])

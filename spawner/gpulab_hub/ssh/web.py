@@ -26,8 +26,9 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from gpulab_hub.projects.title import title
+from gpulab_hub.settings import valid_host
 from gpulab_hub.sharing import roles
-from gpulab_hub.ssh import names, valid_host
+from gpulab_hub.ssh import names
 from gpulab_hub.ssh.keys import KeyRefused, KeyStore, StoredKey
 
 FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")

@@ -36,13 +36,13 @@ def window_words(seconds: float) -> str:
     return f"in the last {seconds / 3600:g} h"
 
 
-def budgets_of(where: hubsettings.HubSettings, members: Mapping[str, list[str]]) -> usage.Budgets:
+def budgets_of(where: hubsettings.Layout, members: Mapping[str, list[str]]) -> usage.Budgets:
     """The hub's GPU budgets (``ProjectSpawner.gpu_budget_hours``), read as the queue reads
     them (waiting.budgets_of); ``members``: the users of each group a budget names."""
     return waiting.budgets_of(SimpleNamespace(gpu_budget_hours=dict(where.budget_hours)), members)
 
 
-def budget_groups(where: hubsettings.HubSettings) -> list[str]:
+def budget_groups(where: hubsettings.Layout) -> list[str]:
     return waiting.budget_groups(SimpleNamespace(gpu_budget_hours=dict(where.budget_hours)))
 
 
@@ -102,7 +102,7 @@ def _ordered(table: dict) -> list[Line]:
 
 
 def build(
-    where: hubsettings.HubSettings,
+    where: hubsettings.Layout,
     window: str,
     members: Mapping[str, list[str]],
     labels: Callable[[], dict[str, str]] = dict,
@@ -173,7 +173,7 @@ def build(
     return report
 
 
-def csv_text(where: hubsettings.HubSettings, window: str, now: float | None = None) -> str:
+def csv_text(where: hubsettings.Layout, window: str, now: float | None = None) -> str:
     """Blocking: the ended holdings of ``window`` as CSV (usage.UsageLedger.export_csv:
     no cell starts a formula)."""
     _, seconds = WINDOWS[window]

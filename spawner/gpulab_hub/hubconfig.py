@@ -1,0 +1,259 @@
+"""The hub's JupyterHub configuration, made from gpulab's settings.
+
+``jupyterhub_config.py`` parses the settings once (``settings.parse``), calls
+:func:`apply` with them, runs the admin's lines and ``jupyterhub_config.d``, then calls
+:func:`finish`, which completes the settings with the layout the traits give and hands
+them to the hub's pages (the tornado setting ``settings.APP_KEY``) and its services
+(``settings.service_env``). Tests call :func:`apply` with a plain dict of variables
+and a fresh ``traitlets.config.Config``.
+
+This module wires every part of gpulab into JupyterHub, so it sits at the top of the
+house (it imports the capabilities and the pages; nothing imports it but the config
+file, the command and tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from gpulab_hub import (
+    accounts,
+    culling,
+    doctor,
+    home,
+    hubsettings,
+    projects,
+    secrets,
+    settings,
+    sharing,
+    ssh,
+    usagepage,
+)
+from gpulab_hub.gpus import keeper
+from gpulab_hub.home import buildlog
+from gpulab_hub.projects import objects, title
+from gpulab_hub.settings import Settings
+from gpulab_hub.sharing import accept, groupshares, origins
+from gpulab_hub.workflows import rename
+
+
+def with_hub_ip(s: Settings) -> Settings:
+    """``s`` with its hub_ip set: where project containers reach the hub.
+
+    Unless the admin set GPULAB_HUB_IP, it is the gateway address of gpulab's bridge
+    network (made here if missing), so the hub's API listens there and not on every
+    interface. Blocking (asks Docker): called once when the hub starts.
+    """
+    if s.hub_ip:
+        return s
+    import docker.errors
+    import requests.exceptions
+
+    from gpulab_hub import host
+
+    try:
+        ip = host.ensure_network(host.Docker(), s.network_name)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+        # The hub still starts and tells each user who starts a project why it
+        # cannot; containers need the hub on the network's gateway, so restart the
+        # hub once the engine answers (`gpulab up` starts one).
+        print(f"gpulab: the Docker engine does not answer ({e}); restart the hub once "
+              "it does", file=sys.stderr)  # fmt: skip
+        ip = "127.0.0.1"
+    return dataclasses.replace(s, hub_ip=ip)
+
+
+def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Settings:
+    """Fill config ``c`` from the settings (or the variables ``site``, parsed here);
+    the settings, as parsed."""
+    s = site if isinstance(site, Settings) else settings.parse(site)
+    hub_dir = s.hub_dir
+    revoke_s = s.sharing.revoke_within_s
+
+    c.JupyterHub.bind_url = s.bind_url
+    c.JupyterHub.hub_port = s.hub_port
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
+    c.JupyterHub.db_url = f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(hub_dir / "jupyterhub_cookie_secret")
+    c.JupyterHub.pid_file = str(hub_dir / "jupyterhub.pid")
+    # Project containers keep running across hub restarts; `gpulab down` stops them.
+    c.JupyterHub.cleanup_servers = False
+    # `gpulab doctor`'s last report, for admins at /hub/gpulab/doctor (linked in the nav bar).
+    # Owners share projects at /hub/gpulab/share/<project> (links last at most the max).
+    # Save a copy at /hub/gpulab/copy; public notebook links only where the admin allows them.
+    # Owners rename stopped projects at /hub/gpulab/rename/<project>; owners and collaborators
+    # read a project's latest build log at /hub/gpulab/build-log/<owner>/<project>.
+    # Where each page finds projects and records: the settings' layout (finish below).
+    # Project servers on a Slurm cluster submit multi-node jobs through the hub's API
+    # /hub/api/gpulab/cluster/jobs/<owner>/<project> (cluster/jobsapi.py; on one machine
+    # it lists none and refuses a submit).
+    from gpulab_hub.cluster import jobsapi
+    from gpulab_hub.gpus import reclaimapi
+    from gpulab_hub.home import runtime
+
+    c.JupyterHub.extra_handlers = (
+        doctor.hub_handlers()
+        + sharing.hub_handlers(s.sharing.share_max_hours, public_links=s.sharing.public_links)
+        + rename.hub_handlers()
+        + buildlog.hub_handlers()
+        + jobsapi.hub_handlers()
+        # A project's JupyterLab learns it is warned that it stops unless used (gpus/).
+        + reclaimapi.hub_handlers()
+        # GPU usage by user, project and GPU, with a CSV export, for admins (usagepage/).
+        + usagepage.hub_handlers()
+        # A project's hardware, as Colab's "Change runtime type" (home/runtime.py).
+        + runtime.hub_handlers()
+    )
+    # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
+    c.JupyterHub.template_paths = [
+        str(home.TEMPLATES),
+        str(doctor.TEMPLATES),
+        str(sharing.TEMPLATES),
+        str(projects.TEMPLATES),
+        str(rename.TEMPLATES),
+        str(usagepage.TEMPLATES),
+    ]
+    # Roles mirroring group shares are made at run time; JupyterHub deletes at start any
+    # role it is not given here (see sharing/groupshares.py).
+    c.JupyterHub.load_roles = [sharing.USER_ROLE, *groupshares.load_roles(hub_dir)]
+    # ... and follow every change to the shares, the REST API's included, at once.
+    groupshares.keep_in_step(hub_dir)
+    # Viewer and collaborator: gpulab's scopes, asked for by the project servers'
+    # authorizer (docs/sharing.md). Browser tokens of a project server may carry them.
+    c.JupyterHub.custom_scopes = sharing.roles.CUSTOM_SCOPES
+    c.Spawner.oauth_client_allowed_scopes = sharing.roles.SERVER_CLIENT_SCOPES
+    c.Spawner.server_token_scopes = sharing.roles.SERVER_TOKEN_SCOPES
+    # Access through a link ends with it unless its owner chose otherwise; the accept
+    # page in gpulab's words; no OAuth confirm page for projects (sharing/accept.py).
+    accept.configure(c, hub_dir, revoke_s)
+    # Hub pages name a project by its display name (projects/title.py).
+    title.configure(c)
+    # Each user's servers on an origin of their own (JupyterHub's subdomain_host), needed
+    # wherever others reach the hub; a strict CSP on the hub's pages (docs/deployment.md).
+    origins.apply(c, s.subdomain_host)
+
+    # Projects run on gpulab's bridge network, never the host's: the hub's API listens
+    # on that network's gateway (with_hub_ip), where containers reach it.
+    network = objects.check_network(s.network_name)
+    c.JupyterHub.hub_ip = s.hub_ip or "127.0.0.1"
+    if s.hub_connect_ip:
+        c.JupyterHub.hub_connect_ip = s.hub_connect_ip
+
+    a = s.accounts
+    c.JupyterHub.authenticator_class = "gpulab_hub.accounts.auth.GpulabAuthenticator"
+    c.Authenticator.admin_users = {a.admin}
+    # NativeAuthenticator lets in only accounts an admin approved.
+    c.Authenticator.allow_all = True
+    c.NativeAuthenticator.open_signup = a.open_signup
+    c.GpulabAuthenticator.first_admin = a.admin
+    c.GpulabAuthenticator.first_admin_password = a.admin_password
+    c.GpulabAuthenticator.first_admin_password_file = str(s.admin_password_file)
+    # Password rules, lockout, cookies, deletion: accounts.py.
+    accounts.configure(c, s)
+
+    c.JupyterHub.allow_named_servers = True
+    # After login, land on the project list instead of starting a "default" project.
+    c.JupyterHub.redirect_to_server = False
+    c.JupyterHub.named_server_limit_per_user = a.max_projects
+
+    # The layout's defaults, from GPULAB_HOME (the admin's lines may move each).
+    where = hubsettings.default_layout(s.home)
+    c.JupyterHub.spawner_class = "gpulab_hub.spawner.ProjectSpawner"
+    c.ProjectSpawner.projects_root = str(where.projects_root)
+    c.ProjectSpawner.state_root = str(where.state_root)
+    c.ProjectSpawner.records_dir = str(where.records_dir)
+    c.ProjectSpawner.data_root = str(where.data_root)
+    c.ProjectSpawner.images_dir = str(images_dir)
+    c.ProjectSpawner.base_image = s.images.base_image
+    c.ProjectSpawner.image_repo = s.images.image_repo
+    c.ProjectSpawner.prefix = s.prefix
+    c.ProjectSpawner.network_name = network
+    c.ProjectSpawner.allocations_file = str(where.allocations_file)
+    c.ProjectSpawner.gpu_policy = s.gpus.policy
+    c.ProjectSpawner.gpu_isolation = s.gpus.isolation
+    c.ProjectSpawner.driver_dir = s.gpus.driver_dir
+    c.Spawner.default_url = "/lab"
+    # A project server trusts the hub's answer on a token this long: a revoked share
+    # stops working within it (JupyterHub's default is 300 s).
+    # gpulab's authorizer enforces the viewer role (only where the hub starts the
+    # server: a plain JupyterLab is unaffected).
+    c.Spawner.args = [
+        f"--HubOAuth.cache_max_age={revoke_s}",
+        f"--ServerApp.authorizer_class={sharing.roles.AUTHORIZER_CLASS}",
+        f"--ProjectAuthorizer.shares_max_age={revoke_s}",
+        # Open kernels, terminals and rooms are checked again well within the window.
+        f"--ProjectAuthorizer.connections_recheck_s={min(10, revoke_s // 2)}",
+        # Logs gpulab writes under .gpulab/ (the %gpu_install log whose path the magic
+        # prints) open in JupyterLab; the project folder is the user's own.
+        "--ContentsManager.allow_hidden=True",
+    ]
+    if s.images.build_disk_limit_mb is not None:
+        c.ProjectSpawner.build_disk_limit = s.images.build_disk_limit_mb << 20
+    # Builds report progress on the spawn page; give them time. A start may also wait
+    # in the GPU queue (up to ProjectSpawner.gpu_queue_max_wait, a day by default, and
+    # cancelled by the user's Stop): JupyterHub's limit covers the whole start.
+    c.Spawner.start_timeout = 3600 + 24 * 3600
+    c.Spawner.http_timeout = 120
+    # Idle projects stop (and free their GPUs), never one with a running job or a busy
+    # GPU: JupyterHub's idle culler as a service (culling.py, docs/jobs.md).
+    culling.configure(c, s.idle_timeout_s)
+    # Idle GPU holders are warned and stopped while starts wait (gpus/keeper.py).
+    for value, trait in ((s.gpus.reclaim_idle, "gpu_reclaim_idle"),
+                         (s.gpus.reclaim_grace, "gpu_reclaim_grace"),
+                         (s.gpus.idle_release, "gpu_idle_release")):  # fmt: skip
+        if value is not None:
+            c.ProjectSpawner[trait] = float(value)
+    # SSH into projects (ssh/, docs/remote.md) and each user's secrets (secrets/).
+    ssh.configure(c, s)
+    secrets.configure(c, s, hub_dir)
+    # The pages' and services' settings, as far as they are known now (finish).
+    _hand_on(c, s)
+    return s
+
+
+def complete(c, s: Settings) -> Settings:
+    """``s`` with what the traits in ``c`` decide: the layout, and the GPU reclaim
+    timings (the traits', which the site variables set where given)."""
+    sp = hubsettings.spawner_of(c)
+    gpus = dataclasses.replace(
+        s.gpus,
+        reclaim_idle=float(sp.gpu_reclaim_idle),
+        reclaim_grace=float(sp.gpu_reclaim_grace),
+        idle_release=float(sp.gpu_idle_release),
+    )
+    return dataclasses.replace(s, gpus=gpus, layout=hubsettings.from_spawner(sp))
+
+
+def _hand_on(c, s: Settings) -> Settings:
+    """The complete settings to the pages (tornado settings) and the services (the GPU
+    keeper, the SSH gateway: their environment)."""
+    s = complete(c, s)
+    c.JupyterHub.tornado_settings.update({settings.APP_KEY: s})
+    keeper.configure(c, s)
+    ssh.configure_service(c, s)
+    return s
+
+
+def given(c) -> Settings:
+    """The settings :func:`apply` gave ``c``."""
+    ts = c.JupyterHub.tornado_settings
+    # A LazyConfigValue's updates as they stand (its get_value would fix the value for
+    # good, and the updates after it, finish's own, would be lost).
+    given = ts.to_dict().get("update", {}) if hasattr(ts, "to_dict") else dict(ts)
+    found = given.get(settings.APP_KEY)
+    if not isinstance(found, Settings):
+        raise ValueError(
+            "gpulab's settings are missing from c.JupyterHub.tornado_settings: add to it "
+            "with .update(...) instead of replacing it (and keep gpulab's first lines)"
+        )
+    return found
+
+
+def finish(c) -> Settings:
+    """What must read the whole configuration, called as jupyterhub_config.py's last
+    step (after the admin's lines and ``jupyterhub_config.d``): the settings complete
+    with the layout and the traits they decide, handed to the pages and services."""
+    return _hand_on(c, given(c))
