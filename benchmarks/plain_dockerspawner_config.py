@@ -6,15 +6,15 @@
 import os
 from pathlib import Path
 
-from gpulab_hub import settings
+from gpulab_hub import hubconfig, settings
 
-env = settings.with_hub_ip(os.environ)
+site = hubconfig.with_hub_ip(settings.parse(os.environ))
 c = get_config()  # noqa: F821 (provided by JupyterHub)
-settings.apply(c, env, images_dir=Path(__file__).resolve().parents[1] / "images")
+hubconfig.apply(c, site, images_dir=Path(__file__).resolve().parents[1] / "images")
 c.JupyterHub.spawner_class = "dockerspawner.DockerSpawner"
 c.DockerSpawner.image = os.environ["GPULAB_BENCH_IMAGE"]
-c.DockerSpawner.prefix = os.environ["GPULAB_CONTAINER_PREFIX"]
-c.DockerSpawner.network_name = settings.network_name(settings.site(env))
+c.DockerSpawner.prefix = site.prefix
+c.DockerSpawner.network_name = site.network_name
 c.DockerSpawner.remove = True
 c.DockerSpawner.pull_policy = "never"
 c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
