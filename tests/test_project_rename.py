@@ -208,7 +208,7 @@ def records_hub(tmp_path):
 
     from jupyterhub import scopes
 
-    from gpulab_hub.projects import rename
+    from gpulab_hub.workflows import rename
     from gpulab_hub.sharing import groupshares, public, received, roles
 
     scopes.define_custom_scopes(roles.CUSTOM_SCOPES)
@@ -282,7 +282,7 @@ def snapshot(db, where, name: str) -> dict:
 
 
 def test_every_record_moves_to_the_new_name(tmp_path):
-    from gpulab_hub.projects import rename
+    from gpulab_hub.workflows import rename
 
     db, spawner, where, token, log = records_hub(tmp_path)
     before = snapshot(db, where, "one")
@@ -317,20 +317,40 @@ def test_every_record_moves_to_the_new_name(tmp_path):
     assert snapshot(db, where, "three")["server"][0] == "My lab"
 
 
-@pytest.mark.parametrize("failing", ["move_group_roles", "rename_row", "move_links"])
+def _steps() -> list[str]:
+    from gpulab_hub.workflows import records
+
+    return ["rename_row", *(c.__name__ for c in records.REGISTRY if c.moves and c.per_project)]
+
+
+@pytest.mark.parametrize("failing", _steps())
 def test_a_failed_step_puts_everything_back(tmp_path, monkeypatch, failing):
-    from gpulab_hub.projects import rename
+    """Every step of a rename (the server row, each registered record) may fail: what
+    was moved before it is put back, and the project is as it was."""
+    from gpulab_hub.workflows import records, rename
 
     db, spawner, where, token, log = records_hub(tmp_path)
     before = snapshot(db, where, "one")
-    real = getattr(rename, failing)
+    full = OSError(28, "No space left on device")
+    if failing == "rename_row":
+        real = rename.rename_row
 
-    def broken(*args):
-        if "two" in args[-1:] or args[-2:] == ("one", "two") or args[-3:-1] == ("one", "two"):
-            raise OSError(28, "No space left on device")
-        return real(*args)
+        def broken(*args):
+            if args[-2:-1] == ("two",) or args[-3:-1] == ("one", "two"):
+                raise full
+            return real(*args)
 
-    monkeypatch.setattr(rename, failing, broken)
+        monkeypatch.setattr(rename, failing, broken)
+    else:
+        (cls,) = [c for c in records.REGISTRY if c.__name__ == failing]
+        real = cls.move
+
+        def broken(self, owner, old, new):
+            if new == "two":
+                raise full
+            return real(self, owner, old, new)
+
+        monkeypatch.setattr(cls, "move", broken)
     with pytest.raises(rename.RenameError) as e:
         rename.move(db, spawner, where, "two", None, log)
     assert "everything was put back" in str(e.value) and "No space left" in str(e.value)
@@ -340,7 +360,7 @@ def test_a_failed_step_puts_everything_back(tmp_path, monkeypatch, failing):
 
 
 def test_names_are_checked_whole():
-    from gpulab_hub.projects import rename
+    from gpulab_hub.workflows import rename
 
     for bad in ["lab\n", "Lab", "lab_2", "-lab", "lab-", "a--b", "a" * 31, "", "default", "1a"]:
         with pytest.raises(rename.RenameError):
@@ -355,7 +375,7 @@ def test_names_are_checked_whole():
 def test_a_data_folder_left_under_the_new_name_is_refused(tmp_path):
     """A project's data folders move with it, so a left-over one of the new name (from an
     earlier project) is never taken over: the rename is refused and nothing moves."""
-    from gpulab_hub.projects import rename
+    from gpulab_hub.workflows import rename
 
     db, spawner, where, token, log = records_hub(tmp_path)
     before = snapshot(db, where, "one")

@@ -26,13 +26,13 @@ from gpulab_hub import blocking, host, images
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuSettings
+from gpulab_hub.home import buildlog
 from gpulab_hub.images import builds, confine
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import (
     DEFAULT_PROJECT,
     Project,
     ProjectError,
-    buildlog,
     datafolders,
     objects,
     options,
@@ -557,6 +557,6 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
     async def delete_forever(self):
         """The project (or its user) is deleted: its folder, records, shares and GPUs
         go, so nothing passes to a later account or project of the same name."""
-        from gpulab_hub.projects import deletion
+        from gpulab_hub.workflows import deletion
 
         await deletion.delete_project(self)

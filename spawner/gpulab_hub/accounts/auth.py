@@ -313,7 +313,7 @@ class GpulabAuthenticator(NativeAuthenticator):
         JupyterHub's DELETE /hub/api/users/<name> calls this first; then each of the
         user's spawners' ``delete_forever`` (which refuses a running server).
         """
-        from gpulab_hub.projects import deletion  # the spawner side (docker) only when deleting
+        from gpulab_hub.workflows import deletion  # the spawner side (docker) only when deleting
 
         await deletion.delete_user(self, user)
         return super().delete_user(user)

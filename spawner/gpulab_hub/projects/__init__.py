@@ -20,6 +20,7 @@ from pathlib import Path
 from jupyterhub.slugs import is_valid_safe_slug
 
 DEFAULT_PROJECT = "default"
+TEMPLATES = Path(__file__).with_name("templates")  # the spawn pages of a project
 DOCKERFILE = "Dockerfile"
 
 

@@ -18,9 +18,10 @@ What moves from ``<old>`` to ``<new>``:
   ``<data_root>/projects/<owner>/<old>`` (models, outputs, Hugging Face cache) and the
   hub's record of it ``<state_root>/<owner>/<old>`` (last good image, build logs),
   renamed in place (each parent is the hub's; the entry itself is not followed);
-- gpulab's records in the hub folder: the sharing settings, the public links, the
-  owner's choice of secrets for it, and the roles mirroring group shares (their names
-  and scopes name the project; the roles file is what the hub loads at start).
+- every per-project record in the hub folder (workflows/records.py lists them: the
+  sharing settings, the public links, share links' access times, the owner's choice
+  of secrets for it, the multi-node jobs, and the roles mirroring group shares, whose
+  names and scopes name the project; the roles file is what the hub loads at start).
 
 The display name stays, unless it was the old name itself (JupyterHub's default), which
 becomes the new one; the owner may give another. The project must be stopped (no
@@ -28,6 +29,12 @@ container of it left). The new name follows the rules of every project name
 (projects.project_name, checked whole) and must be free: no project, folder or hub
 record of that name. If a step fails, what was moved is put back and one message says
 so. Nothing is left under the old name: a new project of that name starts empty.
+
+One rename of an owner's projects at a time (a file lock per owner, in the hub's
+records folder); while it runs, the project is pending "rename" as JupyterHub's own
+rename marks it, so no start, stop or delete of it begins. The folders and records
+move on a thread of the records pool; JupyterHub's database changes on the hub's
+event loop, which the rename's thread asks to do each of its steps.
 """
 
 from __future__ import annotations
@@ -37,21 +44,19 @@ import json
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import docker.errors
 import requests.exceptions
 import sqlalchemy as sa
 from jupyterhub import orm
-from jupyterhub import roles as hub_roles
 from jupyterhub.apihandlers import APIHandler
 from jupyterhub.handlers import BaseHandler
 from jupyterhub.scopes import needs_scope
 from tornado import web
 
-from gpulab_hub import hubsettings, jsonfile
-from gpulab_hub.cluster import jobs as cluster_jobs
+from gpulab_hub import blocking, records
 from gpulab_hub.projects import (
     DEFAULT_PROJECT,
     ProjectError,
@@ -60,13 +65,9 @@ from gpulab_hub.projects import (
     project_name,
     safe_owner,
 )
-from gpulab_hub.projects.deletion import place_of
-from gpulab_hub.secrets.store import SecretStore
-from gpulab_hub.sharing import groupshares
-from gpulab_hub.sharing.public import store as public_links
-from gpulab_hub.sharing.received import policy_store
-
-TEMPLATES = Path(__file__).with_name("templates")  # the rename page
+from gpulab_hub.workflows import TEMPLATES  # noqa: F401 (the rename page)
+from gpulab_hub.workflows import records as registry
+from gpulab_hub.workflows.deletion import place_of
 
 PAGE = "/gpulab/rename"
 API = "/api/gpulab/projects"
@@ -75,6 +76,7 @@ STOP_FIRST = "Stop the project first: a running project cannot be renamed."
 NAME = re.compile(r"[a-z][a-z0-9]{0,29}(?:-[a-z0-9]+)*")
 MAX_NAME = 30
 STATE_KEYS = ("object_id", "object_name")  # DockerSpawner's record of a container
+LOCKS = "renames"  # in the hub's records folder: <owner>.lock, one rename at a time
 
 
 class RenameError(Exception):
@@ -93,6 +95,11 @@ class Where:
     state_root: Path | None
     hub_dir: Path
     data_root: Path | None = None
+    allocations_file: Path | None = None
+
+    def records(self, db, on_loop, log) -> records.Where:
+        """Where the registered records are (records.Where)."""
+        return records.Where(self.hub_dir, self.allocations_file, log, db, on_loop)
 
     def folders(self, owner: str) -> list[tuple[str, Path]]:
         """(what, the owner's hub folder holding one entry per project) that move."""
@@ -143,6 +150,11 @@ def check_free(where: Where, orm_user, owner: str, new: str) -> None:
     """RenameError(409) if anything of ``new`` exists already."""
     if new in orm_user.orm_spawners:
         raise RenameError(409, f"You have a project named {new!r} already.")
+    check_folders_free(where, owner, new)
+
+
+def check_folders_free(where: Where, owner: str, new: str) -> None:
+    """RenameError(409) if a folder of ``new`` is left on the hub."""
     owner = safe_owner(owner)
     for _, parent in where.folders(owner):
         path = parent / new
@@ -198,53 +210,6 @@ def move_folder(parent: Path, old: str, new: str) -> bool:
         os.close(fd)
 
 
-def move_keyed(store: jsonfile.LockedRecord, old: str, new: str) -> Callable[[], None] | None:
-    """The record ``old`` of a keyed store as ``new``; the undo, or None if neither was."""
-    with store.locked():
-        records = store._read()
-        before = {k: records[k] for k in (old, new) if k in records}
-        if not before:
-            return None
-        records.pop(new, None)
-        if old in before:
-            records[new] = records.pop(old)
-        store._write(records)
-
-    def undo() -> None:
-        with store.locked():
-            now = store._read()
-            for key in (old, new):
-                now.pop(key, None)
-                if key in before:
-                    now[key] = before[key]
-            store._write(now)
-
-    return undo
-
-
-def move_links(hub_dir: Path, owner: str, old: str, new: str) -> Callable[[], None] | None:
-    """The public links of ``owner/old`` as links of ``owner/new`` (codes unchanged)."""
-    links = public_links(hub_dir)
-    with links._thread_lock, links._file_lock:
-        current = links._read()
-        mine = [x for x in current if (x.owner, x.project) == (owner, old)]
-        stale = [x for x in current if (x.owner, x.project) == (owner, new)]
-        if not mine and not stale:
-            return None
-        moved_ids = {x.id for x in mine}
-        kept = [x for x in current if (x.owner, x.project) not in ((owner, old), (owner, new))]
-        links._write([*kept, *(replace(x, project=new) for x in mine)])
-
-    def undo() -> None:
-        with links._thread_lock, links._file_lock:
-            now = links._read()
-            back = [replace(x, project=old) for x in now if x.id in moved_ids]
-            others = [x for x in now if x.id not in moved_ids]
-            links._write([*others, *back, *stale])
-
-    return undo
-
-
 def _server_scope(scope: str, owner: str, old: str, new: str) -> str:
     base, _, filter_ = scope.partition("!")
     return f"{base}!server={owner}/{new}" if filter_ == f"server={owner}/{old}" else scope
@@ -292,73 +257,66 @@ def rename_row(db, orm_spawner, old: str, new: str, display: str | None) -> None
     db.commit()
 
 
-def move_group_roles(db, hub_dir: Path, orm_spawner, owner: str, old: str, new: str) -> bool:
-    """The roles mirroring group shares, made again for the project's present name;
-    whether it had any."""
-    roles = groupshares.GroupShareRoles(hub_dir / groupshares.FILE_NAME)
-    gone = roles.forget(owner, old)
-    for name in gone + roles.forget(owner, new):
-        if orm.Role.find(db, name) is not None:
-            hub_roles.delete_role(db, name)
-    roles.sync_project(db, orm_spawner)
-    return bool(gone) or any(s.group is not None for s in orm_spawner.shares)
-
-
 # --- the rename --------------------------------------------------------------------
-def move(db, orm_spawner, where: Where, new: str, display: str | None, log) -> list[str]:
-    """Blocking, on the hub's event loop (no other request runs meanwhile): rename the
-    stopped project of ``orm_spawner`` to ``new``; what was moved. RenameError if a step
-    fails, after putting back what was done."""
-    owner, old = safe_owner(orm_spawner.user.name), orm_spawner.name
-    old_display = orm_spawner.display_name
+def _names(orm_spawner) -> tuple[str, str, str | None]:
+    """On the loop: the owner, the project's name and its display name."""
+    return orm_spawner.user.name, orm_spawner.name, orm_spawner.display_name
+
+
+def _taken(orm_spawner, new: str) -> bool:
+    return new in orm_spawner.user.orm_spawners
+
+
+def move(
+    db, orm_spawner, where: Where, new: str, display: str | None, log, on_loop=records.run_here
+) -> list[str]:
+    """Blocking (a thread of the records pool, holding the owner's rename lock): rename
+    the stopped project of ``orm_spawner`` to ``new``; what was moved. JupyterHub's
+    database is changed through ``on_loop`` (records.Where.on_loop). RenameError if a
+    step fails, after putting back what was done."""
+    owner, old, old_display = on_loop(_names, orm_spawner)
+    owner = safe_owner(owner)
     if display is None:
         display = new if old_display in (None, "", old) else old_display
+    at = where.records(db, on_loop, log)
     steps, moved = Steps(), []
     step = "checking the names"
     try:
-        check_free(where, orm_spawner.user, owner, new)
+        if on_loop(_taken, orm_spawner, new):
+            raise RenameError(409, f"You have a project named {new!r} already.")
+        check_folders_free(where, owner, new)
         for what, parent in where.folders(owner):
             step = f"moving the {what}"
             if move_folder(parent, old, new):
                 steps.add(what, lambda p=parent: move_folder(p, new, old))
                 moved.append(what)
-        step = "moving the sharing settings"
-        undo = move_keyed(policy_store(where.hub_dir), f"{owner}/{old}", f"{owner}/{new}")
-        if undo is not None:
-            steps.add("sharing settings", undo)
-            moved.append("sharing settings")
-        step = "moving the public links"
-        undo = move_links(where.hub_dir, owner, old, new)
-        if undo is not None:
-            steps.add("public links", undo)
-            moved.append("public links")
-        step = "moving the choice of secrets"
-        secrets = SecretStore(where.hub_dir / hubsettings.SECRETS, owner, log)
-        undo = secrets.move_project(old, new)
-        if undo is not None:
-            steps.add("choice of secrets", undo)
-            moved.append("choice of secrets")
-        step = "moving the multi-node jobs"
-        jobs_record = cluster_jobs.record_of(where.hub_dir)
-        if jobs_record.move_project(owner, old, new):
-            steps.add("multi-node jobs", lambda: jobs_record.move_project(owner, new, old))
-            moved.append("multi-node jobs")
+        for record in registry.files(at):
+            if not (record.per_project and record.moves):
+                continue
+            step = f"moving the {record.what}"
+            undo = record.move(owner, old, new)
+            if undo is not None:
+                steps.add(record.what, undo)
+                moved.append(record.what)
         step = "renaming the server, its shares and share links"
-        rename_row(db, orm_spawner, old, new, display)
+        on_loop(rename_row, db, orm_spawner, old, new, display)
+        server = registry.server(at)
 
-        def undo_row() -> None:  # the roles follow the row's name: made again after it
-            rename_row(db, orm_spawner, new, old, old_display)
-            move_group_roles(db, where.hub_dir, orm_spawner, owner, new, old)
+        def undo_row() -> None:  # the server's records follow the row: made again after it
+            on_loop(rename_row, db, orm_spawner, new, old, old_display)
+            for record in server:
+                record.move(owner, new, old)
 
         steps.add("server, shares, share links and group shares' roles", undo_row)
         moved.append("server, shares and share links")
-        step = "moving the group shares' roles"
-        if move_group_roles(db, where.hub_dir, orm_spawner, owner, old, new):
-            moved.append("group shares' roles")
+        for record in server:
+            step = f"moving the {record.what}"
+            if record.move(owner, old, new) is not None:
+                moved.append(record.what)
     except RenameError:
         raise
     except Exception as e:
-        db.rollback()
+        on_loop(db.rollback)
         log.exception("gpulab: renaming %s/%s to %s failed while %s", owner, old, new, step)
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         failed = steps.undo(log)
@@ -375,6 +333,18 @@ def move(db, orm_spawner, where: Where, new: str, display: str | None, log) -> l
             f"put back, so the project is {old!r} as before.",
         ) from e
     return moved
+
+
+def move_locked(db, orm_spawner, where: Where, new: str, display, log, on_loop) -> list[str]:
+    """:func:`move` holding the owner's rename lock (blocking: the records pool)."""
+    owner = safe_owner(on_loop(_names, orm_spawner)[0])
+    folder = where.hub_dir / LOCKS
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        with blocking.file_lock(folder / f"{owner}.lock", "the names of your projects"):
+            return move(db, orm_spawner, where, new, display, log, on_loop)
+    except blocking.Busy as e:
+        raise RenameError(409, str(e)) from e
 
 
 def _containers(client, prefix: str, owner: str, project: str) -> list[str]:
@@ -404,12 +374,20 @@ async def rename_project(user, old: str, new: str, display: str | None = None) -
     renamed = False
     try:
         place = place_of(spawner, user.name)
-        where = Where(place.projects_root, place.state_root, place.hub_dir, place.data_root)
+        where = Where(
+            place.projects_root,
+            place.state_root,
+            place.hub_dir,
+            place.data_root,
+            place.allocations_file,
+        )
         check_free(where, user.orm_user, user.name, new)
-        loop = asyncio.get_running_loop()
+        # JupyterHub's own mark of a rename: no start, stop or delete of it begins now.
+        spawner._rename_pending = True
         try:
-            left = await loop.run_in_executor(
-                spawner.executor, _containers, spawner.client, spawner.prefix, user.name, old
+            left = await blocking.run(
+                blocking.DOCKER,
+                lambda: _containers(spawner.client, spawner.prefix, user.name, old),
             )
         except (docker.errors.DockerException, requests.exceptions.ConnectionError) as e:
             raise RenameError(
@@ -419,12 +397,23 @@ async def rename_project(user, old: str, new: str, display: str | None = None) -
             ) from e
         if left:
             raise RenameError(409, STOP_FIRST + " (a container of it is still there).")
-        # From here on no await: no other request sees the project half moved.
-        if _active(user, old) or user.orm_spawners.get(old) is None:
+        if user.orm_spawners.get(old) is None:
             raise RenameError(409, STOP_FIRST)
-        moved = move(user.db, user.orm_spawners[old], where, new, display, spawner.log)
+        on_loop = records.on_loop_of(asyncio.get_running_loop())
+        moved = await blocking.run(
+            blocking.RECORDS,
+            move_locked,
+            user.db,
+            user.orm_spawners[old],
+            where,
+            new,
+            display,
+            spawner.log,
+            on_loop,
+        )
         renamed = True
     finally:
+        spawner._rename_pending = False
         # A spawner made here only to look is dropped; after a rename, the one of the old
         # name too (it knew the old URL, OAuth client and container name).
         if made or renamed:
@@ -513,6 +502,6 @@ class RenameAPIHandler(APIHandler):
 def hub_handlers() -> list[tuple]:
     """JupyterHub ``extra_handlers`` of renaming (settings.py adds them)."""
     return [
-        (PAGE + r"/([^/]+)", "gpulab_hub.projects.rename.RenameHandler"),
-        (API + r"/([^/]+)/([^/]+)/rename", "gpulab_hub.projects.rename.RenameAPIHandler"),
+        (PAGE + r"/([^/]+)", "gpulab_hub.workflows.rename.RenameHandler"),
+        (API + r"/([^/]+)/([^/]+)/rename", "gpulab_hub.workflows.rename.RenameAPIHandler"),
     ]

@@ -87,4 +87,4 @@ class BuildLogHandler(BaseHandler):
 
 def hub_handlers() -> list[tuple]:
     """JupyterHub ``extra_handlers`` of the build log page (settings.py adds them)."""
-    return [(PAGE + r"/([^/]+)(?:/([^/]+))?", "gpulab_hub.projects.buildlog.BuildLogHandler")]
+    return [(PAGE + r"/([^/]+)(?:/([^/]+))?", "gpulab_hub.home.buildlog.BuildLogHandler")]

@@ -14,10 +14,10 @@ A project's deletion takes away:
   ``<hub>/deleted/<user>-<UTC time>/`` (``GpulabDeletion.archive``, the default) or
   removed. The archive folder is the hub's (0700); no container mounts it and no
   account can reach it; an admin restores or purges it by hand;
-- its sharing records in the hub folder: the owner's sharing settings, public
-  links, the roles mirroring group shares (JupyterHub removes its own share rows
-  and share codes with the server); the owner's choice of secrets for it;
-- its GPU holdings.
+- every per-project record the hub keeps (workflows/records.py lists them: the
+  owner's sharing settings, public links, share links' access times, the roles
+  mirroring group shares, the owner's choice of secrets, its multi-node jobs, its GPU
+  holdings); JupyterHub removes its own share rows and share codes with the server.
 
 A user's deletion stops their servers first (JupyterHub 6.1's DELETE
 /hub/api/users/<name> only stops the default server, then fails half-way on a
@@ -28,8 +28,12 @@ away, besides every project as above: the whole ``<projects_root>/<user>`` and
 (``<data_root>/{models,outputs}/<user>``: data_scope "user", or written before
 "project" was the default), their per-user Hugging Face cache volume (removed: it
 holds downloads, and a login token written before HF_TOKEN_PATH), any container of theirs
-still there, the SSH keys they kept on the hub (ssh/keys.py), and their secrets
-(secrets/store.py; removed, never archived).
+still there, and every record of theirs in the registry (``forget_owner``): the SSH keys
+they kept on the hub (ssh/keys.py) and their secrets (secrets/store.py; removed, never
+archived) among them.
+
+The files and records are blocking work, done on the records pool; the roles in
+JupyterHub's database are changed on the hub's event loop.
 """
 
 from __future__ import annotations
@@ -43,20 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker.errors
-from jupyterhub import orm
-from jupyterhub import roles as hub_roles
 from traitlets import Bool
 from traitlets.config import Configurable
 
-from gpulab_hub import hubsettings, ssh
-from gpulab_hub.cluster import jobs as cluster_jobs
-from gpulab_hub.gpus import allocator
+from gpulab_hub import blocking, hubsettings, records
 from gpulab_hub.projects import objects, project_name, safe_owner
-from gpulab_hub.secrets import store as secret_store
-from gpulab_hub.sharing import groupshares
-from gpulab_hub.sharing.public import store as public_links
-from gpulab_hub.sharing.received import policy_store
-from gpulab_hub.ssh.keys import KeyStore
+from gpulab_hub.workflows import records as registry
 
 LOG = logging.getLogger("gpulab.deletion")
 ARCHIVE_DIR = hubsettings.DELETED
@@ -91,6 +87,10 @@ class Place:
     allocations_file: Path
     prefix: str
     hf_volume: str  # the user's volume name, formatted
+
+    def records(self, db=None, on_loop=records.run_here) -> records.Where:
+        """Where the registered records of this hub are (records.Where)."""
+        return records.Where(self.hub_dir, self.allocations_file, LOG, db, on_loop)
 
     def archive_dir(self, owner: str) -> Path:
         """A new ``<hub>/deleted/<owner>-<time>`` folder (made, 0700)."""
@@ -151,41 +151,24 @@ def _take_away(src: Path, place: Place, owner: str, into: str, archive: list) ->
 
 
 def _forget_records(place: Place, owner: str, project: str | None) -> None:
-    """The hub's sharing records and GPU holdings of one project (None: all of owner's)."""
-    policies = policy_store(place.hub_dir)
-    links = public_links(place.hub_dir)
-    if project is None:
-        policies.forget_owner(owner)
-        links.forget_owner(owner)
-        # A later account of the same name must not get in with these keys.
-        KeyStore(ssh.paths(place.hub_dir)["keys_dir"]).remove_all(owner)
-    else:
-        policies.forget(owner, project)
-        links.forget(owner, project)
-    _forget_secrets(place, owner, project)
-    # A new project of the same name must not inherit these jobs (cluster/jobs.py).
-    cluster_jobs.record_of(place.hub_dir).forget(owner, project)
-    store = allocator.AllocationStore(place.allocations_file)
-    try:
-        store.release_dead(lambda o, p: o != owner or (project is not None and p != project))
-    except allocator.AllocationError as e:
-        # A damaged GPU record is repaired from Docker by the next GPU spawn (which
-        # sees no container of the deleted project); deleting goes on.
-        LOG.error("GPU holdings of %s/%s not released now: %s", owner, project or "*", e)
-
-
-def _forget_secrets(place: Place, owner: str, project: str | None) -> None:
-    """The owner's choice of secrets for one project; all their secrets (None)."""
-    folder = place.hub_dir / hubsettings.SECRETS
-    try:
+    """Blocking: the records kept in files of one project (None: of all of owner's),
+    every store of the registry in its order."""
+    for record in registry.files(place.records()):
         if project is None:
-            secret_store.forget_user(folder, owner)
-        else:
-            secret_store.SecretStore(folder, owner, LOG).forget_project(project)
-    except ValueError:
-        return  # not an account name gpulab allows: it never had secrets
-    except (OSError, secret_store.SecretStore.Error) as e:
-        LOG.error("The secrets of %s (%s) were not removed: %s", owner, project or "all", e)
+            record.forget_owner(owner)
+        elif record.per_project:
+            record.forget(owner, project)
+
+
+def forget_server_records(where: records.Where, owner: str, project: str | None) -> None:
+    """Blocking: the records that mirror JupyterHub's database (the group shares'
+    roles), of one project (None: of all of owner's); their database part runs on
+    ``where.on_loop``."""
+    for record in registry.server(where):
+        if project is None:
+            record.forget_owner(owner)
+        elif record.per_project:
+            record.forget(owner, project)
 
 
 def project_files(place: Place, owner: str, project: str) -> list[str]:
@@ -239,26 +222,15 @@ def _remove_volume(client, name: str) -> str | None:
     return f"removed volume {name}"
 
 
-# --- JupyterHub's database (on the hub's event loop thread) ---------------------------
-def forget_group_roles(db, hub_dir: Path, owner: str, project: str | None) -> None:
-    """The roles mirroring group shares of the project (None: of all owner's projects)."""
-    roles = groupshares.GroupShareRoles(hub_dir / groupshares.FILE_NAME)
-    for name in roles.forget(owner, project):
-        if orm.Role.find(db, name) is not None:
-            hub_roles.delete_role(db, name)
-
-
 # --- entry points -----------------------------------------------------------------
-async def _blocking(spawner, fn, *args):
-    return await asyncio.get_running_loop().run_in_executor(spawner.executor, fn, *args)
-
-
 async def delete_project(spawner) -> None:
     """ProjectSpawner.delete_forever: the server is stopped (JupyterHub checks)."""
     owner, project = spawner.user.name, project_name(spawner.name)
     place = place_of(spawner, owner)
-    forget_group_roles(spawner.user.db, place.hub_dir, owner, project)
-    done = await _blocking(spawner, project_files, place, owner, project)
+    loop = asyncio.get_running_loop()
+    where = place.records(spawner.user.db, records.on_loop_of(loop))
+    await blocking.run(blocking.RECORDS, forget_server_records, where, owner, project)
+    done = await blocking.run(blocking.RECORDS, project_files, place, owner, project)
     spawner.log.info("gpulab: deleted project %s/%s: %s", owner, project, "; ".join(done) or "-")
 
 
@@ -290,9 +262,9 @@ async def delete_user(authenticator, user) -> None:
         return
     spawner = spawner_class(config=authenticator.config)
     place = place_of(spawner, user.name)
-    forget_group_roles(authenticator.db, place.hub_dir, user.name, None)
     loop = asyncio.get_running_loop()
-    done = await loop.run_in_executor(
-        spawner.executor, user_files, place, spawner.client, user.name
-    )
+    where = place.records(authenticator.db, records.on_loop_of(loop))
+    await blocking.run(blocking.RECORDS, forget_server_records, where, user.name, None)
+    # The Docker client is made on the pool's thread (it asks the engine its version).
+    done = await blocking.run(blocking.DOCKER, lambda: user_files(place, spawner.client, user.name))
     authenticator.log.info("gpulab: deleted user %s: %s", user.name, "; ".join(done) or "-")
