@@ -222,6 +222,16 @@ def test_backup_never_overwrites_a_file(tmp_path):
     assert out.read_text() == "keep me"
 
 
+def test_backup_is_never_written_where_it_would_hold_itself(tmp_path):
+    home = make_home(tmp_path)
+    for inside in (home / "hub" / "a.tar.gz", home / "projects" / "alice" / "a.tar.gz"):
+        with pytest.raises(BackupError, match="Write the archive outside .*: for example in"):
+            backup(home, inside)
+        assert not inside.exists()
+    (home / "backups").mkdir()
+    backup(home, home / "backups" / "a.tar.gz")  # GPULAB_HOME itself is not read whole
+
+
 def test_restore_refuses_a_home_with_a_hub_unless_forced(tmp_path):
     home = make_home(tmp_path)
     backup(home, tmp_path / "a.tar.gz")

@@ -167,6 +167,12 @@ def make(
         raise BackupError(f"{out} exists already; name another file with -o.")
     if not out.parent.is_dir():
         raise BackupError(f"There is no folder {out.parent} to write {out.name} in.")
+    for folder in (hub_dir, where.projects_root, home / hubfiles.CONFIG_D):
+        if _inside(out, folder):
+            raise BackupError(
+                f"Write the archive outside {folder}, which the backup reads (it would hold "
+                f"itself): for example in {home / 'backups'}."
+            )
     work = Path(tempfile.mkdtemp(prefix=".gpulab-backup-", dir=out.parent))
     tmp = work / "archive.tar.gz"
     try:
