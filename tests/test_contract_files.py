@@ -53,3 +53,22 @@ def test_dir_fd_writes_inside_the_open_folder_only(tmp_path):
     assert (folder / "Dockerfile").read_bytes() == b"FROM y\n"
     assert stat.S_IMODE((folder / "Dockerfile").stat().st_mode) == 0o600
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_failed_precondition_leaves_the_file_and_no_temporary(tmp_path):
+    """Save a copy's compare-and-swap: the Dockerfile changed after it was read."""
+    target = tmp_path / "Dockerfile"
+    target.write_bytes(b"FROM a\n")
+    seen = []
+
+    def unchanged() -> bool:
+        seen.append(sorted(os.listdir(tmp_path)))  # the new file is there, not yet renamed
+        target.write_bytes(b"FROM edited-meanwhile\n")
+        return target.read_bytes() == b"FROM a\n"
+
+    assert write_atomic(target, b"FROM b\n", precondition=unchanged) is False
+    assert target.read_bytes() == b"FROM edited-meanwhile\n"
+    assert os.listdir(tmp_path) == ["Dockerfile"]
+    assert len(seen[0]) == 2
+    assert write_atomic(target, b"FROM c\n", precondition=lambda: True) is True
+    assert target.read_bytes() == b"FROM c\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["fsync_dir", "write_atomic"]
@@ -36,14 +37,19 @@ def write_atomic(
     mode: int = 0o644,
     owner: tuple[int, int] | None = None,
     dir_fd: int | None = None,
-) -> None:
-    """Replace ``path`` by a file holding ``data``, atomically and durably.
+    precondition: Callable[[], bool] | None = None,
+) -> bool:
+    """Replace ``path`` by a file holding ``data``, atomically and durably; True when
+    it did.
 
     ``mode``: the new file's permission bits, whatever the process's umask.
     ``owner``: ``(uid, gid)`` to give the new file (through its descriptor) before it
     takes ``path``'s place; None keeps the writer's own.
     ``dir_fd``: an open folder; ``path`` is then a bare name inside it (no ``/``), and
     the folder is never looked up by path again (for callers that walked to it safely).
+    ``precondition``: asked once the new file is written and durable, right before it
+    takes ``path``'s place (a compare-and-swap: "is the old file still what I read?");
+    False leaves ``path`` as it is, removes the new file and returns False.
     """
     if dir_fd is None:
         target = Path(path)
@@ -68,6 +74,9 @@ def write_atomic(
             os.fsync(fd)
         finally:
             os.close(fd)
+        if precondition is not None and not precondition():
+            os.unlink(tmp_path, dir_fd=dir_fd)
+            return False
         if dir_fd is None:
             os.replace(tmp_path, os.path.join(folder, name))
         else:
@@ -79,3 +88,4 @@ def write_atomic(
             pass
         raise
     fsync_dir(dir_fd if dir_fd is not None else folder)
+    return True

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # Job ids: the contract's, which the hub matches too (new_id makes them).
+from gpulab_contract.files import write_atomic
 from gpulab_contract.jobs import JOB_ID, new_id  # noqa: F401
 
 # A job's name: what the user called it (shown in lists), plain and short.
@@ -271,6 +272,4 @@ def read_json(path: Path) -> dict | None:
 
 def write_json(path: Path, value: dict) -> None:
     """Atomic: a reader sees the old record or the new one, never half of one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=1).encode())

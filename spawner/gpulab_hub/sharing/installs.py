@@ -41,7 +41,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import secrets
 import shlex
 import stat
 import time
@@ -54,6 +53,7 @@ from traitlets import List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from gpulab_contract import managed_block
+from gpulab_contract.files import write_atomic
 from gpulab_hub.images.project import MAX_DOCKERFILE_BYTES, read_dockerfile
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
 
@@ -493,21 +493,25 @@ def _lock(dir_fd: int, uid: int, gid: int) -> int:
 
 
 def _replace(dir_fd: int, old: bytes, new: bytes) -> bool:
-    """Replace the Dockerfile by ``new`` if it still holds ``old`` (False if it changed)."""
+    """Replace the Dockerfile by ``new`` if it still holds ``old`` (False if it changed):
+    the contract's atomic writer, inside the open project folder, with the check made
+    once the new file is durable, right before the rename."""
     st = safefs.lstat(DOCKERFILE, dir_fd, DOCKERFILE)
-    tmp = f".{DOCKERFILE}.gpulab-copy-{secrets.token_hex(8)}.tmp"
-    mode = stat.S_IMODE(st.st_mode) & 0o755
-    os.close(_create(dir_fd, tmp, mode, st.st_uid, st.st_gid, new))
-    try:
-        same = safefs.read_file(dir_fd, DOCKERFILE, len(old)) == old
-    except safefs.Refused:
-        same = False  # it grew, or became a link: changed
-    if not same:
-        os.unlink(tmp, dir_fd=dir_fd)
-        return False
-    os.rename(tmp, DOCKERFILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    os.fsync(dir_fd)
-    return True
+
+    def unchanged() -> bool:
+        try:
+            return safefs.read_file(dir_fd, DOCKERFILE, len(old)) == old
+        except safefs.Refused:
+            return False  # it grew, or became a link: changed
+
+    return write_atomic(
+        DOCKERFILE,
+        new,
+        mode=stat.S_IMODE(st.st_mode) & 0o755,
+        owner=(st.st_uid, st.st_gid) if os.geteuid() == 0 else None,  # as safefs.chown_fd
+        dir_fd=dir_fd,
+        precondition=unchanged,
+    )
 
 
 def write_installs(dir_fd: int, found: Found, user: str, uid: int, gid: int) -> None:
