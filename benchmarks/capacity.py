@@ -38,8 +38,8 @@ from pathlib import Path
 from gpulab_hub.gpus import Device
 from gpulab_hub.gpus.allocator import AllocationError, AllocationStore, Policy, Request
 from gpulab_hub.gpus.queue import QueueStore
-from gpulab_hub.gpus.reclaim import Facts, Settings, decide
-from gpulab_hub.gpus.spawner import GpuSettings
+from gpulab_hub.gpus.reclaim import Facts, Rules, decide
+from gpulab_hub.gpus.spawner import GpuTraits
 from gpulab_hub.gpus.usage import Budgets, Record, UsageLedger
 
 MIN, HOUR = 60.0, 3600.0
@@ -133,7 +133,7 @@ class Lab:
         self.queue = QueueStore(folder / "gpu-queue.json", clock=clock)
         self.ledger = UsageLedger(folder / "gpu-usage.jsonl", clock=clock)
         self.budgets = Budgets(default=args.budget)
-        self.settings = Settings(
+        self.rules = Rules(
             grace=args.grace, idle_after=args.idle_after, release_after=args.idle_release
         )
         self.policy = Policy()
@@ -279,7 +279,7 @@ class Lab:
                 if u.held
             ]
             hours = self.ledger.hours_by_user(7 * 24 * HOUR, held=self.allocs.holdings())
-            d = decide(holders, waiting, DAY0 + self.now, self.settings, self.budgets.over(hours))
+            d = decide(holders, waiting, DAY0 + self.now, self.rules, self.budgets.over(hours))
             for f in d.warn:
                 self.users[f.owner].warned_at = DAY0 + self.now
                 self.warned += 1
@@ -354,7 +354,7 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=15)
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
-    traits = GpuSettings.class_traits()  # gpulab's defaults, from the settings themselves
+    traits = GpuTraits.class_traits()  # gpulab's defaults, from the traits themselves
 
     def default(name: str) -> float:
         return float(traits[name].default_value)

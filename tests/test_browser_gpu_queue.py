@@ -65,7 +65,7 @@ def queue_hub(docker_engine, local_debian, tmp_path_factory):
     dk = host.Docker()
     holders = []
     try:
-        s = gpu_spawner.GpuSettings(allocations_file=str(home / "hub" / "gpu-allocations.json"))
+        s = gpu_spawner.GpuTraits(allocations_file=str(home / "hub" / "gpu-allocations.json"))
         for owner, project in (("alice", "train"), ("bob", "sweep")):
             c = dk.call(
                 "create_container",

@@ -69,7 +69,7 @@ class Spawns(RuleBasedStateMachine):
         self.path = self.dir / "gpu-allocations.json"
         self.now = [T0]
         self.docker = RecordedDocker(clock=lambda: self.now[0])
-        self.s = gpu_spawner.GpuSettings(allocations_file=str(self.path))
+        self.s = gpu_spawner.GpuTraits(allocations_file=str(self.path))
         self.spawns: dict[tuple[str, str], Spawn] = {}
         self.damaged = False
         self._saved = (gpu_spawner.cached_inventory, gpu_spawner.clock)
@@ -291,7 +291,7 @@ def test_a_created_container_keeps_its_gpu_across_restarts_and_a_damaged_record(
     monkeypatch.setattr(gpu_spawner, "clock", lambda: now[0])
     gpu_spawner.forget_pending()
     record = tmp_path / "gpu-allocations.json"
-    s = gpu_spawner.GpuSettings(allocations_file=str(record), gpu_isolation="runtime")
+    s = gpu_spawner.GpuTraits(allocations_file=str(record), gpu_isolation="runtime")
 
     def reserve(owner, project):
         return gpu_spawner.reserve(s, engine.call, REAL, allocator.Request(owner, project, 1))

@@ -87,7 +87,7 @@ def gpu_host(tmp_path, monkeypatch):
     """A 2-GPU host (inventory as plain data), a recorded Docker, the spawner's settings."""
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(2))
     gpu_spawner.forget_pending()
-    s = gpu_spawner.GpuSettings(allocations_file=str(tmp_path / "hub" / "gpu-allocations.json"))
+    s = gpu_spawner.GpuTraits(allocations_file=str(tmp_path / "hub" / "gpu-allocations.json"))
     yield s, RecordedDocker()
     gpu_spawner.forget_pending()
 

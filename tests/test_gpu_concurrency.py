@@ -92,7 +92,7 @@ def test_concurrent_spawns_each_see_only_their_own_gpu(dk, inventory, tmp_path):
     whole = [d for d in inventory.devices if not d.parent_uuid]
     if len(whole) < 2:
         pytest.skip(f"needs two GPUs, this host has {len(whole)}")
-    s = gpu_spawner.GpuSettings(allocations_file=str(tmp_path / "gpu-allocations.json"))
+    s = gpu_spawner.GpuTraits(allocations_file=str(tmp_path / "gpu-allocations.json"))
     gpu_spawner.forget_pending()
     cycles: list[Cycle] = []
     counts = {"tried": 0, "granted": 0, "refused": 0}

@@ -85,7 +85,7 @@ def test_an_entry_granted_while_nobody_waited_for_it_is_started_to_use_its_gpus(
 
 
 def test_idle_holders_are_warned_while_someone_waits_then_stopped_after_the_grace():
-    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
     held = {("ann", "idle"): 1, ("bob", "busy"): 1, ("cat", "fresh"): 1}
     state = hub(
         ann__idle=running(30), bob__busy=running(0.5), cat__fresh=running(5), dan__q=PENDING
@@ -165,7 +165,7 @@ def test_a_look_acts_on_the_files_and_a_new_keeper_keeps_the_clock(tmp_path):
     q.enqueue(Request("zed", "deleted", 1))
     hold = {"owner": "ann", "project": "idle", "since": NOW - 3600, "reserved": NOW - 3600}
     alloc.write_text(json.dumps({"version": 1, "holdings": {"GPU-1": [hold]}}))
-    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
     state = hub(ann__idle=running(30), dan__q=STOPPED)
     fake = FakeHub(state)
     k = keeper.Keeper(qfile, alloc, s)
@@ -197,7 +197,7 @@ def test_the_service_and_its_role_get_the_settings():
         Path("/srv/x/hub/gpu-allocations.json"),
         Path("/srv/x/hub/gpu-usage.jsonl"),
     )
-    assert k.settings == reclaim.Settings(grace=120.0, idle_after=300.0, release_after=1500.0)
+    assert k.rules == reclaim.Rules(grace=120.0, idle_after=300.0, release_after=1500.0)
     assert (k.usage_window, k.budget_hours) == (604800.0, {})
     assert c.JupyterHub.load_roles == [
         {"name": "gpulab-gpu-keeper", "services": ["gpulab-gpu-keeper"],
@@ -237,7 +237,7 @@ def test_with_nobody_waiting_and_nobody_warned_the_hub_is_not_asked(tmp_path):
             raise AssertionError("the hub was asked")
 
     k = keeper.Keeper(tmp_path / "gpu-queue.json", tmp_path / "gpu-allocations.json",
-                      reclaim.Settings())  # fmt: skip
+                      reclaim.Rules())  # fmt: skip
     assert k.look(Unasked(hub()), NOW) == Plan()
 
 
@@ -278,7 +278,7 @@ def test_the_keeper_service_stops_at_the_hubs_first_signal(tmp_path):
 
 
 def test_plan_reclaims_the_over_budget_holder_first():
-    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
     held = {("ann", "long"): 1, ("bob", "spent"): 1}
     state = hub(ann__long=running(120), bob__spent=running(15), dan__q=PENDING)
     waiting = [entry("dan", "q")]
@@ -316,7 +316,7 @@ def test_the_keeper_reads_the_ledger_and_the_budgets_and_warns_the_over_budget_h
         [Record("bob", "spent", "GPU-2", "GPU 2", yesterday, yesterday + 5 * 3600)]
     )
     state = hub(ann__long=running(120), bob__spent=running(15), dan__q=PENDING)
-    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN)
+    s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
     k = keeper.Keeper(
         qfile, alloc, s, budget_hours={"*": 40.0, "group:students": 4.0},
         usage_file=ledger, usage_window=7 * 86400,
@@ -353,7 +353,7 @@ def test_idle_release_warns_with_its_own_words_then_stops_and_asks_the_hub_at_mo
     alloc = tmp_path / "gpu-allocations.json"
     hold = {"owner": "ann", "project": "lunch", "since": NOW - 7200, "reserved": NOW - 7200}
     alloc.write_text(json.dumps({"version": 1, "holdings": {"GPU-1": [hold]}}))
-    s = reclaim.Settings(grace=10 * MIN, idle_after=10 * MIN, release_after=45 * MIN)
+    s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN, release_after=45 * MIN)
     k = keeper.Keeper(tmp_path / "gpu-queue.json", alloc, s)
     p = k.look(FakeHub(hub(ann__lunch=running(50))), NOW)
     warned = Warning("ann", "lunch", NOW, NOW + 10 * MIN, reclaim.IDLE, NOW - 50 * MIN)
@@ -405,7 +405,7 @@ def test_settings_set_after_gpulabs_reach_the_service_through_finish():
     assert [s["name"] for s in c.JupyterHub.services] == before  # replaced, not added
     (svc,) = [s for s in c.JupyterHub.services if s["name"] == keeper.SERVICE]
     k = keeper.Keeper.of(settings.of_service(svc["environment"]))
-    assert k.settings.release_after == 3600.0
+    assert k.rules.release_after == 3600.0
     assert k.budget_hours == {"group:students": 20.0}
     (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == keeper.SERVICE]
     assert "read:groups" in role["scopes"]

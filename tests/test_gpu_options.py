@@ -67,7 +67,7 @@ def test_admin_view_names_who_holds_what():
 
 def test_no_gpu_host_refuses_gpu_requests_and_runs_cpu_projects(tmp_path):
     """For real: this machine has no NVIDIA driver."""
-    s = gpu_spawner.GpuSettings(allocations_file=str(tmp_path / "alloc.json"))
+    s = gpu_spawner.GpuTraits(allocations_file=str(tmp_path / "alloc.json"))
     assert not gpus.inventory().devices
     cpu, devices = gpu_spawner.reserve(s, None, "gpulab", allocator.Request("alice", "p", 0))
     assert cpu == objects.GpuAssignment() and devices == []

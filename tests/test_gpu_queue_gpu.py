@@ -181,7 +181,7 @@ def test_third_waits_idle_holder_reclaimed_job_spared_next_starts_in_2s(dk, inve
         ]
         second = reclaim.decide(warned, waiting=1, now=now)
         assert [f.key for f in second.stop] == [("alice", "train")], second
-        assert ub >= reclaim.Settings().busy_util  # bob's GPU is busy: never reclaimed
+        assert ub >= reclaim.Rules().busy_util  # bob's GPU is busy: never reclaimed
         # even with no job, a busy GPU is spared
         third = reclaim.decide([reclaim.Facts("bob", "sweep", gpu_util=ub)], 1, now)
         assert third.warn == () and third.stop == ()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpulab_hub.gpus.reclaim import Decision, Facts, Settings, decide, warning_words
+from gpulab_hub.gpus.reclaim import Decision, Facts, Rules, decide, warning_words
 
 NOW = 1_750_000_000.0
 MIN = 60.0
@@ -33,8 +33,8 @@ def test_idle_holders_are_warned_then_stopped_after_the_grace_time():
     assert decide([early], waiting=1, now=NOW) == Decision()  # warned, grace (5 min) not over
     late = idle("ann", 25, warned_min=5)
     assert decide([late], waiting=1, now=NOW) == Decision(stop=(late,))
-    s = Settings(grace=30 * MIN)
-    assert decide([late], waiting=1, now=NOW, settings=s) == Decision()
+    s = Rules(grace=30 * MIN)
+    assert decide([late], waiting=1, now=NOW, rules=s) == Decision()
     assert warning_words(600) == (
         "someone is waiting for this GPU: this project stops in 10 min unless you use it "
         "(its files are kept)"
@@ -93,7 +93,7 @@ FACTS = st.builds(
 def test_a_job_or_a_busy_gpu_is_never_reclaimed_and_nothing_is_reclaimed_unneeded(
     holders, waiting, over
 ):
-    s = Settings()
+    s = Rules()
     got = decide(holders, waiting, NOW, s, over_budget=over)
     chosen = got.warn + got.stop
     for f in chosen:
@@ -124,21 +124,21 @@ def test_a_job_or_a_busy_gpu_is_never_reclaimed_and_nothing_is_reclaimed_unneede
 
 # --- idle release: nobody waits, but a holder idle in every way for long is released ------
 
-RELEASE = Settings(release_after=45 * MIN)
+RELEASE = Rules(release_after=45 * MIN)
 
 
 def test_idle_release_warns_and_stops_a_long_idle_holder_with_nobody_waiting():
     long_idle = idle("ann", 50)
     short = idle("bob", 30)  # idle, not yet 45 min
-    got = decide([long_idle, short], waiting=0, now=NOW, settings=RELEASE)
+    got = decide([long_idle, short], waiting=0, now=NOW, rules=RELEASE)
     assert got == Decision(warn=(long_idle,), released=frozenset({long_idle.key}))
     warned = idle("ann", 60, warned_min=10)
-    got = decide([warned], waiting=0, now=NOW, settings=RELEASE)
+    got = decide([warned], waiting=0, now=NOW, rules=RELEASE)
     assert got == Decision(stop=(warned,), released=frozenset({warned.key}))
     # used since the warning: withdrawn; off (0): nobody waiting, nobody chosen
     used = idle("ann", 2, warned_min=8)
     assert decide([used], 0, NOW, RELEASE) == Decision(withdraw=(used,))
-    assert decide([long_idle, short], 0, NOW, Settings()) == Decision()
+    assert decide([long_idle, short], 0, NOW, Rules()) == Decision()
 
 
 def test_idle_release_never_takes_a_job_a_busy_kernel_an_ssh_session_or_a_busy_gpu():
@@ -149,12 +149,12 @@ def test_idle_release_never_takes_a_job_a_busy_kernel_an_ssh_session_or_a_busy_g
         idle("eve", 300, gpu_util=40.0),
         idle("fay", 300, gpu_util=None),
     ]
-    assert decide(spared, waiting=0, now=NOW, settings=RELEASE) == Decision()
+    assert decide(spared, waiting=0, now=NOW, rules=RELEASE) == Decision()
 
 
 def test_a_holder_the_queue_needs_is_warned_for_the_queue_not_for_idle_release():
     a, b = idle("ann", 200), idle("bob", 50)
-    got = decide([a, b], waiting=1, now=NOW, settings=RELEASE)
+    got = decide([a, b], waiting=1, now=NOW, rules=RELEASE)
     assert got == Decision(warn=(a, b), released=frozenset({b.key}))
 
 
@@ -175,9 +175,9 @@ def test_the_words_say_why():
     release=st.floats(11 * MIN, 3 * 3600),
 )
 def test_idle_release_takes_only_holders_idle_in_every_way_for_that_long(holders, waiting, release):
-    s = Settings(release_after=release)
+    s = Rules(release_after=release)
     got = decide(holders, waiting, NOW, s)
-    without = decide(holders, waiting, NOW, Settings())
+    without = decide(holders, waiting, NOW, Rules())
     for f in got.warn + got.stop:
         assert not (f.running_job or f.busy_kernel or f.ssh_session)
         assert f.gpu_util is not None and f.gpu_util < s.busy_util

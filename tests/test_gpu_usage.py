@@ -158,7 +158,7 @@ def test_a_holding_found_dead_is_recorded_once_when_dropped(tmp_path, monkeypatc
     from gpulab_hub.gpus import spawner as gpu_spawner
 
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(2))
-    s = gpu_spawner.GpuSettings(allocations_file=str(tmp_path / "gpu-allocations.json"))
+    s = gpu_spawner.GpuTraits(allocations_file=str(tmp_path / "gpu-allocations.json"))
     store = gpu_spawner.store_of(s)
     devices, policy = inventory(2).devices, gpu_spawner.policy_of(s)
     store.allocate(devices, allocator.Request("alice", "train", 1), policy)

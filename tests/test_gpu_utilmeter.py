@@ -34,7 +34,7 @@ def test_time_weighted_average_per_holding_and_gaps_left_out():
 def test_a_stop_writes_the_average_into_the_usage_record(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(1))
     monkeypatch.setattr(utilmeter, "METER", utilmeter.Meter())
-    s = gpu_spawner.GpuSettings(allocations_file=str(tmp_path / "gpu-allocations.json"))
+    s = gpu_spawner.GpuTraits(allocations_file=str(tmp_path / "gpu-allocations.json"))
     store = gpu_spawner.store_of(s)
     store.allocate(
         inventory(1).devices, allocator.Request("alice", "train", 1), gpu_spawner.policy_of(s)

@@ -109,7 +109,7 @@ def _device(index: int, uuid: str) -> gpus.Device:
     return gpus.Device(str(index), uuid, "NVIDIA GeForce RTX 4090", 24 << 30, "8.9", minor=index)
 
 
-class FakeSpawner(gpu_spawner.GpuSettings):
+class FakeSpawner(gpu_spawner.GpuTraits):
     def __init__(self, tmp_path, **kw):
         super().__init__(allocations_file=str(tmp_path / "hub" / "gpu-allocations.json"), **kw)
         self.events: list[tuple[int, str, bool]] = []

@@ -385,10 +385,10 @@ def test_the_revocation_window_is_a_site_setting():
 
 
 def test_the_gpu_queue_and_usage_ledger_sit_beside_the_allocation_record(tmp_path):
-    from gpulab_hub.gpus.spawner import GpuSettings
+    from gpulab_hub.gpus.spawner import GpuTraits
 
-    s = GpuSettings(allocations_file=str(tmp_path / "hub" / "gpu-allocations.json"))
+    s = GpuTraits(allocations_file=str(tmp_path / "hub" / "gpu-allocations.json"))
     assert s.queue_file == str(tmp_path / "hub" / "gpu-queue.json")
     assert s.usage_file == str(tmp_path / "hub" / "gpu-usage.jsonl")
-    moved = GpuSettings(allocations_file="/a/gpus.json", usage_file="/b/use.jsonl")
+    moved = GpuTraits(allocations_file="/a/gpus.json", usage_file="/b/use.jsonl")
     assert (moved.queue_file, moved.usage_file) == ("/a/gpu-queue.json", "/b/use.jsonl")

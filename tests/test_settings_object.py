@@ -218,7 +218,7 @@ def test_the_traits_and_every_reader_report_the_objects_defaults():
     assert (Path(sp.data_root), Path(sp.state_root)) == (where.data_root, where.state_root)
     assert Path(sp.allocations_file) == where.allocations_file
     assert (sp.gpu_reclaim_idle, sp.gpu_reclaim_grace) == (
-        reclaim.Settings().idle_after, reclaim.Settings().grace,
+        reclaim.Rules().idle_after, reclaim.Rules().grace,
     )  # fmt: skip
     # the layout pages and the doctor read, a project's GPUs, the sharing pages
     assert hubsettings.from_spawner(sp) == where

@@ -221,7 +221,7 @@ class Settings:
     @property
     def network_name(self) -> str:
         """The bridge network of projects and builds: GPULAB_NETWORK, else <prefix>-net."""
-        return self.network or f"{self.prefix}-net"
+        return network_of(self.prefix, self.network)
 
     @property
     def ssh_bind(self) -> str:
@@ -236,6 +236,11 @@ class Settings:
 
 
 DEFAULT = Settings()  # every default, in one place: the fields above
+
+
+def network_of(prefix: str, network: str = "") -> str:
+    """The bridge network of projects and builds: ``network``, else <prefix>-net."""
+    return network or f"{prefix}-net"
 
 
 def fields_with_vars(cls=Settings, prefix: tuple[str, ...] = ()):

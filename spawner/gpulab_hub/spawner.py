@@ -25,7 +25,7 @@ from gpulab_contract import environment
 from gpulab_hub import blocking, host, images
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
-from gpulab_hub.gpus.spawner import GpuSettings
+from gpulab_hub.gpus.spawner import GpuTraits
 from gpulab_hub.home import buildlog
 from gpulab_hub.images import builds, confine
 from gpulab_hub.images import project as projectimage
@@ -40,9 +40,10 @@ from gpulab_hub.projects import (
     safe_owner,
 )
 from gpulab_hub.projects.safefs import ensure_project
-from gpulab_hub.projects.settings import ProjectSettings
 from gpulab_hub.projects.startfail import MIN_FAILURE_S, SpawnError, build_failed
 from gpulab_hub.projects.title import title
+from gpulab_hub.projects.traits import ProjectTraits
+from gpulab_hub.settings import DEFAULT, network_of
 
 _STEP = re.compile(r"^Step (\d+)/(\d+)")
 
@@ -62,7 +63,7 @@ UNAPPLIED_SETTINGS = (
 )
 
 
-class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
+class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
     """Spawn each project (named server) in its own container and image."""
 
     _progress_events: list
@@ -70,11 +71,11 @@ class ProjectSpawner(DockerSpawner, ProjectSettings, GpuSettings):
 
     @default("prefix")
     def _default_prefix(self):
-        return "gpulab"
+        return DEFAULT.prefix
 
     @default("network_name")
     def _default_network(self):
-        return f"{self.prefix}-net"
+        return network_of(self.prefix)
 
     @validate("network_name")
     def _check_network(self, proposal):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpulab_hub import hubsettings, pidfile
 from gpulab_hub.cluster import ClusterError, hubjobs
-from gpulab_hub.cluster.settings import ClusterSettings
+from gpulab_hub.cluster.traits import ClusterTraits
 
 
 def hub_spawner():
@@ -22,7 +22,7 @@ def hub_spawner():
 
 
 def on_cluster(spawner) -> bool:
-    return isinstance(spawner, ClusterSettings)
+    return isinstance(spawner, ClusterTraits)
 
 
 def hub_user(hub: pidfile.Identity | None) -> int:

@@ -37,9 +37,9 @@ from gpulab_hub.cluster import (
     watch,
 )
 from gpulab_hub.cluster.joblog import JobLog
-from gpulab_hub.cluster.jobsettings import MultiNodeJobSettings
-from gpulab_hub.cluster.settings import ClusterSettings
+from gpulab_hub.cluster.jobtraits import MultiNodeJobTraits
 from gpulab_hub.cluster.slurm import Node, Slurm
+from gpulab_hub.cluster.traits import ClusterTraits
 from gpulab_hub.projects import objects, options, project_name
 from gpulab_hub.projects.startfail import SpawnError
 from gpulab_hub.spawner import ProjectSpawner
@@ -87,7 +87,7 @@ def ipv4_of(name: str) -> str | None:
     return infos[0][4][0] if infos else None
 
 
-class ProjectSlurmSpawner(MultiNodeJobSettings, ClusterSettings, ProjectSpawner):
+class ProjectSlurmSpawner(MultiNodeJobTraits, ClusterTraits, ProjectSpawner):
     """Spawn each project (named server) as a Slurm job running its container."""
 
     job_id: int | None = None

@@ -21,8 +21,8 @@ from pathlib import Path
 import docker.errors
 
 from gpulab_hub.cluster import ClusterError, batch, registry
-from gpulab_hub.cluster.settings import ClusterSettings
 from gpulab_hub.cluster.slurm import SINFO_FORMAT, Node, Slurm, gpu_count, parse_sinfo
+from gpulab_hub.cluster.traits import ClusterTraits
 from gpulab_hub.doctor import cluster_probe
 from gpulab_hub.doctor.docker_checks import DOCKER_ERRORS, _short
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
@@ -36,17 +36,17 @@ _EPILOG_PATH = re.compile(r"/[A-Za-z0-9._/-]{1,255}")
 SHOWN_NODES = 12  # nodes named in one sentence before "and N more"
 
 
-def settings_of(spawner) -> ClusterSettings | None:
+def settings_of(spawner) -> ClusterTraits | None:
     """The hub's cluster settings when its spawner is the Slurm spawner, else None
     (on one machine the cluster checks do not run)."""
-    return spawner if isinstance(spawner, ClusterSettings) else None
+    return spawner if isinstance(spawner, ClusterTraits) else None
 
 
-def slurm_client(cfg: ClusterSettings) -> Slurm:
+def slurm_client(cfg: ClusterTraits) -> Slurm:
     return Slurm(conf=cfg.slurm_conf, path=cfg.slurm_path, timeout=CALL_TIMEOUT)
 
 
-def conf_words(cfg: ClusterSettings) -> str:
+def conf_words(cfg: ClusterTraits) -> str:
     if cfg.slurm_conf:
         return f"SLURM_CONF={cfg.slurm_conf}"
     return "Slurm's default slurm.conf (c.ProjectSlurmSpawner.slurm_conf is not set)"
@@ -78,7 +78,7 @@ def parse_partitions(text: str) -> list[Partition]:
     return found
 
 
-def check_controller(client: Slurm, cfg: ClusterSettings) -> tuple[Finding, list[Partition]]:
+def check_controller(client: Slurm, cfg: ClusterTraits) -> tuple[Finding, list[Partition]]:
     """cluster.controller: sinfo answers within CALL_TIMEOUT; the cluster's partitions."""
     fid = "cluster.controller"
     fix = (
@@ -111,7 +111,7 @@ def check_controller(client: Slurm, cfg: ClusterSettings) -> tuple[Finding, list
     return Finding(fid, OK, seen), parts
 
 
-def project_partition(cfg: ClusterSettings, parts: list[Partition]) -> tuple[Partition | None, str]:
+def project_partition(cfg: ClusterTraits, parts: list[Partition]) -> tuple[Partition | None, str]:
     """The partition projects' jobs go to, or None and why not."""
     if cfg.partition:
         for p in parts:
@@ -233,7 +233,7 @@ def _untyped(gres: str) -> int:
     )
 
 
-def requestable_types(cfg: ClusterSettings) -> set[str] | None:
+def requestable_types(cfg: ClusterTraits) -> set[str] | None:
     """GRES types projects can ask for; None when any type will do (no gpu_type)."""
     if not cfg.gpu_type:
         return None
@@ -244,7 +244,7 @@ def _gres_words(gres: str) -> str:
     return gres if gres and gres != "(null)" else "no GRES"
 
 
-def check_gres(cfg: ClusterSettings, nodes: list[Node]) -> list[Finding]:
+def check_gres(cfg: ClusterTraits, nodes: list[Node]) -> list[Finding]:
     """cluster.gres: each node's GPUs in Slurm against gpulab's device files
     (node_gpus) and the GPU types projects can ask for."""
     listed: dict[str, list[str]] = dict(cfg.node_gpus)
@@ -348,7 +348,7 @@ def epilog_path(client: Slurm) -> str:
     return "" if value in ("", "(null)") else value
 
 
-def expected_epilog(cfg: ClusterSettings) -> str:
+def expected_epilog(cfg: ClusterTraits) -> str:
     """The Epilog gpulab renders for these settings (``gpulab doctor --print-epilog``)."""
     return batch.render_epilog(cfg.cluster_name, docker_host=cfg.node_docker_host)
 
@@ -388,7 +388,7 @@ def _probe_image_bytes() -> bytes:
     return buf.getvalue()
 
 
-def push_probe_image(dk, cfg: ClusterSettings, prefix: str) -> tuple[Finding, str]:
+def push_probe_image(dk, cfg: ClusterTraits, prefix: str) -> tuple[Finding, str]:
     """cluster.registry: this machine's engine pushes a tiny image to ``registry``;
     returns the finding and the reference by digest the nodes pull ("" if none)."""
     fid = "cluster.registry"
@@ -429,7 +429,7 @@ def push_probe_image(dk, cfg: ClusterSettings, prefix: str) -> tuple[Finding, st
 
 
 def findings(
-    cfg: ClusterSettings,
+    cfg: ClusterTraits,
     prefix: str,
     dk,
     probe: bool = True,

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from gpulab_hub.cluster import ClusterError, batch, slurm_name
 from gpulab_hub.cluster.joblog import JobLog
-from gpulab_hub.cluster.settings import ClusterSettings
 from gpulab_hub.cluster.slurm import SQUEUE_FORMAT, Job, Node, Slurm, parse_squeue
+from gpulab_hub.cluster.traits import ClusterTraits
 from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 
 SAY = "gpulab-doctor"
@@ -92,7 +92,7 @@ def _path(value: str, what: str) -> str:
     return value
 
 
-def render(cfg: ClusterSettings, job: ProbeJob, files: list[str]) -> str:
+def render(cfg: ClusterTraits, job: ProbeJob, files: list[str]) -> str:
     """The probe's batch script for a node with these GPU device files."""
     devices = " ".join(_q(_path(f, "GPU device file")) for f in files)
     proc = _q(_path(cfg.node_nvidia_proc, "node_nvidia_proc"))
@@ -224,7 +224,7 @@ def _cancel(client: Slurm, job_id: int) -> None:
         client.cancel(job_id)
 
 
-def run(client: Slurm, cfg: ClusterSettings, job: ProbeJob, nodes: list[Node], waits: Waits):
+def run(client: Slurm, cfg: ClusterTraits, job: ProbeJob, nodes: list[Node], waits: Waits):
     """Blocking: one probe job per node, all at once; each node's Result (bounded by
     ``waits``; jobs still pending or running then are cancelled)."""
     results = {n.name: Result(n.name) for n in nodes}
@@ -302,7 +302,7 @@ def _gres_files(r: Result) -> list[str] | None:
     return found if found or not r.lines("gres-error") else None
 
 
-def device_problems(cfg: ClusterSettings, r: Result) -> tuple[list[str], str]:
+def device_problems(cfg: ClusterTraits, r: Result) -> tuple[list[str], str]:
     """(what is wrong with the node's device files, what is right) from its probe."""
     files = list(dict(cfg.node_gpus).get(r.node, []))
     gpus = {w[0]: w[1] for w in r.lines("gpu") if len(w) == 2 and _UUID.fullmatch(w[1])}
@@ -335,7 +335,7 @@ def device_problems(cfg: ClusterSettings, r: Result) -> tuple[list[str], str]:
     return problems, ", ".join(good) + note
 
 
-def findings(cfg: ClusterSettings, job: ProbeJob, results: dict, busy: list[Node]) -> list:
+def findings(cfg: ClusterTraits, job: ProbeJob, results: dict, busy: list[Node]) -> list:
     """Findings from every node's probe: cluster.probe, then devices, engine, Epilog and
     the registry from the nodes (one ok finding each, one per node with a problem)."""
     out: list[Finding] = []
@@ -404,7 +404,7 @@ def _storage(job: ProbeJob, done: list[Result]) -> list[Finding]:
     return out
 
 
-def _probe_failed(cfg: ClusterSettings, r: Result) -> Finding:
+def _probe_failed(cfg: ClusterTraits, r: Result) -> Finding:
     said = f"; its last lines: {' | '.join(r.last_lines)}" if r.last_lines else ""
     if r.job_id and not r.said:
         return Finding(
@@ -424,7 +424,7 @@ def _probe_failed(cfg: ClusterSettings, r: Result) -> Finding:
     )
 
 
-def _devices(cfg: ClusterSettings, done: list[Result]) -> list[Finding]:
+def _devices(cfg: ClusterTraits, done: list[Result]) -> list[Finding]:
     out, good = [], []
     for r in done:
         problems, right = device_problems(cfg, r)
@@ -453,7 +453,7 @@ def _devices(cfg: ClusterSettings, done: list[Result]) -> list[Finding]:
     return out
 
 
-def _engines(cfg: ClusterSettings, done: list[Result]) -> list[Finding]:
+def _engines(cfg: ClusterTraits, done: list[Result]) -> list[Finding]:
     where = cfg.node_docker_host or "the node's default Docker socket"
     out, good = [], []
     for r in done:
@@ -537,7 +537,7 @@ def _epilogs(job: ProbeJob, done: list[Result]) -> list[Finding]:
     return out
 
 
-def _pulls(cfg: ClusterSettings, done: list[Result]) -> list[Finding]:
+def _pulls(cfg: ClusterTraits, done: list[Result]) -> list[Finding]:
     where = cfg.registry_for_nodes or cfg.registry
     auth = (
         f"with the credentials in {cfg.node_docker_config}"

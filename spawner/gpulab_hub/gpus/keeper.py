@@ -121,7 +121,7 @@ def plan(
     held: Mapping[Key, int],
     warnings: Mapping[Key, Warning],
     now: float,
-    settings: reclaim.Settings = reclaim.Settings(),
+    rules: reclaim.Rules = reclaim.Rules(),
     previous: Sequence[queue.Entry] = (),
     posted: Mapping[Key, float] = {},  # noqa: B006 (read only)
     over_budget: Collection[str] = (),
@@ -177,13 +177,13 @@ def plan(
                 warned_at=w.warned_at if w else None,
             )
         )  # fmt: skip
-    d = reclaim.decide(holders, waiting, now, settings, over_budget)
+    d = reclaim.decide(holders, waiting, now, rules, over_budget)
     dropped = {f.key for f in d.withdraw}
     judged = {h.key for h in holders}
     after = {k: w for k, w in warnings.items() if k in judged and k not in dropped}
     warn = tuple(
         Warning(
-            f.owner, f.project, now, now + settings.grace,
+            f.owner, f.project, now, now + rules.grace,
             reclaim.IDLE if f.key in d.released else reclaim.WAITING, f.idle_since,
         )
         for f in d.warn
@@ -288,7 +288,7 @@ class Keeper:
 
     queue_file: Path
     allocations_file: Path
-    settings: reclaim.Settings
+    rules: reclaim.Rules
     previous: list[queue.Entry] = field(default_factory=list)
     posted: dict[Key, float] = field(default_factory=dict)
     budget_hours: Mapping[str, float] = field(default_factory=dict)  # gpu_budget_hours
@@ -303,7 +303,7 @@ class Keeper:
         return cls(
             queue_file=where.queue_file,
             allocations_file=where.allocations_file,
-            settings=reclaim.Settings(
+            rules=reclaim.Rules(
                 grace=g.reclaim_grace, idle_after=g.reclaim_idle, release_after=g.idle_release
             ),
             budget_hours=dict(where.budget_hours),
@@ -347,13 +347,13 @@ class Keeper:
         warnings = record.warnings()
         held = self._held()
         releasing = (
-            self.settings.release_after > 0 and held and now - self.release_looked >= RELEASE_EVERY
+            self.rules.release_after > 0 and held and now - self.release_looked >= RELEASE_EVERY
         )
         if not (entries or self.previous or warnings or releasing):
             return Plan()  # nobody waits, nobody warned, nothing to release: the hub not asked
         self.release_looked = now
         p = plan(
-            entries, hub.state(), held, warnings, now, self.settings,
+            entries, hub.state(), held, warnings, now, self.rules,
             self.previous, self.posted, self.over_budget(hub, now),
         )  # fmt: skip
         self.previous = entries

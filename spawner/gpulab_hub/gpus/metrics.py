@@ -49,12 +49,12 @@ class Sources:
     def of_config(cls, c) -> Callable[[], Sources]:
         """The sources as the hub's configuration ``c`` names them, read when the figures
         are (so lines an admin adds after gpulab's in jupyterhub_config.py count)."""
-        from gpulab_hub.gpus.spawner import GpuSettings, cached_inventory
+        from gpulab_hub.gpus.spawner import GpuTraits, cached_inventory
 
         def resolve() -> Sources:
             names = ("allocations_file", "queue_file", "usage_file", "gpu_usage_window")
             section = c.ProjectSpawner
-            s = GpuSettings(**{n: section[n] for n in names if n in section})
+            s = GpuTraits(**{n: section[n] for n in names if n in section})
             return cls(
                 Path(s.allocations_file),
                 Path(s.queue_file),

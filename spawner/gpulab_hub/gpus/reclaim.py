@@ -1,17 +1,17 @@
 """Reclaiming idle GPUs: who is warned, who is stopped (pure).
 
 A holder is idle when it has no busy kernel, no running job, no SSH session, its
-GPUs are unused (utilisation below ``Settings.busy_util``; unknown utilisation, as
-on WSL2, counts as in use) and it has been so for ``Settings.idle_after``. While
+GPUs are unused (utilisation below ``Rules.busy_util``; unknown utilisation, as
+on WSL2, counts as in use) and it has been so for ``Rules.idle_after``. While
 starts wait for GPUs, idle holders are warned ("someone is waiting for this GPU:
 this project stops in 10 min unless you use it") and stopped, files kept, once
-``Settings.grace`` has passed since the warning with no use in between. Only as
+``Rules.grace`` has passed since the warning with no use in between. Only as
 many holders as the waiting starts need GPUs are chosen: over-budget users first,
 then those warned earliest, then those idle longest. A holder with a running job
 or a busy GPU is never chosen, whatever else holds. Nobody waiting: no one is
 warned or stopped for the queue, and standing warnings are withdrawn.
 
-Idle release (``Settings.release_after``, 0: off): a holder idle in every way for
+Idle release (``Rules.release_after``, 0: off): a holder idle in every way for
 that long is warned ("this project has been idle for 45 min: it stops in 10 min
 unless you use it") and stopped after the grace even when nobody waits, so GPUs
 forgotten over lunch or overnight come back without waiting for the idle culler.
@@ -43,7 +43,7 @@ class Facts:
 
 
 @dataclass(frozen=True)
-class Settings:
+class Rules:
     grace: float = 300.0  # seconds from the warning to the stop (admin-set)
     idle_after: float = 300.0  # seconds idle before a holder is warned
     busy_util: float = 5.0  # percent: at or above, the GPU is in use
@@ -51,7 +51,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         if min(self.grace, self.idle_after, self.busy_util, self.release_after) < 0:
-            raise ValueError(f"GPU reclaim settings cannot be negative: {self}")
+            raise ValueError(f"GPU reclaim timings cannot be negative: {self}")
 
 
 @dataclass(frozen=True)
@@ -73,12 +73,12 @@ def decide(
     holders: Sequence[Facts],
     waiting: int,
     now: float,
-    settings: Settings = Settings(),
+    rules: Rules = Rules(),
     over_budget: Collection[str] = (),
 ) -> Decision:
     """Whom to warn and whom to stop, for ``waiting`` GPUs wanted by the queue (0: none),
-    and (``settings.release_after``) for having been idle that long."""
-    s = settings
+    and (``rules.release_after``) for having been idle that long."""
+    s = rules
     idle = [
         f
         for f in holders

@@ -23,7 +23,7 @@ from gpulab_hub.settings import DEFAULT, GPU_USAGE_WINDOW_S
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
 
 
-class GpuSettings(HasTraits):
+class GpuTraits(HasTraits):
     """Traits of the GPU side (mixed into ProjectSpawner)."""
 
     default_gpus = Int(
@@ -166,7 +166,7 @@ class GpuSettings(HasTraits):
     )
 
     gpu_reclaim_idle = Float(
-        reclaim.Settings.idle_after,
+        reclaim.Rules.idle_after,
         config=True,
         help="""While starts wait in the GPU queue, a project holding GPUs whose server
         reported no activity for this many seconds is warned (its home page row says
@@ -177,7 +177,7 @@ class GpuSettings(HasTraits):
         Example: ``c.ProjectSpawner.gpu_reclaim_idle = 1800``""",
     )
     gpu_reclaim_grace = Float(
-        reclaim.Settings.grace,
+        reclaim.Rules.grace,
         config=True,
         help="""Seconds from the reclaim warning to the stop; any activity in between
         withdraws the warning. Read by the gpulab-gpu-keeper service (site setting
@@ -209,7 +209,7 @@ def cached_inventory() -> gpus.Inventory:
     return _inventory_cache[1]
 
 
-def policy_of(s: GpuSettings) -> allocator.Policy:
+def policy_of(s: GpuTraits) -> allocator.Policy:
     return allocator.Policy(
         mode=s.gpu_policy,
         shared_cap=s.gpu_shared_cap,
@@ -313,7 +313,7 @@ def held_in_docker(docker_call, prefix: str) -> allocator.Held:
     return held
 
 
-def store_of(s: GpuSettings, docker_call=None, prefix: str = "") -> allocator.AllocationStore:
+def store_of(s: GpuTraits, docker_call=None, prefix: str = "") -> allocator.AllocationStore:
     """The allocation record; with ``docker_call``, rebuilt from Docker if damaged or lost."""
     rebuild = (lambda: held_in_docker(docker_call, prefix)) if docker_call else None
 
@@ -337,7 +337,7 @@ def isolation_of(setting: str, docker_call) -> str:
 
 
 def reserve(
-    s: GpuSettings, docker_call, prefix: str, request: allocator.Request
+    s: GpuTraits, docker_call, prefix: str, request: allocator.Request
 ) -> tuple[objects.GpuAssignment, list[gpus.Device]]:
     """Blocking: reserve devices for ``request`` (or release all for 0) -> assignment.
 
@@ -378,7 +378,7 @@ def reserve(
 
 
 def shared_wsl2(
-    s: GpuSettings, request: allocator.Request, inv: gpus.Inventory, host: wsl.GpuHost
+    s: GpuTraits, request: allocator.Request, inv: gpus.Inventory, host: wsl.GpuHost
 ) -> objects.GpuAssignment:
     """WSL2 (gpus/wsl.py): the project shares every GPU with every other GPU project.
     Nothing is booked, so no start waits and nothing is reclaimed; a request the host
@@ -411,7 +411,7 @@ def shared_wsl2(
 
 
 def assign(
-    s: GpuSettings, docker_call, key: tuple[str, str], devices: list[gpus.Device]
+    s: GpuTraits, docker_call, key: tuple[str, str], devices: list[gpus.Device]
 ) -> objects.GpuAssignment:
     """Blocking: the container's GPU settings for the devices ``key`` was given
     (by :func:`reserve`, or by the queue); releases them where Docker cannot give them."""
@@ -438,7 +438,7 @@ def assign(
 
 
 def release(
-    s: GpuSettings, owner: str, project: str, docker_call=None, prefix: str = ""
+    s: GpuTraits, owner: str, project: str, docker_call=None, prefix: str = ""
 ) -> list[str]:
     """Blocking: free what the project holds (stopped, died, failed to start, CPU-only).
 
@@ -460,11 +460,11 @@ def release(
     return freed
 
 
-def ledger_of(s: GpuSettings) -> usage.UsageLedger:
+def ledger_of(s: GpuTraits) -> usage.UsageLedger:
     return usage.UsageLedger(Path(s.usage_file), clock=lambda: clock(), log=_log(s))
 
 
-def record_usage(s: GpuSettings, owner: str, project: str, held: allocator.Held) -> None:
+def record_usage(s: GpuTraits, owner: str, project: str, held: allocator.Held) -> None:
     """Append the holdings of (owner, project) in ``held`` that just ended to the usage
     ledger, one record per device. Never raises: a stop goes on, the error is logged."""
     now = clock()

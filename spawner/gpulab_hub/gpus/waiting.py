@@ -38,11 +38,11 @@ def s_log(s):
     return gpu_spawner._log(s)
 
 
-def queue_of(s: gpu_spawner.GpuSettings) -> queue.QueueStore:
+def queue_of(s: gpu_spawner.GpuTraits) -> queue.QueueStore:
     return queue.QueueStore(Path(s.queue_file), clock=lambda: gpu_spawner.clock(), log=s_log(s))
 
 
-def budgets_of(s: gpu_spawner.GpuSettings, members: Mapping[str, list[str]]) -> usage.Budgets:
+def budgets_of(s: gpu_spawner.GpuTraits, members: Mapping[str, list[str]]) -> usage.Budgets:
     """The ``gpu_budget_hours`` setting as ``Budgets``; ``members``: each group's users."""
     b = dict(s.gpu_budget_hours)
     return usage.Budgets(
@@ -53,7 +53,7 @@ def budgets_of(s: gpu_spawner.GpuSettings, members: Mapping[str, list[str]]) -> 
     )
 
 
-def budget_groups(s: gpu_spawner.GpuSettings) -> list[str]:
+def budget_groups(s: gpu_spawner.GpuTraits) -> list[str]:
     """The JupyterHub groups the budgets name (their members are looked up by the hub)."""
     return sorted(k[len(GROUP) :] for k in s.gpu_budget_hours if k.startswith(GROUP))
 

@@ -35,7 +35,7 @@ from gpulab_contract.text import CONTROL, strip_ansi
 from gpulab_hub import blocking, images, jsonfile
 from gpulab_hub.images import confine, policy
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
-from gpulab_hub.projects.settings import PROJECT_REPO
+from gpulab_hub.projects.traits import PROJECT_REPO
 
 # Never part of a build context, at any depth: gpulab's and Jupyter's bookkeeping.
 EXCLUDED = (".gpulab", ".ipynb_checkpoints")

@@ -24,7 +24,7 @@ OFF = (
 )
 
 
-class MultiNodeJobSettings(HasTraits):
+class MultiNodeJobTraits(HasTraits):
     """Traits of multi-node jobs (mixed into ProjectSlurmSpawner)."""
 
     job_network_parent = Unicode(

@@ -12,7 +12,7 @@ from gpulab_hub.cluster.batch import NVIDIA_PROC
 from gpulab_hub.cluster.slurm import DEFAULT_PATH
 
 
-class ClusterSettings(HasTraits):
+class ClusterTraits(HasTraits):
     """Traits of the cluster side (mixed into ProjectSlurmSpawner)."""
 
     slurm_conf = Unicode(

@@ -18,7 +18,7 @@ _LAYOUT = default_layout(DEFAULT.home)
 PROJECT_REPO = DEFAULT.images.image_repo
 
 
-class ProjectSettings(HasTraits):
+class ProjectTraits(HasTraits):
     """Traits of the project side (mixed into ProjectSpawner)."""
 
     projects_root = Unicode(
