@@ -266,11 +266,11 @@ def last_from_end(lines: list[str]) -> int | None:
             if not m:
                 continue
             current = m.group(1).upper()
-        if current == "FROM":
-            last = n
-        if not line.rstrip().endswith(escape):
+        if not line.rstrip().endswith(escape):  # the instruction ends on this line
+            if current == "FROM":
+                last = n
             current = None
-    return last
+    return last  # (a FROM still continued at the end of the file does not count)
 
 
 def _new_block(lines: list[str]) -> tuple[list[str], list[str], list[str]]:
