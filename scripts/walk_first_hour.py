@@ -392,7 +392,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--stacks",
         default="data-science,minimal,pytorch,huggingface",
-        help="starting points by name (images/stacks.py); the first one is walked on",
+        help="starting points by name (projects/stacks.py); the first one is walked on",
     )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

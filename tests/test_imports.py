@@ -1,10 +1,14 @@
-"""Every module of both distributions imports on its own, and no two import each other.
+"""Every module of gpulab's distributions imports on its own, no two import each other,
+and the hub's packages keep the layers of docs/architecture.md.
 
 The import graph is read from the source (every ``import``, at the top or inside
 a function, except under ``if TYPE_CHECKING:``), so a cycle hidden in a function
 body counts too: it is still two modules that need each other. A module reading
 its own package (``from . import __version__``) is no edge: Python has always
 imported the package first.
+
+The hub's layers, lowest first (docs/architecture.md, "Layers"): a package may import
+its own layer and those below, never one above, and no two packages need each other.
 """
 
 from __future__ import annotations
@@ -17,7 +21,28 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("gpulab_hub", "gpulab_jupyter")
+PACKAGES = ("gpulab_hub", "gpulab_jupyter", "gpulab_contract")
+
+# The hub's packages (a subpackage or a top-level module of gpulab_hub) by layer, lowest
+# first. A new package must be named here: the test says so.
+LAYERS = {
+    "foundation": {
+        "gpulab_hub", "jsonfile", "pidfile", "hubsettings", "settings", "hubfiles", "firewall",
+        "buildruntime", "blocking", "records", "projects",
+    },
+    "capabilities": {
+        "images", "gpus", "cluster", "sharing", "secrets", "ssh", "accounts", "host", "culling",
+    },
+    "workflows": {"workflows", "backup"},
+    "surfaces": {"spawner", "home", "usagepage", "doctor", "cli", "admin", "hubconfig"},
+}  # fmt: skip
+# Modules JupyterHub loads by the dotted name an admin writes in jupyterhub_config.py
+# (README, docs/reference.md): entry points, in the surfaces layer whichever folder
+# holds them (their names are public, so they stay beside the capability they serve).
+ENTRY_POINTS = {
+    "gpulab_hub.cluster.spawner": "c.JupyterHub.spawner_class (ProjectSlurmSpawner)",
+    "gpulab_hub.accounts.auth": "c.JupyterHub.authenticator_class (GpulabAuthenticator)",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -186,3 +211,129 @@ def test_the_contract_needs_only_the_standard_library():
         for path in files
     }
     assert {k: v for k, v in outside.items() if v} == {}
+
+
+# --- the hub's layers ------------------------------------------------------------------
+def node_of(module: str) -> str | None:
+    """The hub package (or entry point) ``module`` belongs to; None outside the hub."""
+    parts = module.split(".")
+    if parts[0] != "gpulab_hub":
+        return None
+    for entry in ENTRY_POINTS:
+        if module == entry or module.startswith(entry + "."):
+            return entry.removeprefix("gpulab_hub.")
+    return parts[1] if len(parts) > 1 else "gpulab_hub"
+
+
+def layer_of(node: str) -> int | None:
+    if node in {e.removeprefix("gpulab_hub.") for e in ENTRY_POINTS}:
+        return list(LAYERS).index("surfaces")
+    for n, members in enumerate(LAYERS.values()):
+        if node in members:
+            return n
+    return None
+
+
+def package_graph() -> dict[tuple[str, str], set[str]]:
+    """(importer, imported) hub package -> the module imports that make the arrow."""
+    known = set(MODULES)
+    arrows: dict[tuple[str, str], set[str]] = {}
+    for name, path in MODULES.items():
+        here = node_of(name)
+        if here is None:
+            continue
+        for target in imported_by(name, path, known):
+            there = node_of(target)
+            if there is not None and there != here:
+                arrows.setdefault((here, there), set()).add(f"{name} -> {target}")
+    return arrows
+
+
+def back_arrows(arrows) -> list[str]:
+    """Imports from a lower layer to a higher one, with the modules that make them."""
+    names = list(LAYERS)
+    return [
+        f"{a} ({names[layer_of(a)]}) -> {b} ({names[layer_of(b)]}): {', '.join(sorted(why))}"
+        for (a, b), why in sorted(arrows.items())
+        if layer_of(a) < layer_of(b)
+    ]
+
+
+def package_cycles(arrows) -> list[list[str]]:
+    """The groups of hub packages that need each other (strongly connected, >1)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in arrows:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_every_hub_package_has_a_layer():
+    nodes = {node_of(m) for m in MODULES} - {None}
+    missing = sorted(n for n in nodes if layer_of(n) is None)
+    assert not missing, f"name the layer of {missing} in LAYERS (and docs/architecture.md)"
+    for entry in ENTRY_POINTS:
+        assert entry in MODULES, f"{entry} is no module: its public name is gone"
+
+
+def test_no_package_cycles():
+    arrows = package_graph()
+    groups = package_cycles(arrows)
+    said = [
+        " <-> ".join(g)
+        + ": "
+        + "; ".join(
+            f"{a} -> {b} ({', '.join(sorted(why))})"
+            for (a, b), why in sorted(arrows.items())
+            if a in g and b in g
+        )
+        for g in groups
+    ]
+    assert not groups, "hub packages that need each other:\n" + "\n".join(said)
+
+
+def test_no_arrow_runs_back_up():
+    wrong = back_arrows(package_graph())
+    assert not wrong, "imports from a lower layer to a higher one:\n" + "\n".join(wrong)
+
+
+def test_the_layer_checks_find_what_they_look_for():
+    lower, upper = "projects", "workflows"
+    arrows = {(lower, upper): {"gpulab_hub.projects.x -> gpulab_hub.workflows.y"}}
+    assert back_arrows(arrows) == [
+        "projects (foundation) -> workflows (workflows): "
+        "gpulab_hub.projects.x -> gpulab_hub.workflows.y"
+    ]
+    assert back_arrows({(upper, lower): {"w -> p"}}) == []
+    cyc = {("a", "b"): set(), ("b", "c"): set(), ("c", "a"): set(), ("c", "d"): set()}
+    assert package_cycles(cyc) == [["a", "b", "c"]]
+    assert node_of("gpulab_hub.cluster.spawner") == "cluster.spawner"
+    assert node_of("gpulab_hub.cluster.jobs") == "cluster"
+    assert layer_of("cluster.spawner") == layer_of("spawner") == 3

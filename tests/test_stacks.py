@@ -1,4 +1,4 @@
-"""Starting points of a new project (images/stacks in the hub): the whole Dockerfile a
+"""Starting points of a new project (projects/stacks in the hub): the whole Dockerfile a
 new project gets for each, the spawn option that chooses one, and hadolint's view."""
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpulab_hub import images
-from gpulab_hub.images import stacks
-from gpulab_hub.projects import options
+from gpulab_hub.projects import options, stacks
 from gpulab_jupyter.magics import dockerfile as df
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,12 +17,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-WSL2_SHARED = "wsl2-shared"
+from gpulab_hub.projects import objects
+from gpulab_hub.projects.objects import DXG, WSL2_SHARED, WSL_DIR, WSL_LIB  # noqa: F401
+
 PINNED = "pinned"
-DXG = "/dev/dxg"
 NVIDIACTL = "/dev/nvidiactl"
-WSL_DIR = "/usr/lib/wsl"  # mounted read-only into GPU projects (lib/ and drivers/)
-WSL_LIB = "/usr/lib/wsl/lib"  # libcuda.so, libnvidia-ml.so, nvidia-smi
 PROC_VERSION_MAX = 4096  # bytes of /proc/version read
 HOST_ROOT = "/"  # where the hub sees this host's /dev and /usr/lib/wsl (tests move it)
 
@@ -80,24 +79,8 @@ def detect(root: str = "/") -> GpuHost:
     return GpuHost(WSL2_SHARED, DXG, WSL_LIB if lib else "", kernel)
 
 
-# --- what a GPU project's container gets on such a host (pure: whole-object tests) ---
-
-
-def container_env(alloc_conf: str) -> dict[str, str]:
-    """Every GPU is visible (nothing narrower can be given); the libraries from WSL_LIB."""
-    return {
-        "NVIDIA_VISIBLE_DEVICES": "all",
-        "PYTORCH_CUDA_ALLOC_CONF": alloc_conf,
-        "LD_LIBRARY_PATH": WSL_LIB,
-        "GPULAB_GPU_SHARING": WSL2_SHARED,
-    }
-
-
-def host_config() -> dict:
-    """The paravirtual GPU node, read-write as CUDA needs it."""
-    return {"devices": [f"{DXG}:{DXG}:rwm"]}
-
-
-def binds() -> dict[str, dict[str, str]]:
-    """The Windows driver's Linux side, read-only."""
-    return {WSL_DIR: {"bind": WSL_DIR, "mode": "ro"}}
+# What a GPU project's container gets on such a host is part of the container's spec,
+# beside the other ways of giving GPUs: projects/objects.py (WSL2).
+container_env = objects.wsl2_env
+host_config = objects.wsl2_host_config
+binds = objects.wsl2_binds

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from jupyterhub.slugs import is_valid_safe_slug
 
 from gpulab_contract import environment
-from gpulab_hub.gpus import wsl
 from gpulab_hub.settings import DEFAULT
 
 # Networks a project container or build must never join: "host" shares the host's
@@ -57,6 +56,12 @@ RUNTIME = "runtime"  # NVIDIA container runtime / CDI: device_requests by UUID
 DEVICES = "devices"  # explicit /dev/nvidia* nodes + the driver's libraries, read-only
 WSL2 = "wsl2"  # WSL2: /dev/dxg + /usr/lib/wsl read-only, every GPU shared (gpus/wsl.py)
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# WSL2 (gpus/wsl.py detects it): one paravirtual node for every GPU, and the Windows
+# driver's Linux side; every GPU project shares every GPU.
+WSL2_SHARED = "wsl2-shared"
+DXG = "/dev/dxg"
+WSL_DIR = "/usr/lib/wsl"  # mounted read-only into GPU projects (lib/ and drivers/)
+WSL_LIB = "/usr/lib/wsl/lib"  # libcuda.so, libnvidia-ml.so, nvidia-smi
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,31 @@ def _has_cdi_nvidia(docker_info: dict) -> bool:
     return False
 
 
+def wsl2_env(alloc_conf: str) -> dict[str, str]:
+    """WSL2: every GPU is visible (nothing narrower can be given); the libraries from
+    WSL_LIB."""
+    return {
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "PYTORCH_CUDA_ALLOC_CONF": alloc_conf,
+        "LD_LIBRARY_PATH": WSL_LIB,
+        "GPULAB_GPU_SHARING": WSL2_SHARED,
+    }
+
+
+def wsl2_host_config() -> dict:
+    """WSL2: the paravirtual GPU node, read-write as CUDA needs it."""
+    return {"devices": [f"{DXG}:{DXG}:rwm"]}
+
+
+def wsl2_binds() -> dict[str, dict[str, str]]:
+    """WSL2: the Windows driver's Linux side, read-only."""
+    return {WSL_DIR: {"bind": WSL_DIR, "mode": "ro"}}
+
+
 def gpu_env(g: GpuAssignment) -> dict[str, str]:
     """Visible-device variables that agree with what the container is given."""
     if g.isolation == WSL2:
-        return wsl.container_env(g.alloc_conf)
+        return wsl2_env(g.alloc_conf)
     if not g.uuids:
         # "void": the NVIDIA runtime adds nothing, even if the image says "all".
         return {"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": ""}
@@ -108,7 +134,7 @@ def gpu_env(g: GpuAssignment) -> dict[str, str]:
 def gpu_host_config(g: GpuAssignment) -> dict:
     """host_config entries that give the container exactly its devices."""
     if g.isolation == WSL2:
-        return wsl.host_config()
+        return wsl2_host_config()
     if not g.uuids:
         return {}
     if g.isolation == RUNTIME:
@@ -217,7 +243,7 @@ def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
     if s.gpus.uuids and s.gpus.isolation == DEVICES:
         binds[s.gpus.driver_dir] = {"bind": s.gpus.driver_dir, "mode": "ro"}
     if s.gpus.isolation == WSL2:
-        binds.update(wsl.binds())
+        binds.update(wsl2_binds())
     return binds
 
 

@@ -13,7 +13,7 @@ from html import escape
 
 from jupyterhub.slugs import is_valid_display_name
 
-from gpulab_hub.images import stacks
+from gpulab_hub.projects import stacks
 
 ALLOWED = {"use_last_good": bool, "gpus": int, "gpu_type": str, "mig_profile": str, "stack": str}
 # The hardware a project runs on: kept in JupyterHub's database with the other options
