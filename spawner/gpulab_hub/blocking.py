@@ -29,6 +29,7 @@ import contextvars
 import functools
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -128,12 +129,21 @@ async def run(name: str, fn, /, *args, **kwargs):
 
 
 def on_loop_thread() -> bool:
-    """Whether this thread is running an event loop now."""
+    """Whether this code runs on an event loop now (a loop runs on this thread, in this
+    greenlet: Playwright's sync API, in tests, runs its loop in another greenlet of the
+    test's thread, and the test's own code is not on that loop)."""
     try:
-        asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         return False
-    return True
+    if "greenlet" not in sys.modules:
+        return True
+    frame = sys._getframe(1)
+    while frame is not None:  # the loop's own frame is on this stack when we run on it
+        if frame.f_code.co_name == "_run_once" and frame.f_locals.get("self") is loop:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def strict() -> bool:
