@@ -1,6 +1,8 @@
 # The README's two commands: `make up` runs gpulab, `make test` runs the tests.
 # Both install what they need first (scripts/setup.sh is re-runnable).
-.PHONY: up down test lint bench
+# `make test-fast` is the fast lane (docs/testing.md): no Docker engine, no hub start,
+# no kernels; `make test` stays the whole suite, CI's.
+.PHONY: up down test test-fast lint bench
 
 up:
 	bash scripts/setup.sh
@@ -13,6 +15,11 @@ test:
 	bash scripts/setup.sh test
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest
+
+test-fast:
+	bash scripts/setup.sh fast
+	.venv/bin/ruff check .
+	.venv/bin/python -m pytest -m "not docker and not browser and not gpu and not slow"
 
 bench:
 	bash scripts/setup.sh

@@ -2,6 +2,8 @@
 # gpulab set-up for this machine: re-runnable, each step only does what is missing.
 #   scripts/setup.sh        what `gpulab up` needs
 #   scripts/setup.sh test   plus what the test suite needs (Chromium, test packages)
+#   scripts/setup.sh fast   only what the fast lane needs (`make test-fast`): Python, the
+#                           test packages, OpenSSH's ssh-keygen; no Docker engine, no proxy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_tests=${1:-}
@@ -13,6 +15,7 @@ say() { printf '==> %s\n' "$*"; }
 # Slurm, munge and docker-registry for the test cluster (tests/cluster_kit.py);
 # Prometheus to scrape the hub's /hub/metrics (tests/test_metrics.py).
 pkgs=(docker.io debootstrap nodejs npm)
+[ "$want_tests" = fast ] && pkgs=(openssh-client)
 [ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -52,15 +55,27 @@ pip_install() {
   rm -f "$log"
   return 1
 }
+# The fast lane skips pip while the files that name what to install are unchanged.
+stamp=.venv/.gpulab-fast-setup
+sums=$(cat ./*/pyproject.toml tests/requirements.txt | sha256sum)
+if [ "$want_tests" = fast ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sums" ]; then
+  say "gpulab is installed in .venv (fast lane: requirements unchanged)"
+else
 say "installing gpulab into .venv"
 # JupyterLab too, so .venv/bin/jupyter runs gpulab's lab extension outside the hub.
 pip_install -e ./contract -e ./spawner -e ./extensions "jupyterlab==4.6.6"
-if [ "$want_tests" = test ]; then
+if [ "$want_tests" = test ] || [ "$want_tests" = fast ]; then
   pip_install -r tests/requirements.txt
+fi
+if [ "$want_tests" = fast ]; then echo "$sums" >"$stamp"; fi
 fi
 .venv/bin/python -c "import gpulab_contract, gpulab_hub, gpulab_jupyter, jupyterlab"
 
-# The JupyterHub proxy, from npm, inside .venv.
+# The JupyterHub proxy, from npm, inside .venv (the fast lane starts no hub).
+if [ "$want_tests" = fast ]; then
+  say "set-up done (fast lane)"
+  exit 0
+fi
 if [ ! -x .venv/node/node_modules/.bin/configurable-http-proxy ]; then
   say "installing configurable-http-proxy"
   npm install --silent --no-fund --no-audit --prefix .venv/node configurable-http-proxy@4 >/dev/null

@@ -18,6 +18,9 @@ from torch_wheel import cpu_torch_wheel
 
 from gpulab_hub import host
 
+# Markers by what a test needs, and the fast lane's `slow` list (docs/testing.md).
+pytest_plugins = ("lanes",)
+
 # Prefix of every Docker object and container the tests make; two runs at once
 # (say, a benchmark beside the suite) use different prefixes.
 PREFIX = os.environ.get("GPULAB_TEST_PREFIX", "gpulabtest")

@@ -6,7 +6,9 @@ tests/security/test_hub_route_matrix.py asks of a running hub, in a second."""
 from __future__ import annotations
 
 import pytest
-from conftest import OWNER, PEOPLE, PROJECT
+from pages_fixtures import OWNER, PEOPLE, PROJECT
+
+pytest_plugins = ("pages_fixtures",)  # the in-process hub's fixtures
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

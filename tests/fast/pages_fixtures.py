@@ -1,4 +1,7 @@
-"""Fixtures of the fast lane's page tests: gpulab's hub in-process (pagehub.py)."""
+"""Fixtures of the fast lane's page tests: gpulab's hub in-process (pagehub.py).
+
+Test modules import them by name (tests/fast has no conftest.py of its own: the suite's
+modules import ``conftest`` as tests/conftest.py)."""
 
 from __future__ import annotations
 
