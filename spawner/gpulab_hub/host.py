@@ -71,7 +71,9 @@ class APIClient(docker.APIClient):
 
 def docker_client(timeout: float = 600, **kwargs) -> docker.APIClient:
     """gpulab's one way to make a Docker client: the engine DOCKER_HOST names (and its
-    TLS variables), else the local socket; ``kwargs`` as ``docker.APIClient`` takes."""
+    TLS variables), else the local socket; ``kwargs`` as ``docker.APIClient`` takes.
+    Blocking: it asks the engine's version (never on an event loop, blocking.off_loop)."""
+    blocking.off_loop("Making the Docker client")
     return APIClient(
         **{"version": "auto", "timeout": timeout, **docker.utils.kwargs_from_env(), **kwargs}
     )
