@@ -3,7 +3,6 @@ there instead (see the package docstring)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
@@ -13,11 +12,11 @@ from jupyterhub.slugs import is_valid_safe_slug
 from jupyterhub.utils import get_accepted_mimetype
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.home import PAGE, facts
-from gpulab_hub.images import stacks
-from gpulab_hub.projects.deletion import GpulabDeletion
+from gpulab_hub.projects import stacks
 from gpulab_hub.sharing.received import policies_now, policy_store, received_rows, server_state
+from gpulab_hub.workflows.deletion import GpulabDeletion
 
 # ?notice=<key> on the home page: fixed words, never text from the address.
 NOTICES = {
@@ -117,18 +116,17 @@ class HomeHandler(BaseHandler):
         deleted = self.get_query_argument("deleted", "")
         if not is_valid_safe_slug(deleted) or deleted in names:
             deleted = ""
-        loop = asyncio.get_running_loop()
         running = tuple(n for n in names if user.spawners[n].ready) if names else ()
-        found = await loop.run_in_executor(
-            None, facts.projects, where, user.name, names, running
+        found = await blocking.run(
+            blocking.RECORDS, facts.projects, where, user.name, names, running
         )
         archived_as = ""
         if deleted:
-            archived_as = await loop.run_in_executor(
-                None, facts.archived_as, where, user.name, deleted
+            archived_as = await blocking.run(
+                blocking.RECORDS, facts.archived_as, where, user.name, deleted
             )
         groups = [g.name for g in user.orm_user.groups]
-        gpu_use = await loop.run_in_executor(None, facts.gpu_use, where, user.name, groups)
+        gpu_use = await blocking.run(blocking.RECORDS, facts.gpu_use, where, user.name, groups)
         rows = self._rows(user, found)
         shared = received_rows(self, await policies_now(policy_store(where.records_dir)))
         html = await self.render_template(
