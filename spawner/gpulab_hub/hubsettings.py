@@ -12,75 +12,31 @@ that the hub's pages (:func:`of_handler`), the ``gpulab`` command and the doctor
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from traitlets.utils.importstring import import_item
 
-from gpulab_hub.settings import DEFAULT, GPU_USAGE_WINDOW_S, parse
+# The layout's type and the names of the hub's record files are the settings' (the
+# layout is part of them); this module derives the layout.
+from gpulab_hub.settings import (
+    DEFAULT,
+    DELETED,
+    DOCTOR_REPORT,
+    GROUP_SHARE_ROLES,
+    PUBLIC_LINKS,
+    QUEUE,
+    SECRETS,
+    SHARING_POLICY,
+    USAGE,
+    Layout,
+    parse,
+)
 
-# Files in ``records_dir`` (the hub's folder), each kept by one module.
-SHARING_POLICY = "sharing.json"
-GROUP_SHARE_ROLES = "group-share-roles.json"
-PUBLIC_LINKS = "public-links.json"
-DOCTOR_REPORT = "doctor-last.json"
-DELETED = "deleted"
-SECRETS = "secrets"  # one file per user (secrets/store.py)
-
-
-# Files beside the GPU allocation record, unless the traits say otherwise.
-QUEUE = "gpu-queue.json"  # starts waiting for a GPU
-USAGE = "gpu-usage.jsonl"  # ended GPU holdings
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where gpulab keeps things, and the names it gives Docker objects."""
-
-    records_dir: Path  # hub-owned: sharing records, public links, doctor report, archives
-    projects_root: Path
-    data_root: Path
-    state_root: Path
-    allocations_file: Path
-    image_repo: str
-    base_image: str
-    allowed_base_images: tuple[str, ...]  # what project Dockerfiles may name (policy.py)
-    prefix: str
-    network: str
-    queue_file: Path | None = None  # None: QUEUE beside allocations_file
-    usage_file: Path | None = None  # None: USAGE beside allocations_file
-    usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
-    budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
-    driver_dir: str = DEFAULT.gpus.driver_dir  # ProjectSpawner.driver_dir
-
-    def __post_init__(self) -> None:
-        for name, file in (("queue_file", QUEUE), ("usage_file", USAGE)):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, Path(self.allocations_file).parent / file)
-
-    @property
-    def sharing_policy(self) -> Path:
-        return self.records_dir / SHARING_POLICY
-
-    @property
-    def group_share_roles(self) -> Path:
-        return self.records_dir / GROUP_SHARE_ROLES
-
-    @property
-    def public_links(self) -> Path:
-        return self.records_dir / PUBLIC_LINKS
-
-    @property
-    def doctor_report(self) -> Path:
-        return self.records_dir / DOCTOR_REPORT
-
-    @property
-    def deleted_dir(self) -> Path:
-        return self.records_dir / DELETED
-
-    @property
-    def secrets_dir(self) -> Path:
-        return self.records_dir / SECRETS
+__all__ = [
+    "DELETED", "DOCTOR_REPORT", "GROUP_SHARE_ROLES", "PUBLIC_LINKS", "QUEUE", "SECRETS",
+    "SHARING_POLICY", "USAGE", "Layout", "config_file", "default_layout", "from_config",
+    "from_spawner", "load", "of_handler", "read_config", "spawner_of",
+]  # fmt: skip
 
 
 def default_layout(home: str | Path) -> Layout:
@@ -137,9 +93,19 @@ def from_config(config, spawner_class=None) -> Layout:
 
 
 def of_handler(handler) -> Layout:
-    """The running hub's layout, for one of its pages (its settings': read once)."""
+    """The running hub's layout, for one of its pages: its settings' (hubconfig.finish
+    put them in the tornado settings; a hub configured otherwise reads its
+    configuration once, here)."""
+    import dataclasses
+
     from gpulab_hub import settings
 
+    app = handler.settings
+    if settings.APP_KEY not in app:
+        app[settings.APP_KEY] = dataclasses.replace(
+            parse(os.environ),
+            layout=from_config(app["config"], app.get("spawner_class")),
+        )
     return settings.of_handler(handler).layout
 
 

@@ -6,7 +6,7 @@ Three words, each meaning one thing (docs/architecture.md, "Settings"):
   ``GPULAB_*`` environment variable, parsed and checked by :func:`parse` (the one
   reader of those variables on the hub side), plus the :attr:`Settings.layout` the
   hub's traits give. Every default is a field's default below, and nowhere else.
-- **layout**: where files live (``hubsettings.Layout``): paths derived from
+- **layout**: where files live (:class:`Layout`, derived by hubsettings.py): paths from
   ``GPULAB_HOME``, moved where the admin's traits move them.
 - **traits**: the ``config=True`` traits of gpulab's configurable classes
   (``c.ProjectSpawner.* = ...`` in jupyterhub_config.py, docs/reference.md).
@@ -186,6 +186,72 @@ class Gpus:
     idle_release: int | None = var("GPULAB_GPU_IDLE_RELEASE", None, optional(SECONDS))
 
 
+# --- the layout: where things live (hubsettings.py derives it) -----------------------------
+
+# Files in ``records_dir`` (the hub's folder), each kept by one module.
+SHARING_POLICY = "sharing.json"
+GROUP_SHARE_ROLES = "group-share-roles.json"
+PUBLIC_LINKS = "public-links.json"
+DOCTOR_REPORT = "doctor-last.json"
+DELETED = "deleted"
+SECRETS = "secrets"  # one file per user (secrets/store.py)
+
+
+# Files beside the GPU allocation record, unless the traits say otherwise.
+QUEUE = "gpu-queue.json"  # starts waiting for a GPU
+USAGE = "gpu-usage.jsonl"  # ended GPU holdings
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where gpulab keeps things, and the names it gives Docker objects."""
+
+    records_dir: Path  # hub-owned: sharing records, public links, doctor report, archives
+    projects_root: Path
+    data_root: Path
+    state_root: Path
+    allocations_file: Path
+    image_repo: str
+    base_image: str
+    allowed_base_images: tuple[str, ...]  # what project Dockerfiles may name (policy.py)
+    prefix: str
+    network: str
+    queue_file: Path | None = None  # None: QUEUE beside allocations_file
+    usage_file: Path | None = None  # None: USAGE beside allocations_file
+    usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
+    budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
+    driver_dir: str = Gpus.driver_dir  # ProjectSpawner.driver_dir (GPULAB_DRIVER_DIR's)
+
+    def __post_init__(self) -> None:
+        for name, file in (("queue_file", QUEUE), ("usage_file", USAGE)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, Path(self.allocations_file).parent / file)
+
+    @property
+    def sharing_policy(self) -> Path:
+        return self.records_dir / SHARING_POLICY
+
+    @property
+    def group_share_roles(self) -> Path:
+        return self.records_dir / GROUP_SHARE_ROLES
+
+    @property
+    def public_links(self) -> Path:
+        return self.records_dir / PUBLIC_LINKS
+
+    @property
+    def doctor_report(self) -> Path:
+        return self.records_dir / DOCTOR_REPORT
+
+    @property
+    def deleted_dir(self) -> Path:
+        return self.records_dir / DELETED
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.records_dir / SECRETS
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything gpulab runs with (module docstring). Fields with a ``var`` come from
@@ -207,7 +273,7 @@ class Settings:
     ssh: SSH = field(default_factory=SSH)
     images: Images = field(default_factory=Images)
     gpus: Gpus = field(default_factory=Gpus)
-    layout: Any = None  # hubsettings.Layout, from the traits (hubconfig.finish)
+    layout: Layout | None = None  # from the traits (hubconfig.finish, hubsettings.py)
 
     @property
     def hub_dir(self) -> Path:
@@ -349,8 +415,6 @@ def from_json(text_: str) -> Settings:
     layout = data.pop("layout", None)
     s = _typed(Settings, data)
     if layout is not None:
-        from gpulab_hub.hubsettings import Layout
-
         s = dataclasses.replace(s, layout=_typed(Layout, layout))
     return s
 
@@ -371,15 +435,9 @@ def of_service(environ: Mapping[str, str]) -> Settings:
 
 def of_handler(handler) -> Settings:
     """The running hub's settings, for one of its pages (hubconfig.finish put them in
-    the tornado settings; a hub configured otherwise reads its configuration once)."""
-    app = handler.settings
-    if APP_KEY not in app:
-        import os
-
-        from gpulab_hub import hubsettings
-
-        app[APP_KEY] = dataclasses.replace(
-            parse(os.environ),
-            layout=hubsettings.from_config(app["config"], app.get("spawner_class")),
-        )
-    return app[APP_KEY]
+    the tornado settings; hubsettings.of_handler reads them for a hub configured
+    otherwise)."""
+    found = handler.settings.get(APP_KEY)
+    if not isinstance(found, Settings):
+        raise ValueError("the hub's configuration gave its pages no gpulab settings")
+    return found
