@@ -11,8 +11,9 @@
   and no default project
 - ``doctor/``: ``gpulab doctor``'s checks and its hub page
 - ``cli/``: the ``gpulab`` command (up, down, status, build, images, gpus)
-- ``settings.py`` (site settings -> JupyterHub configuration) and ``hubsettings.py``
-  (where things live, read back from that configuration by pages, CLI and doctor);
+- ``settings.py`` (the one settings object, parsed once from the GPULAB_* variables),
+  ``hubsettings.py`` (the layout: where things live, read back from the traits for
+  pages, CLI and doctor), ``hubconfig.py`` (the JupyterHub configuration made from them);
   ``host.py`` (the Docker client and re-runnable set-up steps), ``hubfiles.py``,
   ``jsonfile.py`` (the one locked, durable record store), ``pidfile.py``.
 """

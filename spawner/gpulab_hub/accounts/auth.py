@@ -3,7 +3,7 @@ admin approval) plus a first admin account created on the hub's first start.
 
 NativeAuthenticator's own password rules and failed-login lockout are on
 (``minimum_password_length``, ``check_common_password``, ``allowed_failed_logins``,
-``seconds_before_next_try``; settings.py sets them from the site settings), the
+``seconds_before_next_try``; hubconfig.py sets them from the settings), the
 login page says when a locked account may try again, and account changes on the
 admin's pages need POST + XSRF (accounts.py). Deleting a user stops their servers
 first and removes what they had (deletion.py).

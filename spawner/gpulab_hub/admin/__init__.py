@@ -8,7 +8,7 @@ the page: stop a project, delete a project (JupyterHub's own removal of a named
 server, which runs gpulab's deletion: projects/deletion.py), approve an account
 (NativeAuthenticator's approval, as /hub/authorize does it).
 
-Admins only (403 for everyone else). Importing this package is cheap (settings.py
+Admins only (403 for everyone else). Importing this package is cheap (hubconfig.py
 does, to wire the page); what the page reads off the event loop is in facts.py.
 """
 

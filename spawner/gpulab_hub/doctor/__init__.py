@@ -2,7 +2,7 @@
 ``--project``, a project's container, checked for the failures the platform
 notes lived through; each finding says what was seen and the fix.
 
-Importing this package is cheap (settings.py does, to wire the hub page): the
+Importing this package is cheap (hubconfig.py does, to wire the hub page): the
 checks live in the modules below and load NVML only when they run.
 """
 
@@ -16,5 +16,5 @@ PAGE = "/gpulab/doctor"
 
 def hub_handlers() -> list[tuple]:
     """JupyterHub ``extra_handlers``: the last report at /hub/gpulab/doctor, for admins
-    (where the hub's settings keep it: gpulab_hub.hubsettings)."""
+    (where the hub's layout keeps it: gpulab_hub.hubsettings)."""
     return [(PAGE, "gpulab_hub.doctor.web.DoctorHandler", {})]

@@ -86,5 +86,5 @@ class BuildLogHandler(BaseHandler):
 
 
 def hub_handlers() -> list[tuple]:
-    """JupyterHub ``extra_handlers`` of the build log page (settings.py adds them)."""
+    """JupyterHub ``extra_handlers`` of the build log page (hubconfig.py adds them)."""
     return [(PAGE + r"/([^/]+)(?:/([^/]+))?", "gpulab_hub.home.buildlog.BuildLogHandler")]

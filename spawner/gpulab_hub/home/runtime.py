@@ -236,5 +236,5 @@ class RuntimeHandler(BaseHandler):
 
 
 def hub_handlers() -> list[tuple]:
-    """JupyterHub ``extra_handlers`` of the page (settings.py adds them)."""
+    """JupyterHub ``extra_handlers`` of the page (hubconfig.py adds them)."""
     return [(PAGE + r"/([^/]+)/([^/]+)", "gpulab_hub.home.runtime.RuntimeHandler")]

@@ -39,6 +39,6 @@ def page_titles(user):
 
 
 def configure(c) -> None:
-    """In the hub's configuration (settings.py): hub pages may name projects by title."""
+    """In the hub's configuration (hubconfig.py): hub pages may name projects by title."""
     given = c.JupyterHub.template_vars if "template_vars" in c.JupyterHub else {}
     c.JupyterHub.template_vars = {**dict(given), "gpulab_project_title": page_titles}

@@ -3,7 +3,7 @@ GPU over a chosen window (holdings under way counted), and its CSV export
 /hub/gpulab/usage.csv. The figures come from the usage ledger (gpus/usage.py) and the
 allocation record; this package only reads them.
 
-Importing it is cheap (settings.py does, to wire the pages).
+Importing it is cheap (hubconfig.py does, to wire the pages).
 """
 
 from __future__ import annotations
