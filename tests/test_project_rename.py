@@ -208,8 +208,8 @@ def records_hub(tmp_path):
 
     from jupyterhub import scopes
 
-    from gpulab_hub.workflows import rename
     from gpulab_hub.sharing import groupshares, public, received, roles
+    from gpulab_hub.workflows import rename
 
     scopes.define_custom_scopes(roles.CUSTOM_SCOPES)
     db = orm.new_session_factory("sqlite://")()
@@ -357,6 +357,42 @@ def test_a_failed_step_puts_everything_back(tmp_path, monkeypatch, failing):
     assert snapshot(db, where, "one") == before
     assert snapshot(db, where, "two")["files"] == [] and spawner.name == "one"
     assert token.scopes == ["access:servers!server=alice/one"]
+
+
+def test_one_rename_of_an_owners_projects_at_a_time(tmp_path, monkeypatch):
+    """While another rename of alice's projects holds her lock (another process here),
+    a rename is told her list of projects is busy, and nothing moves."""
+    import subprocess
+    import sys
+
+    from gpulab_hub.records import run_here
+    from gpulab_hub.workflows import rename
+
+    db, spawner, where, token, log = records_hub(tmp_path)
+    before = snapshot(db, where, "one")
+    monkeypatch.setattr(rename, "LOCK_S", 0.5)
+    lock = where.hub_dir / rename.LOCKS / "alice.lock"
+    lock.parent.mkdir(parents=True)
+    hold = (
+        "import filelock, sys, time; lock = filelock.FileLock(sys.argv[1]); lock.acquire(); "
+        "print('held', flush=True); time.sleep(30)"
+    )
+    other = subprocess.Popen([sys.executable, "-c", hold, str(lock)], stdout=subprocess.PIPE)
+    try:
+        assert other.stdout.readline().strip() == b"held"
+        with pytest.raises(rename.RenameError) as e:
+            rename.move_locked(db, spawner, where, "two", None, log, run_here)
+    finally:
+        other.kill()
+        other.wait()
+    assert e.value.status == 409
+    assert str(e.value) == (
+        "Your list of projects is busy: another change to your list of projects is under "
+        "way; try again in a moment."
+    )
+    assert snapshot(db, where, "one") == before
+    assert rename.move_locked(db, spawner, where, "two", None, log, run_here)  # free again
+    assert snapshot(db, where, "two")["files"] == before["files"]
 
 
 def test_names_are_checked_whole():

@@ -5,7 +5,7 @@ allocation record), the starts waiting for a GPU (the GPU queue), image builds i
 progress, and each user's disk use under the projects folder; with the actions an
 admin needs, each a POST with JupyterHub's XSRF token that answers in a sentence on
 the page: stop a project, delete a project (JupyterHub's own removal of a named
-server, which runs gpulab's deletion: projects/deletion.py), approve an account
+server, which runs gpulab's deletion: workflows/deletion.py), approve an account
 (NativeAuthenticator's approval, as /hub/authorize does it).
 
 Admins only (403 for everyone else). Importing this package is cheap (hubconfig.py

@@ -77,6 +77,7 @@ NAME = re.compile(r"[a-z][a-z0-9]{0,29}(?:-[a-z0-9]+)*")
 MAX_NAME = 30
 STATE_KEYS = ("object_id", "object_name")  # DockerSpawner's record of a container
 LOCKS = "renames"  # in the hub's records folder: <owner>.lock, one rename at a time
+LOCK_S = blocking.LOCK_TIMEOUT  # how long a rename waits for the owner's other one
 
 
 class RenameError(Exception):
@@ -267,6 +268,18 @@ def _taken(orm_spawner, new: str) -> bool:
     return new in orm_spawner.user.orm_spawners
 
 
+class Taken(Exception):
+    """A project of the new name was made while the folders and records moved."""
+
+
+def _rename_row_if_free(db, orm_spawner, old: str, new: str, display: str | None) -> None:
+    """On the loop: :func:`rename_row`, unless a project named ``new`` was made since the
+    rename began (its folders and records moved meanwhile, off the loop)."""
+    if _taken(orm_spawner, new):
+        raise Taken(f"a project named {new!r} was made meanwhile")
+    rename_row(db, orm_spawner, old, new, display)
+
+
 def move(
     db, orm_spawner, where: Where, new: str, display: str | None, log, on_loop=records.run_here
 ) -> list[str]:
@@ -299,7 +312,7 @@ def move(
                 steps.add(record.what, undo)
                 moved.append(record.what)
         step = "renaming the server, its shares and share links"
-        on_loop(rename_row, db, orm_spawner, old, new, display)
+        on_loop(_rename_row_if_free, db, orm_spawner, old, new, display)
         server = registry.server(at)
 
         def undo_row() -> None:  # the server's records follow the row: made again after it
@@ -341,7 +354,7 @@ def move_locked(db, orm_spawner, where: Where, new: str, display, log, on_loop) 
     folder = where.hub_dir / LOCKS
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        with blocking.file_lock(folder / f"{owner}.lock", "the names of your projects"):
+        with blocking.file_lock(folder / f"{owner}.lock", "your list of projects", LOCK_S):
             return move(db, orm_spawner, where, new, display, log, on_loop)
     except blocking.Busy as e:
         raise RenameError(409, str(e)) from e
@@ -500,7 +513,7 @@ class RenameAPIHandler(APIHandler):
 
 
 def hub_handlers() -> list[tuple]:
-    """JupyterHub ``extra_handlers`` of renaming (settings.py adds them)."""
+    """JupyterHub ``extra_handlers`` of renaming (hubconfig.py adds them)."""
     return [
         (PAGE + r"/([^/]+)", "gpulab_hub.workflows.rename.RenameHandler"),
         (API + r"/([^/]+)/([^/]+)/rename", "gpulab_hub.workflows.rename.RenameAPIHandler"),
