@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import pytest
 from faults_kit import PREFIX, RecordedDocker, inventory
 
+from gpulab_hub import blocking
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.queue import QueueStore
@@ -61,6 +62,12 @@ def holdings(host) -> dict[str, list[str]]:
     return {u: [f"{h['owner']}/{h['project']}" for h in hs] for u, hs in raw.items()}
 
 
+async def off(fn, *args):
+    """The test's own reads and changes of the hub's records, off the event loop as the
+    hub's are (the loop guard is strict in tests)."""
+    return await blocking.run(blocking.RECORDS, fn, *args)
+
+
 async def until(check, timeout: float = 5.0):
     end = time.monotonic() + timeout
     while not check():
@@ -83,13 +90,13 @@ async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_re
     )
     assert said(dave)[-1].startswith("waiting for a GPU: 1 ahead; GPU 0 is held by alice/train")
     assert not c.done() and not d.done()
-    assert [e.project for e in QueueStore(host.dir / "gpu-queue.json").entries()] == [
+    assert [e.project for e in await off(QueueStore(host.dir / "gpu-queue.json").entries)] == [
         "fit",
         "eval",
     ]
 
     freed_at = time.monotonic()
-    gpu_spawner.release(alice, "alice", "train")  # alice stops (ProjectSpawner.stop)
+    await off(gpu_spawner.release, alice, "alice", "train")  # alice stops (ProjectSpawner.stop)
     await asyncio.wait_for(c, 5)
     assert time.monotonic() - freed_at < 2.0
     assert carol._gpus.uuids == ("GPU-0000-fault",)  # the one alice freed
@@ -107,11 +114,11 @@ async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_re
 
     # dave's Stop while he waits (ProjectSpawner.stop cancels his entry): his start
     # ends with words, the queue is empty, and bob's release goes to nobody
-    assert waiting.cancel(dave, "dave", "eval")
+    assert await off(waiting.cancel, dave, "dave", "eval")
     with pytest.raises(allocator.AllocationError, match="left the GPU queue without a GPU"):
         await asyncio.wait_for(d, 5)
-    assert QueueStore(host.dir / "gpu-queue.json").entries() == []
-    gpu_spawner.release(bob, "bob", "sweep")
+    assert await off(QueueStore(host.dir / "gpu-queue.json").entries) == []
+    await off(gpu_spawner.release, bob, "bob", "sweep")
     assert holdings(host) == {"GPU-0000-fault": ["carol/fit"]}
 
 
@@ -128,8 +135,8 @@ async def test_a_cancelled_start_leaves_the_queue(host):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert [e.owner for e in QueueStore(host.dir / "gpu-queue.json").entries()] == ["bob"]
-    gpu_spawner.release(first, "alice", "a")
+    assert [e.owner for e in await off(QueueStore(host.dir / "gpu-queue.json").entries)] == ["bob"]
+    await off(gpu_spawner.release, first, "alice", "a")
     await asyncio.wait_for(nxt, 5)
     assert "carol/c" not in sum(holdings(host).values(), [])
 
@@ -162,10 +169,10 @@ async def test_many_starts_at_once_never_share_a_gpu_and_all_are_served(host):
             assert all(len(hs) == 1 for hs in held.values()), held  # never two on a GPU
             assert len(held) <= 2
             served.append(sp.user.name)
-            gpu_spawner.release(sp, sp.user.name, "p")  # it ran, then stopped
+            await off(gpu_spawner.release, sp, sp.user.name, "p")  # it ran, then stopped
         await asyncio.sleep(0.05)
     assert sorted(served) == sorted(sp.user.name for sp in sps)
-    assert QueueStore(host.dir / "gpu-queue.json").entries() == []
+    assert await off(QueueStore(host.dir / "gpu-queue.json").entries) == []
     assert len(list(UsageLedger(host.dir / "gpu-usage.jsonl").records())) == 8
 
 
@@ -174,7 +181,8 @@ async def test_fair_share_serves_the_user_with_less_recent_gpu_time_first(host):
     from gpulab_hub.gpus.usage import Record
 
     now = time.time()
-    ledger.append([Record("heavy", "x", "GPU-0000-fault", "GPU 0", now - 7200, now - 3600)])
+    used = Record("heavy", "x", "GPU-0000-fault", "GPU 0", now - 7200, now - 3600)
+    await off(ledger.append, [used])
     holder = spawner(host, "alice", "a")
     await holder._reserve_gpus({"gpus": 2})
     heavy, light = spawner(host, "heavy", "h"), spawner(host, "light", "l")
@@ -184,7 +192,7 @@ async def test_fair_share_serves_the_user_with_less_recent_gpu_time_first(host):
     await until(lambda: any(m.startswith("waiting") for m in said(light)))
     # light came second but used less: light is next in line
     await until(lambda: said(heavy)[-1].startswith("waiting for a GPU: 1 ahead"))
-    gpu_spawner.release(holder, "alice", "a")
+    await off(gpu_spawner.release, holder, "alice", "a")
     await asyncio.wait_for(asyncio.gather(h, lt), 5)
     assert {heavy._gpus.uuids[0], light._gpus.uuids[0]} == {"GPU-0000-fault", "GPU-0001-fault"}
 
