@@ -79,6 +79,8 @@ NOT_SITE_SETTINGS = {
     "GPULAB_PROGRESS",  # %gpu_install's own
     "GPULAB_GPU_RECLAIM_",  # "GPULAB_GPU_RECLAIM_*" in prose
     settings.SERVICE_VAR,  # the hub's hand-over of the settings to its services
+    "GPULAB_LOOP_GUARD",  # the test suite's switch of the event-loop guard (blocking.py)
+    "GPULAB_TEST_PREFIX",  # the test suite's names of Docker objects
 }
 
 
@@ -257,3 +259,12 @@ def test_each_default_is_written_once(value):
                 where.append(f"{path.relative_to(HUB)}:{node.lineno}")
     assert where and all(w.startswith("settings.py:") for w in where), where
     assert len(where) == 1, where
+
+
+def test_the_command_says_which_variable_is_wrong(monkeypatch, capsys):
+    from gpulab_hub import cli
+
+    monkeypatch.setenv("GPULAB_OPEN_SIGNUP", "yes")
+    assert cli.main(["status"]) == 1
+    err = capsys.readouterr().err
+    assert err == "gpulab: GPULAB_OPEN_SIGNUP must be 1 (on) or 0 (off); it is 'yes'.\n"

@@ -44,13 +44,17 @@ _HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-
 # --- how one variable is read ----------------------------------------------------------
 
 
+class SettingError(ValueError):
+    """A site variable's value is not allowed; the sentence names it and what it may be."""
+
+
 def text(name: str, value: str) -> str:
     return value
 
 
 def flag(name: str, value: str) -> bool:
     if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 1 (on) or 0 (off); it is {value!r}.")
+        raise SettingError(f"{name} must be 1 (on) or 0 (off); it is {value!r}.")
     return value == "1"
 
 
@@ -59,7 +63,7 @@ def whole(low: int, high: int, unit: str = "a whole number") -> Callable[[str, s
 
     def parse(name: str, value: str) -> int:
         if not re.fullmatch(r"[0-9]{1,9}", value) or not low <= int(value) <= high:
-            raise ValueError(f"{name} must be {unit} from {low} to {high}; it is {value!r}.")
+            raise SettingError(f"{name} must be {unit} from {low} to {high}; it is {value!r}.")
         return int(value)
 
     return parse
@@ -78,7 +82,7 @@ def choice(*allowed: str) -> Callable[[str, str], str]:
     def parse(name: str, value: str) -> str:
         if value not in allowed:
             words = " or ".join(repr(a) for a in allowed)
-            raise ValueError(f"{name} must be {words}; it is {value!r}.")
+            raise SettingError(f"{name} must be {words}; it is {value!r}.")
         return value
 
     return parse
@@ -87,7 +91,7 @@ def choice(*allowed: str) -> Callable[[str, str], str]:
 def host_or_empty(name: str, value: str) -> str:
     """An IP address or a host name, whole; "" where unset."""
     if value and not valid_host(value):
-        raise ValueError(f"{name} must be an IP address or a host name; it is {value!r}.")
+        raise SettingError(f"{name} must be an IP address or a host name; it is {value!r}.")
     return value
 
 

@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args, os.environ)
-    except (host.HostError, allocator.AllocationError) as e:
+    except (host.HostError, allocator.AllocationError, settings.SettingError) as e:
         print(f"gpulab: {e}", file=sys.stderr)
         return 1
 
