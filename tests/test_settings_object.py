@@ -238,14 +238,19 @@ def test_the_traits_and_every_reader_report_the_objects_defaults():
     assert local_url(d.bind_url) == "http://127.0.0.1:8000/"
 
 
-# Defaults that were once written in several modules: each string may stand whole in the
-# hub's source once, in the settings module.
+# Defaults that were once written in several modules (or could be): each may stand whole
+# in the hub's source once, in the settings module.
 ONCE = [
     settings.DEFAULT.gpus.driver_dir,
     str(settings.DEFAULT.home),
     settings.DEFAULT.images.base_image,
     settings.DEFAULT.images.image_repo,
     settings.DEFAULT.bind_url,
+    settings.DEFAULT.hub_port,
+    settings.DEFAULT.proxy_api_port,
+    settings.DEFAULT.ssh.port,
+    settings.DEFAULT.idle_timeout_s,
+    settings.DEFAULT.sharing.share_max_hours,
 ]
 
 
@@ -255,7 +260,8 @@ def test_each_default_is_written_once(value):
     for path in sorted(HUB.rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and node.value == value:
+            same = isinstance(node, ast.Constant) and type(node.value) is type(value)
+            if same and node.value == value:
                 where.append(f"{path.relative_to(HUB)}:{node.lineno}")
     assert where and all(w.startswith("settings.py:") for w in where), where
     assert len(where) == 1, where
