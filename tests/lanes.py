@@ -36,11 +36,15 @@ SLOW = (
     "tests/test_magics_kernel.py",  # a real IPython kernel installing from a wheelhouse
     "tests/test_magics_concurrent.py",  # twenty pip installs at once
     "tests/test_magics_dockerfile.py::test_concurrent_writers_from_separate_processes_lose_nothing",
-    # kernels, Jupyter servers, nbconvert and the hub's services as processes
+    # kernels, Jupyter servers, nbconvert, job processes and the hub's services
     "tests/test_jobs_local.py::test_a_job_outlives_the_kernel_that_started_it",
     "tests/test_jobs_local.py::test_a_notebook_job_writes_its_executed_copy_next_to_it",
     "tests/test_jobs_local.py::test_gpu_job_magic_in_a_kernel_that_then_dies",
     "tests/test_jobs_local.py::test_the_terminal_command",
+    "tests/test_jobs_local.py::test_stop_ends_the_job_and_its_processes",
+    "tests/test_jobs_commands.py::test_gpu_job_in_a_kernel_runs_commands_lists_with_headers_and_explains_no_gpu",
+    "tests/test_jobs_commands.py::test_each_command_form_runs_for_real_with_its_words_untouched",
+    "tests/test_gpu_status_api.py::test_processes_shape_with_a_running_kernel",
     "tests/test_hub_peers.py::test_a_stranger_is_refused_everything_and_loopback_is_not",
     "tests/test_hub_peers.py::test_the_hubs_address_is_answered",
     "tests/test_hub_peers.py::test_a_value_that_is_no_address_list_lets_loopback_only",
@@ -52,13 +56,30 @@ SLOW = (
     "tests/test_faults_pidfile.py::test_gpulab_down_stops_the_process_it_recorded",
     "tests/test_culling.py::test_the_culler_service_stops_at_the_hubs_first_signal",
     "tests/test_gpu_keeper.py::test_the_keeper_service_stops_at_the_hubs_first_signal",
+    "tests/test_cluster_batch_node.py",  # the node scripts run under bash, a recording docker
+    "tests/test_cluster_multinode_units.py::test_a_failing_node_says_so_and_term_removes_the_container",
     "tests/test_compose.py",  # Debian's docker-compose reads compose.yml (1 s a run)
-    # many processes at once, or a wait that is the point of the test
+    # many processes, threads or connections at once
     "tests/test_faults_gpu_booking.py::test_spawns_never_double_book",
+    "tests/test_allocator.py::test_processes_never_double_book",
+    "tests/test_gpu_queue.py::test_processes_enqueueing_and_granting_at_once_lose_nothing_and_grant_nothing_twice",
+    "tests/test_gpu_usage.py::test_processes_appending_at_once_lose_no_record",
+    "tests/test_ssh_units.py::test_an_address_opens_at_most_ten_connections_not_logged_in_at_once",
+    "tests/test_backup.py::test_the_database_is_copied_whole_while_the_hub_writes_to_it",
+    # hundreds of generated examples (hypothesis) of one policy
+    "tests/test_allocator.py::test_choose_follows_the_rules_and_is_pure",
+    "tests/test_allocator.py::test_store_sequences",
+    "tests/test_gpu_reclaim.py::test_idle_release_takes_only_holders_idle_in_every_way_for_that_long",
+    "tests/test_gpu_reclaim.py::test_a_job_or_a_busy_gpu_is_never_reclaimed_and_nothing_is_reclaimed_unneeded",
+    "tests/test_magics_dockerfile.py::test_fuzz_lines_outside_the_block_are_untouched",
+    # a wait that is the point of the test
     "tests/test_doctor_host.py::test_unreachable_engine_fails_fast",
+    "tests/test_blocking.py::test_a_lock_held_elsewhere_ends_in_a_sentence_not_a_hang",
     "tests/test_gpu_status_api.py::test_sampler_survives_errors_says_stale_backs_off_and_recovers",
     "tests/test_gpu_queue_spawn.py::test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_release",
     "tests/test_gpu_queue_spawn.py::test_fair_share_serves_the_user_with_less_recent_gpu_time_first",
+    "tests/test_cluster_spawner_units.py::test_poll_follows_the_job_and_stop_cancels_and_waits",
+    "tests/test_cluster_down_units.py::test_down_waits_for_each_job_to_end_and_says_what_it_could_not_stop",
 )
 
 
