@@ -185,9 +185,9 @@ class Gpus:
     driver_dir: str = var("GPULAB_DRIVER_DIR", "/usr/local/nvidia")
     # Seconds (None: the ProjectSpawner traits gpu_reclaim_idle, gpu_reclaim_grace,
     # gpu_idle_release, whose defaults are gpus/reclaim.py's)
-    reclaim_idle: int | None = var("GPULAB_GPU_RECLAIM_IDLE", None, optional(SECONDS))
-    reclaim_grace: int | None = var("GPULAB_GPU_RECLAIM_GRACE", None, optional(SECONDS))
-    idle_release: int | None = var("GPULAB_GPU_IDLE_RELEASE", None, optional(SECONDS))
+    reclaim_idle: float | None = var("GPULAB_GPU_RECLAIM_IDLE", None, optional(SECONDS))
+    reclaim_grace: float | None = var("GPULAB_GPU_RECLAIM_GRACE", None, optional(SECONDS))
+    idle_release: float | None = var("GPULAB_GPU_IDLE_RELEASE", None, optional(SECONDS))
 
 
 # --- the layout: where things live (hubsettings.py derives it) -----------------------------

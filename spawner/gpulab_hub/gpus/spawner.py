@@ -18,7 +18,7 @@ from gpulab_hub import gpus
 from gpulab_hub.gpus import allocator, reclaim, usage, utilmeter, wsl
 from gpulab_hub.hubsettings import default_layout
 from gpulab_hub.projects import objects
-from gpulab_hub.settings import DEFAULT, GPU_USAGE_WINDOW_S
+from gpulab_hub.settings import DEFAULT, GPU_USAGE_WINDOW_S, QUEUE, USAGE
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
 
@@ -140,11 +140,11 @@ class GpuTraits(HasTraits):
 
     @default("queue_file")
     def _queue_file_default(self) -> str:
-        return str(Path(self.allocations_file).with_name("gpu-queue.json"))
+        return str(Path(self.allocations_file).with_name(QUEUE))
 
     @default("usage_file")
     def _usage_file_default(self) -> str:
-        return str(Path(self.allocations_file).with_name("gpu-usage.jsonl"))
+        return str(Path(self.allocations_file).with_name(USAGE))
 
     gpu_usage_window = Float(
         GPU_USAGE_WINDOW_S,
