@@ -126,6 +126,13 @@ async def test_store_keeps_only_encrypted_values_and_gives_each_project_its_choi
     assert await put(store, "HF_TOKEN", VALUE) is True
     assert await put(store, "WANDB_API_KEY", "wandb-" + VALUE) is True
     assert await put(store, "HF_TOKEN", VALUE + "2") is False  # replaced
+    # The store blocks (a file lock): the rest runs off the event loop, as the hub's pages do.
+    owner = await asyncio.to_thread(_listed_and_chosen, store)
+    assert await crypt.decrypt(owner["HF_TOKEN"]) == VALUE + "2"
+    await asyncio.to_thread(_the_rest_of_the_store, store, tmp_path)
+
+
+def _listed_and_chosen(store: SecretStore) -> dict:
     assert [s.name for s in store.listing()] == ["HF_TOKEN", "WANDB_API_KEY"]
     assert time.strptime(store.listing()[0].set, "%Y-%m-%dT%H:%M:%SZ")
 
@@ -133,7 +140,10 @@ async def test_store_keeps_only_encrypted_values_and_gives_each_project_its_choi
     assert store.selections() == {"vision": Selection(("HF_TOKEN",), False)}
     owner = store.encrypted_for("vision", collaborator=False)
     assert list(owner) == ["HF_TOKEN"]
-    assert await crypt.decrypt(owner["HF_TOKEN"]) == VALUE + "2"
+    return owner
+
+
+def _the_rest_of_the_store(store: SecretStore, tmp_path: Path) -> None:
     assert store.encrypted_for("vision", collaborator=True) == {}
     assert store.encrypted_for("other", collaborator=False) == {}
     store.choose("vision", ["HF_TOKEN", "WANDB_API_KEY"], collaborators=True)
@@ -548,9 +558,7 @@ def test_get_tells_a_collaborator_and_a_kernel_without_secrets_why(kernel_env):
 
 
 # --- the hub's configuration --------------------------------------------------------------
-def test_the_hub_is_configured_without_writing_and_names_the_kernel_manager(
-    tmp_path, monkeypatch
-):
+def test_the_hub_is_configured_without_writing_and_names_the_kernel_manager(tmp_path, monkeypatch):
     from gpulab_hub import hubconfig, secrets
     from gpulab_jupyter.secrets.kernels import SecretsKernelManager
 
