@@ -25,6 +25,7 @@ import docker.errors
 import docker.utils
 import requests.exceptions
 
+from gpulab_contract import files
 from gpulab_hub import blocking, firewall, images, pidfile
 from gpulab_hub.images import base as baseimage
 from gpulab_hub.images import userwheel
@@ -148,13 +149,7 @@ def write_build_runtime(state_dir: Path) -> Path:
             raise HostError(f"gpulab's engine runtime cannot name the path {value!r}.")
     text = _RUNTIME_SCRIPT.format(**paths)
     path = state_dir / "gpulab-build-runtime"
-    tmp = state_dir / ".gpulab-build-runtime.tmp"
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
+    files.write_atomic(path, text.encode(), mode=0o755)  # gpulab's one atomic writer
     return path
 
 
