@@ -110,6 +110,9 @@ def confine_bundle(bundle: str) -> bool:
     pids = build_pids_limit(spec)
     if pids is None:
         return False
+    # Its own rename, not gpulab_contract.files: the engine runs this module with
+    # ``python -I -S`` (the standard library only, no site packages), and runc reads the
+    # spec once, right after; a crash leaves the engine's own bundle to be made again.
     tmp = path + ".gpulab"
     with open(tmp, "w") as f:
         json.dump(confine(spec, pids), f)
