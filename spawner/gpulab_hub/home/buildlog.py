@@ -12,7 +12,6 @@ the end of the log, without ANSI escape codes, escaped in the page.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from urllib.parse import quote
 
@@ -20,7 +19,7 @@ from jupyterhub import orm
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from gpulab_hub import hubsettings
+from gpulab_hub import blocking, hubsettings
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, project_name
 from gpulab_hub.sharing import roles
@@ -63,7 +62,7 @@ class BuildLogHandler(BaseHandler):
         owner, name = self._target(first, second)
         where = hubsettings.of_handler(self)
         project = Project(where.projects_root, owner, project_name(name), where.state_root)
-        path, text, cut, build_failed = await asyncio.to_thread(_read, project)
+        path, text, cut, build_failed = await blocking.run(blocking.RECORDS, _read, project)
         written = ""
         if path is not None:
             stamp = path.name.removeprefix("build-").removesuffix(".log")

@@ -12,7 +12,6 @@ page says SSH is off on this gpulab (keys can still be kept).
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import re
@@ -25,6 +24,7 @@ from urllib.parse import urlsplit
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
+from gpulab_hub import blocking
 from gpulab_hub.projects.title import title
 from gpulab_hub.settings import valid_host
 from gpulab_hub.sharing import roles
@@ -143,8 +143,10 @@ class SSHPageHandler(BaseHandler):
 
     async def _page(self, status: int = 200, message: str = "", error: str = ""):
         user = self.current_user.name
-        keys: list[StoredKey] = await asyncio.to_thread(self.store.keys, user)
-        host_key = await asyncio.to_thread(read_host_key, self.host_key) if self.port else None
+        keys: list[StoredKey] = await blocking.run(blocking.RECORDS, self.store.keys, user)
+        host_key = None
+        if self.port:
+            host_key = await blocking.run(blocking.RECORDS, read_host_key, self.host_key)
         rows = self._connect_rows() if self.port else []
         html = await self.render_template(
             "gpulab-ssh.html",
@@ -173,7 +175,7 @@ class SSHPageHandler(BaseHandler):
         if action == "add":
             text = self.get_body_argument("key", "", strip=False)
             try:
-                key = await asyncio.to_thread(self.store.add, user, text)
+                key = await blocking.run(blocking.RECORDS, self.store.add, user, text)
             except KeyRefused as e:
                 await self._page(400, error=str(e))
                 return
@@ -185,7 +187,7 @@ class SSHPageHandler(BaseHandler):
             if not FINGERPRINT.fullmatch(fingerprint):
                 await self._page(400, error="Choose a key to delete from the list.")
                 return
-            if not await asyncio.to_thread(self.store.remove, user, fingerprint):
+            if not await blocking.run(blocking.RECORDS, self.store.remove, user, fingerprint):
                 await self._page(404, error=f"You have no key {fingerprint} (deleted already?).")
                 return
             await self._page(message=f"Deleted the key {fingerprint}: it no longer opens a shell.")
