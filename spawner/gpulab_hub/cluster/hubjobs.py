@@ -28,12 +28,13 @@ from pathlib import Path
 from escapism import unescape
 from jupyterhub.slugs import is_valid_safe_slug
 
+from gpulab_contract.jobs import JOB_ID
 from gpulab_hub.cluster import ClusterError, jobs, reasons
 from gpulab_hub.cluster.slurm import Job, Slurm, status_of
 
 STOP_WAIT = 60.0  # seconds gpulab down waits for cancelled jobs to leave Slurm's active states
 _ESCAPED = r"(?:[a-z0-9]|-[0-9a-f]{2})+"
-_GPULAB_JOB = r"[0-9]{8}-[0-9]{6}-[a-z0-9]{4}"  # multinode.TrainRequest.job_id's form
+_GPULAB_JOB = JOB_ID.pattern  # the contract's job ids (multinode.TrainRequest.job_id)
 
 Escape = Callable[[str], str]
 
