@@ -1,9 +1,12 @@
-"""%gpu_info in a real project's kernel where torch imports (CPU torch, no GPU).
+"""%gpu_info and %gpu_install in a real project's kernel where torch imports (CPU torch,
+no GPU).
 
 The test hubs' base image carries the CPU torch wheel from this machine's disk
 (tests/torch_wheel.py), as a project made from a torch template would: a user who
 imports torch and asks %gpu_info sees the torch section and is told plainly that
-there is no GPU, not a traceback.
+there is no GPU, not a traceback; %gpu_install keeps the image's own torch: a package
+that needs another torch is refused, naming the image's torch, and one that only needs
+torch installs beside it.
 """
 
 from __future__ import annotations
@@ -46,3 +49,67 @@ def test_gpu_info_with_torch_imported_shows_torch_and_says_there_is_no_gpu(tori)
     torch_version = version.split()[0]
     assert f"torch {torch_version} (CPU only), built for: none" in lines, out
     assert not any(ln.startswith("  runs on GPU") for ln in lines), out
+
+
+# Two tiny wheels, written in the project's kernel: one needs a torch the image does not
+# have, the other only needs torch.
+WHEELS = """
+import pathlib, zipfile
+wh = pathlib.Path("/tmp/gpulabfst-wheels")
+wh.mkdir(exist_ok=True)
+def wheel(name, requires):
+    mod = name.replace("-", "_")
+    with zipfile.ZipFile(wh / f"{mod}-1.0-py3-none-any.whl", "w") as z:
+        z.writestr(f"{mod}.py", "import torch\\n")
+        needs = "".join(f"Requires-Dist: {r}\\n" for r in requires)
+        z.writestr(f"{mod}-1.0.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\\nName: {name}\\nVersion: 1.0\\n" + needs)
+        z.writestr(f"{mod}-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\\nGenerator: gpulab-tests\\n"
+                   "Root-Is-Purelib: true\\nTag: py3-none-any\\n")
+        z.writestr(f"{mod}-1.0.dist-info/RECORD", "")
+wheel("wants-newer-torch", ["torch>=99"])
+wheel("uses-torch", ["torch"])
+print(*sorted(p.name for p in wh.iterdir()))
+"""
+
+
+def install(tori, line: str) -> str:
+    """%gpu_install in the project's kernel; what it printed, and how it ended."""
+    code = (
+        "try:\n"
+        f"    get_ipython().run_line_magic('gpu_install', {line!r})\n"
+        "    print('ENDED: ok')\n"
+        "except BaseException as e:\n"
+        "    print('ENDED:', type(e).__name__)\n"
+    )
+    return tori.execute("torchinfo", code, timeout=300)
+
+
+def test_gpu_install_keeps_the_images_real_torch_and_says_what_would_replace_it(tori):
+    version = tori.execute("torchinfo", "import torch\nprint(torch.__version__)").strip()
+    assert version.endswith("+cpu"), version
+    assert "wants_newer_torch-1.0-py3-none-any.whl" in tori.execute("torchinfo", WHEELS)
+    dockerfile = tori.execute("torchinfo", "print(open('/workspace/Dockerfile').read())")
+
+    out = install(tori, "--no-index --find-links /tmp/gpulabfst-wheels wants-newer-torch")
+    assert f"Refused: this install would replace the image's torch stack (torch=={version})" in (
+        out
+    ), out
+    assert "wants-newer-torch 1.0 depends on torch>=99" in out, out
+    assert "--allow-torch-change" in out, out
+    assert "ENDED: ok" not in out, out
+    after = tori.execute(
+        "torchinfo",
+        "import importlib.metadata as m\nprint(m.version('torch'))\n"
+        "print(open('/workspace/Dockerfile').read())",
+    )
+    assert after.startswith(version + "\n"), after  # torch untouched
+    assert after.removeprefix(version + "\n") == dockerfile  # nothing recorded
+
+    # a package that only needs torch installs beside the image's torch, which stays
+    out = install(tori, "--no-index --find-links /tmp/gpulabfst-wheels uses-torch")
+    assert "ENDED: ok" in out and "Refused" not in out, out
+    assert (
+        tori.execute("torchinfo", "import uses_torch, torch\nprint(torch.__version__)").strip()
+        == version
+    )
