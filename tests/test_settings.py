@@ -9,6 +9,7 @@ from traitlets.config import Config
 
 from gpulab_hub import (
     accounts,
+    admin,
     culling,
     doctor,
     home,
@@ -136,6 +137,8 @@ def test_defaults_give_a_working_single_machine_hub(monkeypatch):
                     "/api/gpulab/secrets/([^/]+)/([^/]+)",
                     "gpulab_hub.secrets.api.SecretsAPIHandler",
                 ),
+                # the admin overview: what runs, with stop, delete and approve
+                ("/gpulab/admin", "gpulab_hub.admin.web.AdminHandler", {}),
             ],
             "template_paths": [
                 str(home.TEMPLATES),
@@ -147,6 +150,7 @@ def test_defaults_give_a_working_single_machine_hub(monkeypatch):
                 str(accounts.TEMPLATES),
                 str(ssh.TEMPLATES),
                 str(secrets.TEMPLATES),
+                str(admin.TEMPLATES),
             ],
             "load_roles": [
                 {

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gpulab_hub import (
     accounts,
+    admin,
     culling,
     doctor,
     home,
@@ -209,6 +210,8 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
     # SSH into projects (ssh/, docs/remote.md) and each user's secrets (secrets/).
     ssh.configure(c, s)
     secrets.configure(c, s, hub_dir)
+    # The admin overview, /hub/gpulab/admin (admin/, docs/admin.md).
+    admin.configure(c)
     # The pages' and services' settings, as far as they are known now (finish).
     _hand_on(c, s)
     return s

@@ -39,6 +39,7 @@ PAGES = {
     "/hub/gpulab/usage": ("302 403 403 403 403 200", {403: ADMINS_USAGE}),
     "/hub/gpulab/usage.csv": ("302 403 403 403 403 200", {403: ADMINS_USAGE}),
     "/hub/gpulab/doctor": ("302 403 403 403 403 200", {403: ADMINS_DOCTOR}),
+    "/hub/gpulab/admin": ("302 403 403 403 403 200", {403: "Only admins may see the admin"}),
 }
 
 

@@ -275,6 +275,11 @@ EXPECTED: dict[str, tuple[str, dict[str, str]]] = {
     # GPU usage of everyone: admins only
     "/hub/gpulab/usage": ("/hub/gpulab/usage", {"get": "302 403 403 403 403 200"}),
     "/hub/gpulab/usage\\.csv": ("/hub/gpulab/usage.csv", {"get": "302 403 403 403 403 200"}),
+    # The admin overview and its actions (stop, delete, approve): admins only
+    "/hub/gpulab/admin": (
+        "/hub/gpulab/admin",
+        {"get": "302 403 403 403 403 200", "post": "403 403 403 403 . ."},
+    ),
     "/hub/gpulab/share/([^/]+)(?:/([^/]+))?": (
         f"/hub/gpulab/share/{U}/{P}",
         {"get": "302 404 404 403 200 404", "post": "403 404 404 403 . ."},
