@@ -227,17 +227,18 @@ class AdminHandler(BaseHandler):
         return "stopped" if not spawner.active else "stopping"
 
     async def _act_stop(self, user, name: str) -> str:
+        # A user's name is never capitalised: sentences do not start with it.
         what = f"{user.name}'s project \u201c{name}\u201d"
         done = await self._stop(user, name)
         if done == "stopped":
             return f"Stopped {what}; the GPUs it held are free."
         if done == "stopped already":
-            return f"{what[:1].upper()}{what[1:]} was not running: nothing to stop."
+            return f"Nothing to stop: {what} was not running."
         if done == "failed":
-            return f"{what[:1].upper()}{what[1:]} could not be stopped: the hub's log says why."
+            return f"Could not stop {what}: the hub's log says why."
         if done == "busy":
-            return f"{what[:1].upper()}{what[1:]} is between two states; try again in a moment."
-        return f"{what[:1].upper()}{what[1:]} is stopping; reload this page to see it stopped."
+            return f"Try again in a moment: {what} is between two states."
+        return f"Stopping {what}: reload this page in a moment to see it stopped."
 
     async def _act_delete(self, user, name: str) -> str | None:
         """JupyterHub's removal of a named server (stopped first), which runs gpulab's
@@ -249,7 +250,7 @@ class AdminHandler(BaseHandler):
         if spawner.active:
             await self._stop(user, name)
             if spawner.active:
-                return f"{what[:1].upper()}{what[1:]} is still stopping; delete it once it has."
+                return f"Not deleted yet: {what} is still stopping; delete it once it has."
         self.log.info("gpulab: %s deletes %s/%s", self.current_user.name, user.name, name)
         await user._delete_spawner(spawner)  # ProjectSpawner.delete_forever: deletion.py
         self.db.delete(spawner.orm_spawner)
