@@ -1,11 +1,12 @@
-"""gpulab's hub pages in-process, in JupyterHub's own testing style (issue 26, lanes).
+"""gpulab's hub pages in-process, in JupyterHub's own testing style (docs/testing.md).
 
 :func:`page_hub` builds JupyterHub's ``MockHub`` (jupyterhub.tests.mocking) from the
 repository's own ``jupyterhub_config.py`` -- gpulab's real wiring: its authenticator,
 its spawner class, its ``extra_handlers`` and templates -- with a real JupyterHub
-database in a temporary folder, and serves the hub's tornado application on a port of
-127.0.0.1. No proxy, no services, no Docker: ``MockHub.start`` is never called (it would
-start the proxy and the managed services), and projects are never started. A test asks
+database in a temporary folder, and serves the hub's tornado application on the hub's
+own address (127.0.0.1, its hub_port). No proxy, no services, no Docker:
+``MockHub.start`` is never called (it would start the proxy and the managed services),
+and projects are never started. A test asks
 a page as anonymous, a user or an admin (the signed login cookie JupyterHub's login page
 would set) and reads the words a person would read.
 """
@@ -216,10 +217,15 @@ async def page_hub(home: Path, **extra: str) -> PageHub:
     from gpulab_hub.gpus import metrics
 
     env = site_env(home, **extra)
-    if metrics._registered is None:  # the hub's GPU-figures reader: not in this process
-        metrics._registered = metrics.GpuCollector(lambda: None)
-    # Off the event loop's thread, as setup: the configuration reads (and locks) records.
-    config = await asyncio.to_thread(load_config, env)
+    # The hub's GPU-figures reader (gpus/metrics.py) is not started in the test process:
+    # jupyterhub_config.py's register() finds one there already, put back afterwards.
+    kept = metrics._registered
+    metrics._registered = kept or metrics.GpuCollector(lambda: None)
+    try:
+        # Off the event loop's thread, as setup: the configuration reads (and locks) records.
+        config = await asyncio.to_thread(load_config, env)
+    finally:
+        metrics._registered = kept
     config.JupyterHub.log_level = "WARN"
     MockHub.clear_instance()
     app = MockHub.instance(config=config)
