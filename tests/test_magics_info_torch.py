@@ -51,8 +51,8 @@ def test_gpu_info_with_torch_imported_shows_torch_and_says_there_is_no_gpu(tori)
     assert not any(ln.startswith("  runs on GPU") for ln in lines), out
 
 
-# Two tiny wheels, written in the project's kernel: one needs a torch the image does not
-# have, the other only needs torch.
+# Tiny wheels, written in the project's kernel: one needs a torch the image does not
+# have, one only needs torch, one needs nothing.
 WHEELS = """
 import pathlib, zipfile
 wh = pathlib.Path("/tmp/gpulabfst-wheels")
@@ -69,6 +69,7 @@ def wheel(name, requires):
         z.writestr(f"{mod}-1.0.dist-info/RECORD", "")
 wheel("wants-newer-torch", ["torch>=99"])
 wheel("uses-torch", ["torch"])
+wheel("plain-extra", [])
 print(*sorted(p.name for p in wh.iterdir()))
 """
 
@@ -113,3 +114,18 @@ def test_gpu_install_keeps_the_images_real_torch_and_says_what_would_replace_it(
         tori.execute("torchinfo", "import uses_torch, torch\nprint(torch.__version__)").strip()
         == version
     )
+
+
+def test_gpu_diff_in_the_container_tells_the_images_torch_from_what_was_added(tori):
+    tori.execute("torchinfo", WHEELS)
+    tori.execute(
+        "torchinfo", "%pip install -q --no-index --find-links /tmp/gpulabfst-wheels plain-extra"
+    )
+    out = tori.execute("torchinfo", "%gpu_diff")
+    added, _, record = out.partition("Record them with:")
+    # "since" the container started (read from its first process), not since the epoch
+    assert "Installed in this environment since " in added, out
+    names = [ln.split()[0] for ln in added.splitlines() if ln.startswith("    ")]
+    assert "plain-extra" in names, out
+    assert "torch" not in names, out  # the image's own, from its build
+    assert "plain-extra==1.0" in record and "torch==" not in record, out
