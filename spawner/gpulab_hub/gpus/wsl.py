@@ -9,7 +9,9 @@ all GPUs ("wsl2-shared"): nothing is booked, no start waits for a GPU, nothing i
 reclaimed, and the spawn page, the doctor and the GPU panel say so.
 
 :func:`detect` is pure in its one input, a file system root, so tests build a
-fake tree; nothing is read at import.
+fake tree; nothing is read at import. What a GPU project's container gets on such a
+host is part of the container's spec, beside the other ways of giving GPUs
+(projects/objects.py: ``wsl2_env``, ``wsl2_host_config``, ``wsl2_binds``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpulab_hub.projects import objects
 from gpulab_hub.projects.objects import DXG, WSL2_SHARED, WSL_DIR, WSL_LIB  # noqa: F401
 
 PINNED = "pinned"
@@ -77,10 +78,3 @@ def detect(root: str = "/") -> GpuHost:
         return GpuHost(kernel_says_wsl=kernel)
     lib = os.path.isdir(_under(root, WSL_LIB))
     return GpuHost(WSL2_SHARED, DXG, WSL_LIB if lib else "", kernel)
-
-
-# What a GPU project's container gets on such a host is part of the container's spec,
-# beside the other ways of giving GPUs: projects/objects.py (WSL2).
-container_env = objects.wsl2_env
-host_config = objects.wsl2_host_config
-binds = objects.wsl2_binds
