@@ -32,17 +32,18 @@ from pathlib import Path
 # below. A subpackage or module not named here counts as the capabilities layer.
 LAYERS = {
     "foundation": {
-        "jsonfile", "pidfile", "hubfiles", "settings", "hubsettings", "host", "blocking",
-        "records", "firewall", "buildruntime",
+        "gpulab_hub", "jsonfile", "pidfile", "hubsettings", "settings", "hubfiles", "firewall",
+        "buildruntime", "blocking", "records", "projects",
     },
-    "records": {"projects"},
     "capabilities": {
-        "images", "gpus", "sharing", "secrets", "ssh", "cluster", "accounts", "culling",
-        "spawner",
+        "images", "gpus", "cluster", "sharing", "secrets", "ssh", "accounts", "host", "culling",
     },
-    "workflows": {"workflows"},
-    "surfaces": {"home", "usagepage", "doctor", "cli", "admin"},
+    "workflows": {"workflows", "backup"},
+    "surfaces": {"spawner", "home", "usagepage", "doctor", "cli", "admin", "hubconfig"},
 }  # fmt: skip
+# Modules JupyterHub loads by the dotted name an admin writes: entry points, in the
+# surfaces layer whichever folder holds them (the same table as tests/test_imports.py).
+ENTRY_POINTS = ("cluster.spawner", "accounts.auth")
 ORDER = list(LAYERS)
 SOURCES = {
     "gpulab_hub": "spawner/gpulab_hub",
@@ -53,6 +54,8 @@ HELPER_POOL_MODULES = {"gpulab_hub.blocking"}
 
 
 def layer_of(package: str) -> int:
+    if package in ENTRY_POINTS:
+        return ORDER.index("surfaces")
     for n, name in enumerate(ORDER):
         if package in LAYERS[name]:
             return n
@@ -112,19 +115,28 @@ def imports(name: str, path: Path, tree: ast.AST) -> set[str]:
     return out
 
 
+def node_of(parts: list[str]) -> str:
+    """The graph's node of a hub module: its entry point, else its subpackage."""
+    for entry in ENTRY_POINTS:
+        if ".".join(parts[1:]) == entry or ".".join(parts[1:]).startswith(entry + "."):
+            return entry
+    return parts[1]
+
+
 def package_graph(mods: dict[str, Path], trees: dict[str, ast.AST]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in mods.items():
         parts = name.split(".")
         if parts[0] != "gpulab_hub" or len(parts) < 2:
             continue
-        src = parts[1]
+        src = node_of(parts)
         graph[src]
         for target in imports(name, path, trees[name]):
             t = target.split(".")
             if t[0] == "gpulab_hub" and len(t) > 1 and f"gpulab_hub.{t[1]}" in mods:
-                if t[1] != src:
-                    graph[src].add(t[1])
+                dst = node_of(t)
+                if dst != src:
+                    graph[src].add(dst)
     return graph
 
 
