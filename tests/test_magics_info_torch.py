@@ -129,3 +129,21 @@ def test_gpu_diff_in_the_container_tells_the_images_torch_from_what_was_added(to
     assert "plain-extra" in names, out
     assert "torch" not in names, out  # the image's own, from its build
     assert "plain-extra==1.0" in record and "torch==" not in record, out
+
+
+JOB = (
+    "import os, torch\n"
+    "x = torch.ones(64, 64)\n"
+    "print('precision', os.environ.get('GPULAB_PRECISION'), 'torch', torch.__version__,\n"
+    "      'sum', float((x @ x).sum()))\n"
+)
+
+
+def test_gpu_job_runs_a_torch_script_at_auto_precision_on_the_cpu(tori):
+    version = tori.execute("torchinfo", "import torch\nprint(torch.__version__)").strip()
+    tori.execute("torchinfo", f"open('/workspace/torchjob.py', 'w').write({JOB!r})")
+    out = tori.execute(
+        "torchinfo", "%gpu_job run --follow --precision auto torchjob.py", timeout=300
+    )
+    assert f"precision fp32 torch {version} sum {64.0 * 64 * 64}" in out, out
+    assert "succeeded" in out, out
