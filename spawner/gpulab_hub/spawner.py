@@ -29,6 +29,7 @@ from gpulab_hub.gpus.spawner import GpuTraits
 from gpulab_hub.home import buildlog
 from gpulab_hub.images import builds, confine
 from gpulab_hub.images import project as projectimage
+from gpulab_hub.images.startfail import MIN_FAILURE_S, SpawnError, build_failed
 from gpulab_hub.projects import (
     DEFAULT_PROJECT,
     Project,
@@ -40,7 +41,6 @@ from gpulab_hub.projects import (
     safe_owner,
 )
 from gpulab_hub.projects.safefs import ensure_project
-from gpulab_hub.images.startfail import MIN_FAILURE_S, SpawnError, build_failed
 from gpulab_hub.projects.title import title
 from gpulab_hub.projects.traits import ProjectTraits
 from gpulab_hub.settings import DEFAULT, network_of

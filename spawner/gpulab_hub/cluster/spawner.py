@@ -40,8 +40,8 @@ from gpulab_hub.cluster.joblog import JobLog
 from gpulab_hub.cluster.jobtraits import MultiNodeJobTraits
 from gpulab_hub.cluster.slurm import Node, Slurm
 from gpulab_hub.cluster.traits import ClusterTraits
-from gpulab_hub.projects import objects, options, project_name
 from gpulab_hub.images.startfail import SpawnError
+from gpulab_hub.projects import objects, options, project_name
 from gpulab_hub.spawner import ProjectSpawner
 
 # squeue states of a job whose project is up (or about to be).
