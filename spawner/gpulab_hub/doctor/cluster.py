@@ -498,6 +498,9 @@ def storage_markers(folders: tuple[Path, ...]):
             fd = os.open(folder / marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                          0o644)  # fmt: skip
             made.append(folder / marker)
+            # 0644 whatever the umask (`gpulab` runs with 077): a node's probe, which may
+            # run as another user, reads it.
+            os.fchmod(fd, 0o644)
             with os.fdopen(fd, "w") as f:
                 f.write(words)
             storage.append((str(folder), marker, words))
