@@ -53,10 +53,12 @@ def with_hub_ip(s: Settings) -> Settings:
     import docker.errors
     import requests.exceptions
 
-    from gpulab_hub import host
+    from gpulab_hub import blocking, host
 
     try:
-        ip = host.ensure_network(host.Docker(), s.network_name)
+        # JupyterHub reads its configuration on its event loop, before it serves anyone
+        with blocking.allowed("asking Docker for the hub's address as the hub starts"):
+            ip = host.ensure_network(host.Docker(), s.network_name)
     except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
         # The hub still starts and tells each user who starts a project why it
         # cannot; containers need the hub on the network's gateway, so restart the
