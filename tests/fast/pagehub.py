@@ -44,11 +44,16 @@ def _port() -> int:
 
 @contextmanager
 def _environ(values: dict[str, str]):
+    """The site variables ``values`` set for a while; the process's umask kept too (the
+    hub's configuration sets the hub's own, 077, which would leak into later tests)."""
     saved = {k: os.environ.get(k) for k in values}
+    umask = os.umask(0o022)
+    os.umask(umask)
     os.environ.update(values)
     try:
         yield
     finally:
+        os.umask(umask)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
