@@ -78,7 +78,9 @@ def load_or_make(path: str | Path) -> asyncssh.SSHKey:
     except OSError:
         current = None
     if current != public:
-        _write_new(pub, public, 0o644)
+        # Private like every file in the hub's folder (a public key, but the folder's rule
+        # is one rule: `gpulab up` fixes anything looser).
+        _write_new(pub, public, 0o600)
     return key
 
 
