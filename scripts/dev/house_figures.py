@@ -28,22 +28,24 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-# Layers of the hub package, lowest first: a module may import its own layer and those
-# below. A subpackage or module not named here counts as the capabilities layer.
-LAYERS = {
-    "foundation": {
-        "gpulab_hub", "jsonfile", "pidfile", "hubsettings", "settings", "hubfiles", "firewall",
-        "buildruntime", "blocking", "records", "projects",
-    },
-    "capabilities": {
-        "images", "gpus", "cluster", "sharing", "secrets", "ssh", "accounts", "host", "culling",
-    },
-    "workflows": {"workflows", "backup"},
-    "surfaces": {"spawner", "home", "usagepage", "doctor", "cli", "admin", "hubconfig"},
-}  # fmt: skip
-# Modules JupyterHub loads by the dotted name an admin writes: entry points, in the
-# surfaces layer whichever folder holds them (the same table as tests/test_imports.py).
-ENTRY_POINTS = ("cluster.spawner", "accounts.auth")
+
+def _enforced(name: str):
+    """tests/test_imports.py's table ``name`` (the layers the tests enforce), read as a
+    literal, so that a tree of another revision is measured by today's layers."""
+    source = Path(__file__).resolve().parents[2] / "tests" / "test_imports.py"
+    for node in ast.parse(source.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"tests/test_imports.py has no {name}")
+
+
+# Layers of the hub package, lowest first; modules JupyterHub loads by the dotted name an
+# admin writes are entry points, in the surfaces layer whichever folder holds them. A
+# module may import its own layer and those below; one not named counts as a capability.
+LAYERS: dict[str, set[str]] = _enforced("LAYERS")
+ENTRY_POINTS = tuple(e.removeprefix("gpulab_hub.") for e in _enforced("ENTRY_POINTS"))
 ORDER = list(LAYERS)
 SOURCES = {
     "gpulab_hub": "spawner/gpulab_hub",
