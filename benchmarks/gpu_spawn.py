@@ -39,7 +39,7 @@ def start_once(dk: host.Docker, root: Path, name: str, g: objects.GpuAssignment,
         (root / "data" / sub).mkdir(parents=True, exist_ok=True)
     (root / name).mkdir(exist_ok=True)
     spec = objects.container_spec(
-        objects.ContainerSettings(
+        objects.ContainerInputs(
             name=f"{PREFIX}-bench--{name}",
             image=IMAGE,
             command=[python, "-c", PROBE],

@@ -138,7 +138,7 @@ def project_spec(
     owner: str, project: str, assignment: objects.GpuAssignment, prefix: str = PREFIX, **kw
 ) -> dict:
     """The container spec ProjectSpawner builds (objects.container_spec) for a project."""
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         **{
             "name": f"{prefix}-{owner}--{project}",
             "image": f"{prefix}/project:x",

@@ -39,7 +39,7 @@ UUID_3 = "GPU-33333333-0000-1111-2222-333344445555"
 UUID_2 = "GPU-22222222-0000-1111-2222-333344445555"
 
 
-def settings(**overrides) -> objects.ContainerSettings:
+def settings(**overrides) -> objects.ContainerInputs:
     base = dict(
         name="gpulab-alice--vision",
         image="gpulab/project:0123456789abcdef",
@@ -57,7 +57,7 @@ def settings(**overrides) -> objects.ContainerSettings:
         cpu_limit=2.0,
     )
     base.update(overrides)
-    return objects.ContainerSettings(**base)
+    return objects.ContainerInputs(**base)
 
 
 # --- the container spec as docker run arguments --------------------------------------

@@ -175,7 +175,7 @@ def project_job(kit, tmp: Path, name: str, command: list[str], gpus: int, env=No
     project.mkdir(parents=True, exist_ok=True)
     project.chmod(0o777)  # the notebook user writes there (no user-namespace shift here)
     (tmp / "data" / "datasets").mkdir(parents=True, exist_ok=True)
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{PREFIX}-alice--{name}",
         image=IMAGE,
         command=command,

@@ -177,7 +177,7 @@ def test_gpu_jobs_get_their_devices_and_a_full_cluster_says_why_it_waits(cluster
     fake.chmod(0o755)
     client = cluster.slurm()
     n1, n2 = (n.name for n in cluster.nodes)
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{PREFIX}-gpu-project", image=f"{PREFIX}/none:latest", command=["true"],
         env={}, project_dir=str(work), data_root=str(work), hf_cache_volume=f"{PREFIX}-hf",
         network=f"{PREFIX}-net", port=8888, owner="alice",
@@ -287,7 +287,7 @@ def sleeper(cluster, docker_engine, tmp_path_factory):
 
 def project_job(cluster, sleeper, name: str, node: str) -> tuple[str, list[str]]:
     image, work = sleeper
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{PREFIX}-{name}", image=image, command=["sleep", "300"],
         env={"JUPYTERHUB_API_TOKEN": "s3cret-token"},
         project_dir=str(work / "project"), data_root=str(work / "data"),

@@ -33,7 +33,7 @@ UUID_2 = "GPU-22222222-0000-1111-2222-333344445555"
 NET = multinode.JobNetwork("gpulab-jobnet", "eth0", "10.0.0.0/24", "10.0.0.128/30")
 
 
-def settings(**overrides) -> objects.ContainerSettings:
+def settings(**overrides) -> objects.ContainerInputs:
     req = multinode.TrainRequest(JOB, "train.py", ("--epochs", "3"), 2, 1)
     base = dict(
         name=f"gpulab-alice--vision-job-{JOB}",
@@ -52,7 +52,7 @@ def settings(**overrides) -> objects.ContainerSettings:
         cpu_limit=4.0,
     )
     base.update(overrides)
-    return objects.ContainerSettings(**base)
+    return objects.ContainerInputs(**base)
 
 
 def make_job(request=None, docker="docker", **overrides) -> multinode.MultiNodeJob:

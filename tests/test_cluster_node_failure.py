@@ -79,7 +79,7 @@ def cluster(docker_engine, tmp_path_factory):
 
 def submit_project(kit, ref: str, work: Path, name: str, node: str) -> int:
     """A project's container as gpulab's batch script runs it, pinned to ``node``."""
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{KIT_PREFIX}-{name}", image=ref, command=["sleep", "300"], env={},
         project_dir=str(work / "project"), data_root=str(work / "data"),
         hf_cache_volume=f"{KIT_PREFIX}-hf-alice", network=f"{KIT_PREFIX}-net", port=8888,

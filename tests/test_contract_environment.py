@@ -61,7 +61,7 @@ def test_what_the_hub_writes_the_project_reads_back():
 
 
 def test_the_hub_writers_go_through_the_contract():
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name="c",
         image="i",
         command=[],

@@ -5,10 +5,10 @@ import os
 import pytest
 
 from gpulab_hub.projects import ProjectError, datafolders
-from gpulab_hub.projects.objects import ContainerSettings
+from gpulab_hub.projects.objects import ContainerInputs
 
 
-def settings(data_root, **overrides) -> ContainerSettings:
+def settings(data_root, **overrides) -> ContainerInputs:
     base = dict(
         name="gpulab-alice--vision",
         image="gpulab/project:0123456789abcdef",
@@ -23,7 +23,7 @@ def settings(data_root, **overrides) -> ContainerSettings:
         data_scope="project",
     )
     base.update(overrides)
-    return ContainerSettings(**base)
+    return ContainerInputs(**base)
 
 
 def mode(path) -> int:

@@ -24,7 +24,7 @@ from gpulab_hub.doctor.findings import FAIL, OK, WARN, Finding
 from gpulab_hub.projects import objects
 
 FIX = Path(__file__).parent / "fixtures" / "doctor"
-PROBES = sandbox.ProbeSettings("gl", "gl-net", "1000:100", "8g", 2 << 30, 3.0, 4096, str.lower)
+PROBES = sandbox.ProbeInputs("gl", "gl-net", "1000:100", "8g", 2 << 30, 3.0, 4096, str.lower)
 
 
 def read(name: str) -> str:
@@ -431,7 +431,7 @@ def test_a_probe_container_is_a_project_container_without_the_projects_folders(t
     g = docker_checks.all_gpus(smi("2xt4-470"), {}, drivers, dev)
     probe_spec = sandbox.probe_spec(PROBES, "img", ["python3", "-c", "x"], g)
     project_spec = objects.container_spec(
-        objects.ContainerSettings(
+        objects.ContainerInputs(
             name="gl-alice--one",
             image="img",
             command=["python3", "-c", "x"],

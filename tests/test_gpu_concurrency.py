@@ -59,7 +59,7 @@ def start_project(docker_, tmp_path: Path, owner: str, n: int, assignment) -> di
     project.mkdir(parents=True)
     for sub in ("datasets", f"models/{owner}", f"outputs/{owner}"):
         (tmp_path / "data" / sub).mkdir(parents=True, exist_ok=True)
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{INSTANCE}-{owner}--p",
         image=IMAGE,
         command=[PYTHON, "-c", PROBE],

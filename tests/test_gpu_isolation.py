@@ -72,7 +72,7 @@ def run_project(dk, tmp_path, name: str, assignment: objects.GpuAssignment) -> d
     project.mkdir()
     for sub in ("datasets", "models/alice", "outputs/alice"):
         (tmp_path / "data" / sub).mkdir(parents=True, exist_ok=True)
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{PREFIX}-alice--{name}",
         image=IMAGE,
         command=[PYTHON, "-c", PROBE],

@@ -80,7 +80,7 @@ def start_container(dk, tmp: Path, sp: ProjectSpawner, mode: str) -> str:  # noq
     folder.mkdir(parents=True, exist_ok=True)
     for sub in ("datasets", f"models/{owner}", f"outputs/{owner}"):
         (tmp / "data" / sub).mkdir(parents=True, exist_ok=True)
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{INSTANCE}-{owner}--{project}",
         image=IMAGE,
         command=[PYTHON, "-c", HOLD, mode],

@@ -143,7 +143,7 @@ def test_nvidia_smi_in_a_one_gpu_project_lists_exactly_that_gpu(tmp_path):
     script = tmp_path / "nvidia-smi"
     shutil.copyfile(STAND_IN, script)
     script.chmod(0o755)
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{PREFIX}-alice--first-smi",
         image=image,
         command=["/bin/sh", "-c", "nvidia-smi -L"],

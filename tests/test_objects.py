@@ -3,7 +3,7 @@
 import pytest
 
 from gpulab_hub.projects.objects import (
-    ContainerSettings,
+    ContainerInputs,
     GpuAssignment,
     container_spec,
     data_folders,
@@ -13,7 +13,7 @@ from gpulab_hub.projects.objects import (
 )
 
 
-def settings(**overrides) -> ContainerSettings:
+def settings(**overrides) -> ContainerInputs:
     base = dict(
         name="gpulab-alice--vision",
         image="gpulab/project:0123456789abcdef",
@@ -29,7 +29,7 @@ def settings(**overrides) -> ContainerSettings:
         data_scope="project",  # ProjectSpawner.data_scope's default
     )
     base.update(overrides)
-    return ContainerSettings(**base)
+    return ContainerInputs(**base)
 
 
 # The project's own data folders and cache: nothing of alice's other projects.

@@ -130,7 +130,7 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         mine = {g.name for g in self.user.groups}
         return tuple(g for g in self.data_groups if g in mine and objects.valid_group(g))
 
-    def _ensure_data_folders(self, settings: objects.ContainerSettings) -> None:
+    def _ensure_data_folders(self, settings: objects.ContainerInputs) -> None:
         """Blocking: this project's data folders (hub-owned parents, never through a link)."""
         datafolders.ensure(settings, *self.notebook_owner())
 
@@ -325,9 +325,9 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
     def _default_options_from_form(self):
         return options.from_form
 
-    def container_settings(self) -> objects.ContainerSettings:
+    def container_settings(self) -> objects.ContainerInputs:
         project = self.project
-        return objects.ContainerSettings(
+        return objects.ContainerInputs(
             name=self.container_name,
             image=self.image,
             command=self.cmd + self.get_args(),

@@ -64,7 +64,7 @@ RUN chmod 0755 /usr/local/bin/python3
 class Site:
     dk: host.Docker
     hub: hubsettings.Layout
-    probes: sandbox.ProbeSettings
+    probes: sandbox.ProbeInputs
     base: str
 
     def project(self, spec: str) -> Project:
@@ -294,7 +294,7 @@ def test_the_probe_container_is_confined_as_a_project_container(site, tmp_path):
     image = site.image_answering(spec, REPORT)
     # A project container as the spawner makes it, with the same settings (created only).
     sp = site.probes
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{PREFIX}-compare",
         image=image,
         command=["sleep", "1"],

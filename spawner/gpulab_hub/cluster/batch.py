@@ -112,7 +112,7 @@ class BatchJob:
     """Everything the batch script depends on."""
 
     cluster: str
-    container: objects.ContainerSettings
+    container: objects.ContainerInputs
     gpus: SlurmGpus = field(default_factory=SlurmGpus)
     docker: str = "docker"  # the Docker CLI on the nodes (found on SCRIPT_PATH)
     engine: NodeEngine = field(default_factory=NodeEngine)

@@ -69,7 +69,7 @@ class ProjectRef:
 
     owner: str
     name: str
-    container: objects.ContainerSettings  # the project container's settings
+    container: objects.ContainerInputs  # the project container's settings
     image: str  # the project's image by digest, as the nodes pull it
 
 
@@ -134,7 +134,7 @@ def container_name(project_container: str, job_id: str) -> str:
     return f"{project_container}-job-{job_id}"
 
 
-def job_container(site: Site, project: ProjectRef, req: TrainRequest) -> objects.ContainerSettings:
+def job_container(site: Site, project: ProjectRef, req: TrainRequest) -> objects.ContainerInputs:
     """The job's container: the project's, with the job's name, image, environment and
     limits, on the job network (no GPUs named: Slurm decides them on each node)."""
     base = project.container

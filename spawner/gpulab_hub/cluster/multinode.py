@@ -144,7 +144,7 @@ class MultiNodeJob:
 
     cluster: str
     request: TrainRequest
-    container: objects.ContainerSettings  # the job's container (its network: the job network)
+    container: objects.ContainerInputs  # the job's container (its network: the job network)
     network: JobNetwork
     addresses: tuple[str, ...]  # the job network address of each node index
     gpus: SlurmGpus = field(default_factory=SlurmGpus)  # count: GPUs per node

@@ -252,7 +252,7 @@ class ProjectSlurmSpawner(MultiNodeJobTraits, ClusterTraits, ProjectSpawner):
 
     # --- start -----------------------------------------------------------------------
 
-    def container_settings(self) -> objects.ContainerSettings:
+    def container_settings(self) -> objects.ContainerInputs:
         """The one-machine container, limited to what the job asked Slurm for (the
         container lives outside the job's cgroup: its own limits hold it)."""
         s = super().container_settings()

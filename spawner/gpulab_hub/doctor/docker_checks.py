@@ -147,7 +147,7 @@ def check_gpu_container(
     inv: Inventory,
     info: dict,
     drivers: str,
-    probes: sandbox.ProbeSettings,
+    probes: sandbox.ProbeInputs,
     cpu_only: bool,
 ) -> Finding:
     """docker.gpu_container: a test container given every GPU, the way gpulab gives a

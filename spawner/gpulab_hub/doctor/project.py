@@ -228,7 +228,7 @@ def check_spec(spec: str) -> tuple[str, str] | None:
 def project_findings(
     dk: host.Docker,
     hub: Layout,
-    probes: sandbox.ProbeSettings,
+    probes: sandbox.ProbeInputs,
     spec: str,
     gpus: objects.GpuAssignment | None,
 ) -> list[Finding]:

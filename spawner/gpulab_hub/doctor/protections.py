@@ -162,7 +162,7 @@ def check_containers(inspected: list[dict]) -> Finding:
 
 def findings(dk, info: dict, network_name: str, probes) -> list[Finding]:
     """Every protection finding; ``dk`` is the doctor's Docker client, ``probes`` the
-    hub's sandbox.ProbeSettings. Project containers are those of exactly the names the
+    hub's sandbox.ProbeInputs. Project containers are those of exactly the names the
     hub gives them (a label is not enough: an image can carry any label)."""
     try:
         network = dk.call("inspect_network", network_name)

@@ -56,7 +56,7 @@ def _read(path: str) -> str:
         return ""
 
 
-def images_in_use(dk: host.Docker, hub: Layout, probes: sandbox.ProbeSettings) -> list[str]:
+def images_in_use(dk: host.Docker, hub: Layout, probes: sandbox.ProbeInputs) -> list[str]:
     """The base image, what project Dockerfiles start FROM, images of running projects
     (containers of exactly the names the hub gives them: never a label, which an image
     can carry)."""
@@ -75,14 +75,14 @@ def images_in_use(dk: host.Docker, hub: Layout, probes: sandbox.ProbeSettings) -
     return [r for r in dict.fromkeys(refs) if r]
 
 
-def _a_projects(name: str, probes: sandbox.ProbeSettings) -> bool:
+def _a_projects(name: str, probes: sandbox.ProbeInputs) -> bool:
     """Whether ``name`` is the name the hub gives a project's container."""
     parsed = hubjobs.parse_name(name, probes.prefix, probes.escape)
     return parsed is not None and not parsed[2]
 
 
 def image_facts(
-    dk: host.Docker, ref: str, probes: sandbox.ProbeSettings, cache: dict
+    dk: host.Docker, ref: str, probes: sandbox.ProbeInputs, cache: dict
 ) -> dict | None:
     """Env and torch facts of a local image (cached by image ID: an ID never changes),
     probed in a container confined as a project's (sandbox.py)."""
@@ -150,7 +150,7 @@ def image_findings(ref: str, facts: dict, inv: gpu.Inventory, cpu_only: bool) ->
 
 
 def docker_findings(
-    dk, info, hub: Layout, probes: sandbox.ProbeSettings, environ, opts, inv
+    dk, info, hub: Layout, probes: sandbox.ProbeInputs, environ, opts, inv
 ) -> list[Finding]:
     drivers = hub.driver_dir  # the spawner's driver_dir, as projects get it
     out = [docker_checks.check_gpu_access(info, inv, drivers, opts.cpu_only)]

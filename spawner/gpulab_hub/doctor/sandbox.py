@@ -40,7 +40,7 @@ _PORT = 8888  # in the spec only; a probe container publishes and exposes nothin
 
 
 @dataclasses.dataclass(frozen=True)
-class ProbeSettings:
+class ProbeInputs:
     """The hub's settings a probe container shares with a project's container, and
     the names the hub gives project containers (all from the spawner's traits)."""
 
@@ -54,9 +54,9 @@ class ProbeSettings:
     escape: Callable[[str], str]
 
 
-def of_spawner(sp) -> ProbeSettings:
+def of_spawner(sp) -> ProbeInputs:
     """The probe settings of the hub's spawner (hubsettings.spawner_of)."""
-    return ProbeSettings(
+    return ProbeInputs(
         prefix=sp.prefix,
         network=sp.network_name,
         user=f"{sp.notebook_uid}:{sp.notebook_gid}",
@@ -68,18 +68,18 @@ def of_spawner(sp) -> ProbeSettings:
     )
 
 
-def container_name(s: ProbeSettings, owner: str, project: str) -> str:
+def container_name(s: ProbeInputs, owner: str, project: str) -> str:
     """The exact name the spawner gives the project's container."""
     return hubjobs.container_name(s.prefix, s.escape, owner, project)
 
 
 def probe_spec(
-    s: ProbeSettings, image: str, command: list[str], gpus: objects.GpuAssignment | None = None
+    s: ProbeInputs, image: str, command: list[str], gpus: objects.GpuAssignment | None = None
 ) -> dict:
     """``create_container`` arguments of a probe container: a project container's spec
     for ``image`` (``gpus`` given the way gpulab gives a project its GPUs), without the
     project's folders, its data, its cache volume or its port."""
-    settings = objects.ContainerSettings(
+    settings = objects.ContainerInputs(
         name=f"{s.prefix}-doctor-{uuid.uuid4().hex[:8]}",
         image=image,
         command=command,
@@ -139,7 +139,7 @@ def run_probe(
     dk: host.Docker,
     image: str,
     args: list[str],
-    s: ProbeSettings,
+    s: ProbeInputs,
     gpus: objects.GpuAssignment | None = None,
     timeout: float = PROBE_TIMEOUT,
 ) -> dict:
@@ -172,7 +172,7 @@ def run_probe(
 
 
 def exec_probe(
-    dk: host.Docker, container_id: str, s: ProbeSettings, timeout: float = PROBE_TIMEOUT
+    dk: host.Docker, container_id: str, s: ProbeInputs, timeout: float = PROBE_TIMEOUT
 ) -> dict:
     """probe.py's answer (mode ``project``) from inside a running project container,
     run as the notebook user. Raises as run_probe does."""

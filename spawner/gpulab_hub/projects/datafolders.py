@@ -78,7 +78,7 @@ def ensure_folder(data_root: str, folder: str, uid: int, gid: int) -> bool:
         os.close(fd)
 
 
-def ensure(settings: objects.ContainerSettings, uid: int, gid: int) -> None:
+def ensure(settings: objects.ContainerInputs, uid: int, gid: int) -> None:
     """Blocking: every data folder of this container (objects.data_folders)."""
     for folder in objects.data_folders(settings):
         ensure_folder(settings.data_root, folder, uid, gid)

@@ -154,7 +154,7 @@ def gpu_host_config(g: GpuAssignment) -> dict:
 
 
 @dataclass(frozen=True)
-class ContainerSettings:
+class ContainerInputs:
     """Everything the container spec depends on, in one place."""
 
     name: str
@@ -190,7 +190,7 @@ def valid_group(name: str) -> bool:
     return _GROUP.fullmatch(name) is not None and ".." not in name
 
 
-def project_data_dir(s: ContainerSettings) -> str:
+def project_data_dir(s: ContainerInputs) -> str:
     """``<data_root>/projects/<owner>/<project>``: the project's data (scope "project"),
     named as its project folder ``<projects_root>/<owner>/<project>`` is."""
     project = os.path.basename(s.project_dir.rstrip("/"))
@@ -201,13 +201,13 @@ def project_data_dir(s: ContainerSettings) -> str:
     return f"{s.data_root}/{PROJECT_DATA}/{s.owner}/{project}"
 
 
-def data_scope(s: ContainerSettings) -> str:
+def data_scope(s: ContainerInputs) -> str:
     if s.data_scope not in DATA_SCOPES:
         raise ValueError(f"data_scope {s.data_scope!r}: {' or '.join(DATA_SCOPES)}")
     return s.data_scope
 
 
-def _written(s: ContainerSettings) -> tuple[str, str, str]:
+def _written(s: ContainerInputs) -> tuple[str, str, str]:
     """(models, outputs, Hugging Face cache) of this container: host folders, or in
     scope "user" the user's cache volume."""
     if not s.owner:
@@ -218,7 +218,7 @@ def _written(s: ContainerSettings) -> tuple[str, str, str]:
     return f"{s.data_root}/models/{s.owner}", f"{s.data_root}/outputs/{s.owner}", s.hf_cache_volume
 
 
-def data_folders(s: ContainerSettings) -> list[str]:
+def data_folders(s: ContainerInputs) -> list[str]:
     """Host folders under the data root that the container writes: the hub makes each
     (its parents the hub's own) and gives it to the notebook user (datafolders.ensure)."""
     models, outputs, cache = _written(s)
@@ -226,7 +226,7 @@ def data_folders(s: ContainerSettings) -> list[str]:
     return folders + [f"{s.data_root}/{GROUPS_DATA}/{g}" for g in s.data_groups]
 
 
-def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
+def volume_binds(s: ContainerInputs) -> dict[str, dict[str, str]]:
     """Host path or volume name -> {"bind": container path, "mode": rw|ro}."""
     models, outputs, cache = _written(s)
     binds = {s.project_dir: {"bind": s.workspace, "mode": "rw"}}
@@ -247,7 +247,7 @@ def volume_binds(s: ContainerSettings) -> dict[str, dict[str, str]]:
     return binds
 
 
-def container_env(s: ContainerSettings) -> dict[str, str]:
+def container_env(s: ContainerInputs) -> dict[str, str]:
     """The spawner's environment plus what gpulab adds for every project."""
     env = dict(s.env)
     env.update(environment.build(workspace=s.workspace, data=s.data_mount))
@@ -266,7 +266,7 @@ def check_network(network: str) -> str:
     return network
 
 
-def host_config(s: ContainerSettings) -> dict:
+def host_config(s: ContainerInputs) -> dict:
     """Keyword arguments for ``APIClient.create_host_config``.
 
     On the bridge network the hub reaches the server by container IP; nothing
@@ -295,7 +295,7 @@ def host_config(s: ContainerSettings) -> dict:
 _HOSTNAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
-def container_hostname(s: ContainerSettings) -> str | None:
+def container_hostname(s: ContainerInputs) -> str | None:
     """The container's hostname: its project's name (the last part of the project
     folder, ``first``), so a terminal's prompt reads ``jovyan@first`` instead of a
     container ID; None (Docker's own) where that is no project name."""
@@ -305,7 +305,7 @@ def container_hostname(s: ContainerSettings) -> str | None:
     return project
 
 
-def container_spec(s: ContainerSettings) -> dict:
+def container_spec(s: ContainerInputs) -> dict:
     """Keyword arguments for ``APIClient.create_container``.
 
     ``host_config`` is left as plain keyword arguments; the caller passes it
