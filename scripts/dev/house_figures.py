@@ -213,8 +213,12 @@ def figures(repo: Path) -> dict:
             )
         for node, fn in calls(tree):
             words = _strings(node)
-            if fn in ("DockerClient", "from_env", "APIClient") and name != "gpulab_hub.host":
-                docker.append(f"{name}: docker.{fn}()")
+            target = ast.unparse(node.func)
+            made = target in ("DockerClient", "APIClient") or (
+                target.startswith("docker.") and fn in ("DockerClient", "from_env", "APIClient")
+            )
+            if made and name != "gpulab_hub.host":
+                docker.append(f"{name}: {target}()")
             if fn in (
                 "run",
                 "Popen",
