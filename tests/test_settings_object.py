@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 from pathlib import Path
 
@@ -254,15 +255,24 @@ ONCE = [
 ]
 
 
+@functools.cache
+def hub_constants() -> tuple[tuple[str, int, object], ...]:
+    """(file, line, value) of every constant in the hub's source (read once a run)."""
+    found = []
+    for path in sorted(HUB.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant):
+                found.append((str(path.relative_to(HUB)), node.lineno, node.value))
+    return tuple(found)
+
+
 @pytest.mark.parametrize("value", ONCE)
 def test_each_default_is_written_once(value):
-    where = []
-    for path in sorted(HUB.rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            same = isinstance(node, ast.Constant) and type(node.value) is type(value)
-            if same and node.value == value:
-                where.append(f"{path.relative_to(HUB)}:{node.lineno}")
+    where = [
+        f"{path}:{line}"
+        for path, line, constant in hub_constants()
+        if type(constant) is type(value) and constant == value
+    ]
     assert where and all(w.startswith("settings.py:") for w in where), where
     assert len(where) == 1, where
 
