@@ -52,7 +52,7 @@ def test_defaults_give_a_working_single_machine_hub(monkeypatch):
     hub = Config({k: v for k, v in c.JupyterHub.items() if k != "tornado_settings"})
     assert hub == Config(
         {
-            "bind_url": "http://0.0.0.0:8000",
+            "bind_url": "http://127.0.0.1:8000",
             "hub_port": 8081,
             "hub_ip": "127.0.0.1",
             "db_url": "sqlite:////srv/gpulab/hub/jupyterhub.sqlite",

@@ -262,7 +262,7 @@ class Settings:
     the environment; ``layout`` from the hub's traits (None until they are read)."""
 
     home: Path = var("GPULAB_HOME", Path("/srv/gpulab"), lambda n, v: Path(v))
-    bind_url: str = var("GPULAB_BIND_URL", "http://0.0.0.0:8000")
+    bind_url: str = var("GPULAB_BIND_URL", "http://127.0.0.1:8000")  # this machine only
     public_url: str = var("GPULAB_PUBLIC_URL", "")
     subdomain_host: str = var("GPULAB_SUBDOMAIN_HOST", "")
     hub_port: int = var("GPULAB_HUB_PORT", 8081, PORT)

@@ -161,7 +161,27 @@ def cmd_up(args, environ) -> int:
         print(f"SSH into a project: ssh -p {port} <you>+<project>@{where_ssh} "
               f"(add your key at {url.rstrip('/')}/hub/gpulab/ssh)")  # fmt: skip
     print(f"Hub log: {log_path}. Stop with: gpulab down")
+    if not s.public_url:
+        print(how_to_open(s))
     return 0
+
+
+def how_to_open(s: settings.Settings) -> str:
+    """The paragraph `gpulab up` prints when no GPULAB_PUBLIC_URL is set: where the hub
+    listens, and how to open it to other people."""
+    bound = urlparse(s.bind_url).hostname or ""
+    where = (
+        "only this machine can open it"
+        if bound in ("127.0.0.1", "localhost", "::1")
+        else f"GPULAB_BIND_URL={s.bind_url}, over plain HTTP"
+    )
+    return (
+        f"\nThis hub listens on {bound} ({where}). To open it to other people, set "
+        "GPULAB_PUBLIC_URL=https://<name> (for example https://lab.example.org) and run "
+        "`gpulab up` again: gpulab then serves HTTPS through Caddy, each user's projects "
+        "on a subdomain of their own. For a box reached by its IP address over a LAN or a "
+        'private VPN (WireGuard, Tailscale), see docs/deployment.md, "Reached by IP".'
+    )
 
 
 def cmd_down(args, environ) -> int:
