@@ -5,7 +5,7 @@
 import os
 from pathlib import Path
 
-from gpulab_hub import hubconfig, hubfiles, settings
+from gpulab_hub import hubconfig, hubfiles, settings, stateversion
 from gpulab_hub.gpus import metrics
 from gpulab_hub.secrets import crypt
 
@@ -14,6 +14,8 @@ c = get_config()  # noqa: F821 (provided by JupyterHub)
 site = hubconfig.with_hub_ip(settings.parse(os.environ))
 # The hub folder is private: umask 077 for what the hub makes, older files fixed.
 hubfiles.start_private(site.hub_dir)
+# State of a newer gpulab ends the start with a sentence; older state is upgraded.
+stateversion.refuse_newer_at_start(site.hub_dir)
 # The key that encrypts users' secrets, made once unless JUPYTERHUB_CRYPT_KEY is set.
 crypt.ensure_key(site.hub_dir)
 images = Path(__file__).resolve().parent / "images"

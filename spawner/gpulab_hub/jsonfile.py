@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gpulab_contract import files
-from gpulab_hub import blocking
+from gpulab_hub import blocking, stateversion
 
 LOG = logging.getLogger("gpulab_hub")
 
@@ -98,6 +98,9 @@ class LockedRecord:
     """
 
     section = "items"
+    # The record's kind of state file: its format and the steps from older ones
+    # (stateversion.KINDS; a file of a newer gpulab is refused, never moved aside).
+    kind: stateversion.Kind = stateversion.Kind("record", ())
     what = "The record"  # "The GPU allocation record": how messages name the file
     on_damage = "it starts empty"  # what the replacement means, for the admin
     Error: type[Exception] = RecordError
@@ -173,9 +176,12 @@ class LockedRecord:
             data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict):
                 raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            data = self.kind.upgrade(data, self.path)
             if self.section not in data:
                 raise KeyError(f'no "{self.section}" in it')
             return self._parse(data[self.section])
+        except stateversion.NewerState as e:
+            raise self.Error(f"{e}.") from e
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             return self._damaged(_reason(e))
 
@@ -196,4 +202,4 @@ class LockedRecord:
 
     def _write(self, records) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, {"version": 1, self.section: self._dump(records)})
+        write_atomic(self.path, self.kind.stamp({self.section: self._dump(records)}))

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gpulab_contract import environment
-from gpulab_hub import jsonfile
+from gpulab_hub import jsonfile, stateversion
 from gpulab_hub.cluster import ClusterError, batch
 from gpulab_hub.cluster.batch import FAILURE, PROGRESS, NodeEngine, SlurmGpus
 from gpulab_hub.cluster.multinode import (
@@ -76,11 +76,10 @@ class ProjectRef:
 class JobsRecord(jsonfile.LockedRecord):
     """The hub's record of the multi-node jobs it submitted, by Slurm job id."""
 
+    kind = stateversion.KINDS["cluster-jobs"]
     section = "jobs"
     what = "The record of multi-node jobs"
-    on_damage = (
-        "it starts empty (jobs still running keep running; their addresses count as free)"
-    )
+    on_damage = "it starts empty (jobs still running keep running; their addresses count as free)"
 
     def _parse(self, section):
         section = super()._parse(section)
@@ -88,7 +87,6 @@ class JobsRecord(jsonfile.LockedRecord):
             if not key.isdigit() or not isinstance(entry.get("addresses"), list):
                 raise ValueError(f"entry {key!r} is not a job")
         return section
-
 
     def move_project(self, owner: str, old: str, new: str) -> bool:
         """The jobs of ``owner``'s project ``old`` as ``new``'s (a rename); any moved?

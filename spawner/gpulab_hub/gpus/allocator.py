@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from gpulab_hub import jsonfile
+from gpulab_hub import jsonfile, stateversion
 from gpulab_hub.gpus import Device
 
 Held = dict[str, tuple["Holder", ...]]
@@ -195,6 +195,7 @@ class AllocationStore(jsonfile.LockedRecord):
     were found dead (the usage ledger records them), under the lock.
     """
 
+    kind = stateversion.KINDS["gpu-allocations"]
     section = "holdings"
     what = "The GPU allocation record"
     on_damage = "its holdings were rebuilt from the project containers that exist"

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from gpulab_hub import jsonfile
+from gpulab_hub import jsonfile, stateversion
 from gpulab_hub.gpus import Device
 from gpulab_hub.gpus.allocator import (
     AllocationError,
@@ -189,6 +189,7 @@ class QueueStore(jsonfile.LockedRecord):
     asks for and keeps its place.
     """
 
+    kind = stateversion.KINDS["gpu-queue"]
     section = "queue"
     what = "The GPU queue"
     on_damage = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import jsonfile
+from gpulab_hub import jsonfile, stateversion
 from gpulab_hub.gpus.queue import NAME
 from gpulab_hub.gpus.reclaim import IDLE, WAITING, warning_words
 
@@ -38,6 +38,7 @@ class Warning:  # noqa: A001 (a reclaim warning, not Python's)
 
 
 class ReclaimRecord(jsonfile.LockedRecord):
+    kind = stateversion.KINDS["gpu-reclaim"]
     section = "warnings"
     what = "The GPU reclaim record"
     on_damage = "standing warnings are forgotten: an idle project is warned again, its grace anew"

@@ -32,7 +32,7 @@ from pathlib import Path
 from dockerfile_parse import DockerfileParser
 
 from gpulab_contract.text import CONTROL, strip_ansi
-from gpulab_hub import blocking, images, jsonfile
+from gpulab_hub import blocking, images, jsonfile, stateversion
 from gpulab_hub.images import confine, policy
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
 from gpulab_hub.projects.traits import PROJECT_REPO
@@ -45,6 +45,7 @@ MAX_CONTEXT_FILES = 100_000  # files and folders visited for one context
 SPOOL_BYTES = 32 << 20  # a context larger than this goes to a temporary file
 _GLOB = set("*?[")
 log = logging.getLogger(__name__)
+IMAGE_STATE = stateversion.KINDS["project-image"]  # image.json's format (stateversion.py)
 
 
 def _copy_sources(instruction: dict) -> list[str]:
@@ -313,8 +314,10 @@ def _state_file(project: Project) -> Path:
     return project.state_dir / "image.json"
 
 
-def read_state(project: Project) -> dict:
-    """The hub's record of the project's image; {} when there is none or it is corrupt."""
+def read_state(project: Project, *, strict: bool = False) -> dict:
+    """The hub's record of the project's image; {} when there is none or it is corrupt
+    or of a newer gpulab (``strict``: stateversion.NewerState for that one, which is
+    never written over)."""
     path = _state_file(project)
     try:
         state = json.loads(path.read_text())
@@ -326,7 +329,15 @@ def read_state(project: Project) -> dict:
     if not isinstance(state, dict):
         log.warning("gpulab: ignoring the image record %s: not a JSON object", path)
         return {}
-    return state
+    try:
+        return IMAGE_STATE.upgrade(state, path)
+    except stateversion.NewerState as e:
+        if strict:
+            raise
+        log.error("gpulab: ignoring the image record: %s", e)
+    except ValueError as e:
+        log.warning("gpulab: ignoring the image record %s: %s", path, e)
+    return {}
 
 
 def last_good(project: Project, docker_call=None, repo: str = PROJECT_REPO) -> LastGood | None:
@@ -374,7 +385,7 @@ def last_good_note(project: Project, good: LastGood, verb: str = "Running") -> s
 
 
 def record(project: Project, tag: str | None, failed: bool) -> None:
-    state = read_state(project)
+    state = read_state(project, strict=True)
     state["failed"] = failed
     if failed:
         state["failed_at"] = time.time()
@@ -382,7 +393,7 @@ def record(project: Project, tag: str | None, failed: bool) -> None:
         state.pop("failed_at", None)
     if tag:
         state["last_good"] = {"tag": tag, "built_at": time.time()}
-    jsonfile.write_atomic(state_dir(project) / "image.json", state)
+    jsonfile.write_atomic(state_dir(project) / "image.json", IMAGE_STATE.stamp(state))
 
 
 # --- build logs, as their owner reads them -------------------------------------------

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from jupyterhub.slugs import is_valid_safe_slug
 
-from gpulab_hub import jsonfile
+from gpulab_hub import jsonfile, stateversion
 from gpulab_hub.accounts import USERNAME_PATTERN
 from gpulab_hub.secrets.names import MAX_SECRETS, NAME, SecretRefused
 
@@ -59,6 +59,7 @@ def user_file(folder: Path, user: str) -> Path:
 class SecretStore(jsonfile.LockedRecord):
     """One user's secrets (encrypted values) and their projects' choices."""
 
+    kind = stateversion.KINDS["secrets"]
     section = "user"
     what = "A user's secrets file"
     on_damage = (

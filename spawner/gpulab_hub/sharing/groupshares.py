@@ -37,7 +37,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gpulab_hub import blocking, hubsettings, jsonfile
+from gpulab_hub import blocking, hubsettings, jsonfile, stateversion
 
 ROLE_PREFIX = "gpulab-group-share-"
 FILE_NAME = hubsettings.GROUP_SHARE_ROLES  # in the hub's records folder
@@ -55,6 +55,7 @@ def role_name(owner: str, project: str, group: str) -> str:
 class GroupShareRoles(jsonfile.LockedRecord):
     """The mirror roles, in ``path``; every change under a file lock."""
 
+    kind = stateversion.KINDS["group-share-roles"]
     section = "roles"
     what = "The group-share roles file"
     on_damage = (

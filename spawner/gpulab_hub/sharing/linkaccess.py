@@ -35,7 +35,7 @@ from sqlalchemy import event, inspect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from gpulab_hub import blocking, jsonfile
+from gpulab_hub import blocking, jsonfile, stateversion
 
 FILE_NAME = "link-access.json"  # in the hub's records folder
 LINK, REVOKED = "link", "revoked"
@@ -72,6 +72,7 @@ class LinkAccess(jsonfile.LockedRecord):
     """``link-access.json``: ``code:…`` entries (links lasting until revoked) and
     ``grant:…`` entries (scopes a person holds until a link's end)."""
 
+    kind = stateversion.KINDS["link-access"]
     section = "links"
     what = "The link access record"
     on_damage = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from gpulab_hub import jsonfile
+from gpulab_hub import jsonfile, stateversion
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class ProjectSharing:
 class SharingPolicyStore(jsonfile.LockedRecord):
     """One JSON file of ``{"owner/project": {...}}``; every change under a file lock."""
 
+    kind = stateversion.KINDS["sharing-policy"]
     section = "projects"
     what = "The sharing settings file"
     on_damage = (

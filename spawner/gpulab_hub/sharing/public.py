@@ -34,7 +34,7 @@ from urllib.parse import quote, urlencode
 from jupyterhub.handlers import BaseHandler
 from tornado import web
 
-from gpulab_hub import blocking, hubsettings, jsonfile
+from gpulab_hub import blocking, hubsettings, jsonfile, stateversion
 from gpulab_hub.projects import safefs
 from gpulab_hub.sharing.notebooks import FileRefused, check_path, open_project_dir, read_notebook
 from gpulab_hub.sharing.publiclimits import RateLimiter, client_address, trusted_networks
@@ -84,6 +84,7 @@ class PublicLinkStore(jsonfile.LockedRecord):
     """``{"links": [...]}`` in one JSON file of the hub's records (jsonfile.LockedRecord:
     file lock, atomic and durable writes, a damaged file moved aside with one message)."""
 
+    kind = stateversion.KINDS["public-links"]
     section = "links"
     what = "The public links file"
     on_damage = "every public notebook link stopped working; owners make new ones"

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import blocking, jsonfile
+from gpulab_hub import blocking, jsonfile, stateversion
 from gpulab_hub.accounts import USERNAME_PATTERN
 
 LOG = logging.getLogger("gpulab.ssh")
@@ -52,6 +52,7 @@ MAX_KEYS = 20  # per user
 MAX_FILE = 1 << 20  # bytes of one user's file, read at most
 MAX_COMMENT = 100
 SUFFIX = ".json"
+KIND = stateversion.KINDS["ssh-keys"]  # the files' format (stateversion.py)
 LOCK = ".keys.lock"
 
 _TYPE = re.compile(r"[a-z0-9][a-z0-9.@-]{2,63}")
@@ -231,6 +232,8 @@ class KeyStore:
         if raw is None:
             return []
         data = json.loads(raw.decode("utf-8"))
+        if isinstance(data, dict):  # a file of a newer gpulab: NewerState, left as it is
+            data = KIND.upgrade(data, self.dir / (user + SUFFIX))
         if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
             raise ValueError('no "keys" list in it')
         entries = data["keys"]
@@ -246,6 +249,11 @@ class KeyStore:
         ``repair``, under the lock, so that the user can add keys again)."""
         try:
             entries = self._entries(user)
+        except stateversion.NewerState as e:
+            self.log.error("gpulab: %s has no SSH keys: %s", user, e)
+            if repair:  # never written over: it is the newer gpulab's
+                raise KeyRefused(f"{e}.") from e
+            return []
         except (OSError, ValueError) as e:
             if not repair:
                 self.log.error(
@@ -291,7 +299,7 @@ class KeyStore:
                 continue
             try:
                 theirs = self._entries(other)
-            except (OSError, ValueError):
+            except (OSError, ValueError, stateversion.NewerState):
                 continue  # a damaged file gives its account no keys (keys())
             for entry in theirs:
                 blob = _blob(entry["openssh"])
@@ -326,7 +334,7 @@ class KeyStore:
             jsonfile.fsync_dir(self.dir)
             return
         entries = [{"openssh": k.openssh, "added": k.added} for k in keys]
-        jsonfile.write_atomic(path, {"version": 1, "keys": entries})
+        jsonfile.write_atomic(path, KIND.stamp({"keys": entries}))
 
     def add(self, user: str, text: str) -> StoredKey:
         """Add the public key ``text`` to ``user``'s keys; KeyRefused says why not."""
