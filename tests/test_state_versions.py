@@ -232,6 +232,12 @@ def test_a_hub_folder_without_the_file_is_of_format_1_and_gets_it(tmp_path):
 
 
 def make_newer(path: Path, current: int) -> bytes:
+    """The file as a gpulab of the next format writes it (a ledger: its last line)."""
+    if path.suffix == ".jsonl":
+        lines = path.read_text().splitlines()
+        lines[-1] = json.dumps({"version": current + 1, **json.loads(lines[-1])})
+        path.write_text("\n".join(lines) + "\n")
+        return path.read_bytes()
     data = json.loads(path.read_text())
     data["version"] = current + 1
     path.write_text(json.dumps(data))

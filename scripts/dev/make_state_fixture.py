@@ -4,12 +4,12 @@
 
 Every store writes its own file in a fresh hub folder (``<out>/hub``, the default
 layout's names), through its own methods: a user's sharing settings, a public link,
-a share link's access time, a group share's role, two GPU holdings, a start waiting
-for a GPU, a reclaim warning, a multi-node job, a user's secrets and their projects'
-choices, SSH keys, a project's last good image. ``<out>/expected.json`` is what each
-store read back right after writing: a later gpulab must read the same
-(tests/test_state_versions.py). Run it once per release and commit the folder; never
-edit a fixture of a past release.
+a share link's access time, a group share's role, two GPU holdings, two ended ones
+(the usage ledger), a start waiting for a GPU, a reclaim warning, a multi-node job, a
+user's secrets and their projects' choices, SSH keys, a project's last good image.
+``<out>/expected.json`` is what each store read back right after writing: a later
+gpulab must read the same (tests/test_state_versions.py). Run it once per release and
+commit the folder; never edit a fixture of a past release.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def write(hub: Path) -> None:
     from gpulab_hub.gpus.allocator import AllocationStore, Policy, Request
     from gpulab_hub.gpus.queue import QueueStore
     from gpulab_hub.gpus.reclaimrecord import ReclaimRecord, Warning
+    from gpulab_hub.gpus.usage import Record, UsageLedger
     from gpulab_hub.images import project as image_state
     from gpulab_hub.secrets.store import SecretStore
     from gpulab_hub.sharing import groupshares, linkaccess, public
@@ -97,6 +98,11 @@ def write(hub: Path) -> None:
     held = AllocationStore(layout.allocations_file)
     held.allocate(gpus, Request("alice", "thesis", count=1), Policy())
     held.allocate(gpus, Request("bob", "vision", count=1), Policy())
+
+    ledger = UsageLedger(layout.usage_file)
+    label = "GPU 1 (NVIDIA H100 80GB HBM3)"
+    ledger.append([Record("bob", "vision", "GPU-00000001", label, NOW - 7200, NOW - 3600, 41.5)])
+    ledger.append([Record("alice", "thesis", "GPU-00000000", "GPU 0", NOW - 600, NOW - 60)])
 
     queue = QueueStore(layout.queue_file)
     queue.enqueue(Request("carol", "llm", count=2))
@@ -195,6 +201,12 @@ def read_gpu_reclaim(hub: Path):
     return [asdict(w) for w in record.warnings().values()]
 
 
+def read_gpu_usage(hub: Path):
+    from gpulab_hub.gpus.usage import UsageLedger
+
+    return [asdict(r) for r in UsageLedger(_layout(hub).usage_file).records()]
+
+
 def read_cluster_jobs(hub: Path):
     from gpulab_hub.cluster import jobs
 
@@ -239,6 +251,7 @@ READERS = {
     "gpu-allocations": read_gpu_allocations,
     "gpu-queue": read_gpu_queue,
     "gpu-reclaim": read_gpu_reclaim,
+    "gpu-usage": read_gpu_usage,
     "cluster-jobs": read_cluster_jobs,
     "secrets": read_secrets,
     "ssh-keys": read_ssh_keys,

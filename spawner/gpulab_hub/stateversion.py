@@ -80,6 +80,7 @@ class Kind:
     files: tuple[str, ...]
     current: int = 1
     steps: Mapping[int, Step] = field(default_factory=lambda: MappingProxyType({}))
+    lines: bool = False  # one JSON object a line (a ledger), each of its own format
 
     def __post_init__(self) -> None:
         missing = [n for n in range(1, self.current) if n not in self.steps]
@@ -121,6 +122,8 @@ KINDS: Mapping[str, Kind] = MappingProxyType(
             Kind("secrets", ("secrets/*.json",)),
             Kind("ssh-keys", ("ssh/keys/*.json",)),
             Kind("project-image", ("projects/*/*/image.json",)),
+            # Lines of format 1 carry no "version" (the ledger is written a line a holding).
+            Kind("gpu-usage", ("gpu-usage.jsonl",), lines=True),
         )
     }
 )
@@ -149,15 +152,16 @@ def check_file(path: Path, kind: Kind) -> None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return
         raw = f.read(_PEEK_BYTES + 1)
-    if len(raw) > _PEEK_BYTES:
+    if len(raw) > _PEEK_BYTES and not kind.lines:
         return
-    try:
-        data = json.loads(raw.decode("utf-8"))
-        v = version_of(data) if isinstance(data, dict) else None
-    except (ValueError, UnicodeDecodeError):
-        return
-    if v is not None and v > kind.current:
-        raise NewerState(path, v, kind.current)
+    for text in raw[-_PEEK_BYTES:].splitlines() if kind.lines else [raw]:
+        try:
+            data = json.loads(text.decode("utf-8"))
+            v = version_of(data) if isinstance(data, dict) else None
+        except (ValueError, UnicodeDecodeError):
+            continue  # damage is the store's to repair or skip
+        if v is not None and v > kind.current:
+            raise NewerState(path, v, kind.current)
 
 
 def check_records(hub_dir: Path) -> int:

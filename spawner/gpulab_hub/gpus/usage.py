@@ -28,9 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from gpulab_hub import blocking, jsonfile
+from gpulab_hub import blocking, jsonfile, stateversion
 from gpulab_hub.gpus.allocator import Held
 
+KIND = stateversion.KINDS["gpu-usage"]  # the lines' format (stateversion.py)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")  # owner and project
 UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_.:-]{0,127}")  # GPU-…, MIG-…, or a slice's id
 LABEL = re.compile(r"[A-Za-z0-9 ()/._:+-]{0,128}")  # "GPU 1 (NVIDIA H100 80GB HBM3)"
@@ -130,7 +131,10 @@ class UsageLedger:
         for r in records:
             if not isinstance(r, Record):
                 raise UsageError(f"not a GPU usage record: {r!r}")
-            line = (json.dumps(asdict(r), separators=(",", ":")) + "\n").encode()
+            # Format 1 lines carry no "version" (a line a holding: kept short); later
+            # formats name theirs.
+            body = asdict(r) if KIND.current == 1 else KIND.stamp(asdict(r))
+            line = (json.dumps(body, separators=(",", ":")) + "\n").encode()
             if len(line) > MAX_LINE:
                 raise UsageError(f"a GPU usage record is longer than {MAX_LINE} bytes: {r!r}")
             lines.append(line)
@@ -163,6 +167,7 @@ class UsageLedger:
     def records(self, since: float = -math.inf, until: float = math.inf) -> Iterator[Record]:
         """The holdings that overlap [since, until], from the last ``max_bytes`` of the file."""
         self.skipped = 0
+        newer = None
         try:
             data = self._tail()
         except FileNotFoundError:
@@ -176,12 +181,20 @@ class UsageLedger:
                 continue
             try:
                 d = json.loads(line)
+                if isinstance(d, dict):  # lines of format 1 carry no "version"
+                    d = KIND.upgrade(d, self.path)
+                    d.pop("version", None)
                 r = Record(**d)
+            except stateversion.NewerState as e:
+                newer = e
+                continue
             except (ValueError, TypeError, UsageError):
                 self.skipped += 1
                 continue
             if r.end >= since and r.start <= until:
                 yield r
+        if newer is not None:
+            self.log.error("gpulab: lines of the GPU usage ledger were skipped: %s", newer)
         if self.skipped:
             self.log.warning(
                 "The GPU usage ledger %s has %d damaged or torn line(s); they were skipped.",
