@@ -67,6 +67,7 @@ SLOW = (
     "tests/test_ssh_units.py::test_an_address_opens_at_most_ten_connections_not_logged_in_at_once",
     "tests/test_backup.py::test_the_database_is_copied_whole_while_the_hub_writes_to_it",
     "tests/test_state_versions.py::test_a_hub_start_meeting_a_newer_file_ends_with_the_sentence",
+    "tests/test_state_versions.py::test_jupyterhubs_upgrade_db_runs_with_gpulabs_configuration",
     # hundreds of generated examples (hypothesis) of one policy
     "tests/test_allocator.py::test_choose_follows_the_rules_and_is_pure",
     "tests/test_allocator.py::test_store_sequences",

@@ -341,3 +341,24 @@ def test_a_hub_start_meeting_a_newer_file_ends_with_the_sentence(tmp_path):
     assert f"gpulab cannot start: {words}." in out
     assert "Traceback" not in out, out
     assert not (hub / "jupyterhub.sqlite").exists(), "the hub went on to its database"
+
+
+def test_jupyterhubs_upgrade_db_runs_with_gpulabs_configuration(tmp_path):
+    """docs/upgrading.md's command for JupyterHub's own tables, on this release's state."""
+    hub = home_from(FIXTURES[-1], tmp_path)
+    before = files_of(hub)
+    env = {
+        **os.environ,
+        "GPULAB_HOME": str(hub.parent),
+        "GPULAB_HUB_IP": "127.0.0.1",
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",
+    }
+    jupyterhub = Path(sys.executable).with_name("jupyterhub")
+    done = subprocess.run(
+        [str(jupyterhub), "upgrade-db", "-f", str(REPO / "jupyterhub_config.py")],
+        cwd=hub, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (hub / "jupyterhub.sqlite").is_file()
+    after = files_of(hub)
+    assert {k: v for k, v in after.items() if k in before} == before, "a state file changed"
