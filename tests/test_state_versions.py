@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -362,3 +363,71 @@ def test_jupyterhubs_upgrade_db_runs_with_gpulabs_configuration(tmp_path):
     assert (hub / "jupyterhub.sqlite").is_file()
     after = files_of(hub)
     assert {k: v for k, v in after.items() if k in before} == before, "a state file changed"
+
+
+# --- backups carry the formats ------------------------------------------------------
+
+
+def _backup_of(hub: Path, out: Path) -> Path:
+    from traitlets.config import Config
+
+    from gpulab_hub.backup import make
+
+    db = sqlite3.connect(hub / "jupyterhub.sqlite")  # the hub's database, as a start made it
+    db.execute("CREATE TABLE IF NOT EXISTS users (id INTEGER PRIMARY KEY, name TEXT)")
+    db.commit()
+    db.close()
+    make.make(
+        out, home=hub.parent, hub_dir=hub, config=Config(),
+        where=fixture_script._layout(hub), projects=False, environ={}, say=lambda line: None,
+    )  # fmt: skip
+    return out
+
+
+def _restore(archive: Path, home: Path) -> None:
+    from gpulab_hub.backup import restore
+
+    restore.restore(
+        archive, home=home, hub_dir=home / "hub", projects_root=home / "projects",
+        force=False, running="", environ={}, say=lambda line: None,
+    )  # fmt: skip
+
+
+def test_a_backup_restores_this_releases_state_record_for_record(tmp_path):
+    fixture = FIXTURES[-1]
+    hub = home_from(fixture, tmp_path)
+    archive = _backup_of(hub, tmp_path / "a.tar.gz")
+    _restore(archive, tmp_path / "new")
+    got = json.loads(json.dumps(fixture_script.read(tmp_path / "new" / "hub")))
+    assert got == json.loads((fixture / "expected.json").read_text())
+    assert stateversion.read_hub_format(tmp_path / "new" / "hub") == stateversion.HUB_FORMAT
+
+
+@pytest.mark.parametrize("name", ["hub", "sharing-policy", "ssh-keys"])
+def test_restore_refuses_an_archive_of_newer_state_formats_of_the_same_version(name, tmp_path):
+    import io
+    import tarfile
+
+    from gpulab_hub.backup import MANIFEST, BackupError
+
+    hub = home_from(FIXTURES[-1], tmp_path)
+    archive = _backup_of(hub, tmp_path / "a.tar.gz")
+    newer = tmp_path / "newer.tar.gz"
+    with tarfile.open(archive) as tar, tarfile.open(newer, "w:gz") as out:
+        for m in tar:
+            data = tar.extractfile(m).read() if m.isreg() else b""
+            if m.name == MANIFEST:
+                manifest = json.loads(data)
+                manifest["state_formats"][name] += 1
+                data = json.dumps(manifest).encode()
+                m.size = len(data)
+            out.addfile(m, io.BytesIO(data) if m.isreg() else None)
+    mine = stateversion.formats()[name]
+
+    with pytest.raises(BackupError) as refused:
+        _restore(newer, tmp_path / "new")
+    assert str(refused.value) == (
+        f"{newer} ({name} format) was written by a newer gpulab (format {mine + 1}; this "
+        f"gpulab reads up to {mine}): upgrade gpulab, or restore a backup made by this version."
+    )
+    assert not (tmp_path / "new" / "hub").exists()

@@ -186,6 +186,26 @@ def check_records(hub_dir: Path) -> int:
     return seen
 
 
+def formats() -> dict[str, int]:
+    """The format this gpulab writes of each kind of state file, and of the hub folder
+    (``"hub"``): what a backup's manifest records."""
+    return {"hub": HUB_FORMAT, **{k.name: k.current for k in KINDS.values()}}
+
+
+def check_formats(found, what: str) -> None:
+    """NewerState where ``found`` (another gpulab's :func:`formats`, of ``what``: "an
+    archive") has a newer format of a kind this gpulab knows; ValueError if it is no
+    mapping of format numbers. Kinds this gpulab does not know are its files to ignore."""
+    if not isinstance(found, dict):
+        raise ValueError("its state formats are no mapping")
+    mine = formats()
+    for name, v in found.items():
+        if not isinstance(name, str) or type(v) is not int or v < 1:
+            raise ValueError(f"the state format {name!r}: {v!r} is no format number")
+        if name in mine and v > mine[name]:
+            raise NewerState(f"{what} ({name} format)", v, mine[name])
+
+
 def read_hub_format(hub_dir: Path) -> int | None:
     """The hub folder's format (None: no file yet); ValueError if the file is damaged."""
     path = Path(hub_dir) / VERSION_FILE

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import blocking, hubfiles, hubsettings, jsonfile
+from gpulab_hub import blocking, hubfiles, hubsettings, jsonfile, stateversion
 from gpulab_hub.backup import CONFIG_D, DATABASE, FORMAT, HUB, MANIFEST, PROJECTS, BackupError
 from gpulab_hub.backup import version as gpulab_version
 from gpulab_hub.backup.tree import Writer, read_regular
@@ -263,6 +263,9 @@ def _manifest(w: Writer, home: Path, projects: bool) -> dict:
     return {
         "format": FORMAT,
         "gpulab": gpulab_version(),
+        # The formats of the hub's state this gpulab writes (stateversion.py): restore
+        # refuses an archive of newer ones even where the version number is the same.
+        "state_formats": stateversion.formats(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "home": str(home),
         "projects": "all files" if projects else "Dockerfiles only",

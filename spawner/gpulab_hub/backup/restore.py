@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from gpulab_hub import hubfiles
+from gpulab_hub import hubfiles, stateversion
 from gpulab_hub.backup import CONFIG_D, DATABASE, FORMAT, HUB, MANIFEST, PROJECTS, BackupError
 from gpulab_hub.backup import version as gpulab_version
 from gpulab_hub.backup.make import DELETED
@@ -73,6 +73,12 @@ def read_manifest(tar: tarfile.TarFile, archive: Path) -> dict:
             f"{archive} was written by gpulab {theirs}, which is newer than this gpulab "
             f"({mine}): restore it with gpulab {theirs} or later (update gpulab here first)."
         )
+    try:
+        stateversion.check_formats(manifest.get("state_formats", {}), str(archive))
+    except stateversion.NewerState as e:
+        raise BackupError(f"{e}.") from e
+    except ValueError as e:
+        raise BackupError(f"{archive}'s {MANIFEST} is damaged ({e}); it cannot be restored.") from e
     return manifest
 
 
