@@ -17,6 +17,10 @@ say() { printf '==> %s\n' "$*"; }
 pkgs=(docker.io debootstrap nodejs npm)
 [ "$want_tests" = fast ] && pkgs=(openssh-client)
 [ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry prometheus)
+# Caddy, the TLS proxy `gpulab up` runs for an https GPULAB_PUBLIC_URL (gpulab_hub/tls/);
+# the tests run it too, with NSS's certutil to make Chromium trust its CA.
+caddy_wanted() { [[ "${GPULAB_PUBLIC_URL:-}" == https://* ]]; }
+if [ "$want_tests" = test ]; then pkgs+=(caddy libnss3-tools); elif [ "$want_tests" != fast ] && caddy_wanted; then pkgs+=(caddy); fi
 missing=()
 for p in "${pkgs[@]}"; do
   if [ "$p" = npm ] || [ "$p" = nodejs ]; then
@@ -29,6 +33,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian's caddy package starts its own service on port 80; gpulab runs its own Caddy.
+  if [[ " ${missing[*]} " == *" caddy "* ]] && command -v systemctl >/dev/null 2>&1 \
+    && [ -d /run/systemd/system ]; then
+    systemctl disable --now caddy.service >/dev/null 2>&1 || true
+  fi
 fi
 
 # Python: one virtual environment with the three gpulab distributions (the contract

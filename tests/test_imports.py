@@ -31,7 +31,8 @@ LAYERS = {
         "buildruntime", "blocking", "records", "projects", "stateversion",
     },
     "capabilities": {
-        "images", "gpus", "cluster", "sharing", "secrets", "ssh", "accounts", "host", "culling",
+        "images", "gpus", "cluster", "sharing", "secrets", "ssh", "tls", "accounts", "host",
+        "culling",
     },
     "workflows": {"workflows", "backup"},
     "surfaces": {"spawner", "home", "usagepage", "doctor", "cli", "admin", "hubconfig"},

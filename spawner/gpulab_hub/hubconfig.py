@@ -31,6 +31,7 @@ from gpulab_hub import (
     settings,
     sharing,
     ssh,
+    tls,
     usagepage,
 )
 from gpulab_hub.gpus import keeper
@@ -239,6 +240,7 @@ def _hand_on(c, s: Settings) -> Settings:
     c.JupyterHub.tornado_settings.update({settings.APP_KEY: s})
     keeper.configure(c, s)
     ssh.configure_service(c, s)
+    tls.configure_service(c, s)  # Caddy, with an https GPULAB_PUBLIC_URL
     return s
 
 

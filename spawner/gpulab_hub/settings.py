@@ -95,6 +95,14 @@ def host_or_empty(name: str, value: str) -> str:
     return value
 
 
+def is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return False
+
+
 def valid_host(value: str) -> bool:
     """An IP address or a host name, whole."""
     try:
@@ -264,6 +272,7 @@ class Settings:
     home: Path = var("GPULAB_HOME", Path("/srv/gpulab"), lambda n, v: Path(v))
     bind_url: str = var("GPULAB_BIND_URL", "http://127.0.0.1:8000")  # this machine only
     public_url: str = var("GPULAB_PUBLIC_URL", "")
+    # "": see __post_init__; set by an admin whose own TLS proxy is in front
     subdomain_host: str = var("GPULAB_SUBDOMAIN_HOST", "")
     hub_port: int = var("GPULAB_HUB_PORT", 8081, PORT)
     proxy_api_port: int = var("GPULAB_PROXY_API_PORT", 8001, PORT)
@@ -278,6 +287,15 @@ class Settings:
     images: Images = field(default_factory=Images)
     gpus: Gpus = field(default_factory=Gpus)
     layout: Layout | None = None  # from the traits (hubconfig.finish, hubsettings.py)
+
+    def __post_init__(self) -> None:
+        # Behind gpulab's own Caddy, each user's servers are on <user>.<public host>, an
+        # origin apart from the hub's (tls/, docs/deployment.md "HTTPS by default").
+        # An IP address has no subdomains: there every project shares the hub's origin.
+        https = self.public_url.lower().startswith("https://")
+        if not self.subdomain_host and https:
+            if not is_ip(urlsplit(self.public_url).hostname or ""):
+                object.__setattr__(self, "subdomain_host", self.public_url.rstrip("/"))
 
     @property
     def hub_dir(self) -> Path:

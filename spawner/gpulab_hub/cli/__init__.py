@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from gpulab_hub import host, hubconfig, hubfiles, hubsettings, pidfile, settings
+from gpulab_hub import host, hubconfig, hubfiles, hubsettings, pidfile, settings, tls
 from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import cluster as cli_cluster
 from gpulab_hub.cli import gpus as cli_gpus
@@ -107,6 +107,13 @@ def cmd_up(args, environ) -> int:
     if hub_pid(hub_dir):
         print(f"gpulab is already running at {url}")
         return 0
+    if tls.wanted(s):
+        tls.site_of(s.public_url)  # a bad URL is refused before anything starts
+        if not Path(tls.CADDY).is_file():
+            raise host.HostError(
+                f"GPULAB_PUBLIC_URL={s.public_url} needs Caddy, the HTTPS proxy gpulab "
+                "runs in front of the hub: run scripts/setup.sh (or apt-get install caddy)."
+            )
 
     dk = host.Docker()
     if host.ensure_dockerd(dk, hub_dir):
@@ -145,6 +152,9 @@ def cmd_up(args, environ) -> int:
         (hub_dir / HUB_PIDFILE).unlink(missing_ok=True)
         raise
 
+    if tls.wanted(s):
+        url = s.public_url.rstrip("/") + "/"
+        say_https(s, tls.site_of(s.public_url))
     print(f"gpulab is running: open {url}")
     pw_file = s.admin_password_file
     if pw_file.exists():
@@ -164,6 +174,32 @@ def cmd_up(args, environ) -> int:
     if not s.public_url:
         print(how_to_open(s))
     return 0
+
+
+def say_https(s: settings.Settings, site, timeout: float = 30) -> None:
+    """What people need to reach the hub over HTTPS: for Caddy's internal CA, the root
+    certificate to install (Caddy writes it as it first starts)."""
+    if not site.internal:
+        print(f"Caddy serves HTTPS for {site.host} and <user>.{site.host} with "
+              "certificates from Let's Encrypt or ZeroSSL (ACME): point both names at "
+              "this machine.")  # fmt: skip
+        return
+    root = tls.root_certificate(s)
+    deadline = time.monotonic() + timeout
+    while not root.is_file() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if not root.is_file():
+        raise host.HostError(
+            f"Caddy did not start within {timeout:.0f} s (no {root}): see the hub log"
+        )
+    names = f"{site.host} and <user>.{site.host}" if s.subdomain_host else site.host
+    print(f"Caddy serves HTTPS for {names} with its own certificate authority. Install "
+          "its root certificate on each laptop and phone that opens gpulab "
+          f"(docs/deployment.md, \"Installing the CA\"): {root}")  # fmt: skip
+    if not s.subdomain_host:
+        print("An IP address has no subdomains: every project shares the hub's origin, "
+              "which is safe for one person only. For several people, give this machine "
+              'a name (docs/deployment.md, "Reached by IP").')  # fmt: skip
 
 
 def how_to_open(s: settings.Settings) -> str:
