@@ -42,6 +42,22 @@ SAMPLES = {
     "GPULAB_ADMIN": "root",
     "GPULAB_ADMIN_PASSWORD": "a long admin password",
     "GPULAB_OPEN_SIGNUP": "1",
+    "GPULAB_AUTHENTICATOR": "ldap",
+    "GPULAB_LDAP_SERVER": "ldap.example.org",
+    "GPULAB_LDAP_PORT": "1636",
+    "GPULAB_LDAP_TLS": "before_bind",
+    "GPULAB_LDAP_BIND_DN_TEMPLATE": "uid={username},ou=people,dc=example,dc=org",
+    "GPULAB_LDAP_GROUPS": "cn=gpu,ou=groups,dc=example,dc=org",
+    "GPULAB_OIDC_ISSUER": "https://sso.example.org/realms/lab",
+    "GPULAB_OIDC_CLIENT_ID": "gpulab",
+    "GPULAB_OIDC_CLIENT_SECRET": "an oidc client secret",
+    "GPULAB_OIDC_USERNAME_CLAIM": "email",
+    "GPULAB_OIDC_GROUPS_CLAIM": "roles",
+    "GPULAB_OIDC_SCOPES": "openid,email",
+    "GPULAB_GITHUB_CLIENT_ID": "gh-client",
+    "GPULAB_GITHUB_CLIENT_SECRET": "a github client secret",
+    "GPULAB_GITHUB_ORGS": "my-lab",
+    "GPULAB_ALLOWED_GROUPS": "gpu",
     "GPULAB_MAX_PROJECTS": "3",
     "GPULAB_PASSWORD_MIN_LENGTH": "14",
     "GPULAB_PASSWORD_CHECK_COMMON": "0",
@@ -194,7 +210,9 @@ def test_the_settings_survive_the_hand_over_to_a_service():
     s = hubconfig.complete(Config(), settings.parse(SAMPLES))
     back = settings.of_service(settings.service_env(s))
     assert back == dataclasses.replace(
-        s, accounts=dataclasses.replace(s.accounts, admin_password="")
+        s,
+        accounts=dataclasses.replace(s.accounts, admin_password=""),
+        login=dataclasses.replace(s.login, oidc_client_secret="", github_client_secret=""),
     )
     assert SAMPLES["GPULAB_ADMIN_PASSWORD"] not in settings.service_env(s)[settings.SERVICE_VAR]
 

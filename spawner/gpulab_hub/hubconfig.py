@@ -34,6 +34,7 @@ from gpulab_hub import (
     tls,
     usagepage,
 )
+from gpulab_hub.accounts import providers
 from gpulab_hub.gpus import keeper
 from gpulab_hub.home import buildlog
 from gpulab_hub.projects import objects, title
@@ -111,7 +112,7 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
         # A project's hardware, as Colab's "Change runtime type" (home/runtime.py).
         + runtime.hub_handlers()
     )
-    # gpulab's home page (home/: its handler replaces JupyterHub's, see accounts/auth.py).
+    # gpulab's home page (home/: its handler replaces JupyterHub's; gpulab_routes below).
     c.JupyterHub.template_paths = [
         str(home.TEMPLATES),
         str(doctor.TEMPLATES),
@@ -147,10 +148,15 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
         c.JupyterHub.hub_connect_ip = s.hub_connect_ip
 
     a = s.accounts
-    c.JupyterHub.authenticator_class = "gpulab_hub.accounts.auth.GpulabAuthenticator"
-    c.Authenticator.admin_users = {a.admin}
-    # NativeAuthenticator lets in only accounts an admin approved.
-    c.Authenticator.allow_all = True
+    # Who logs in: gpulab's own accounts, or the lab's LDAP, OpenID Connect provider or
+    # GitHub organisations (GPULAB_AUTHENTICATOR, accounts/providers.py).
+    providers.configure(c, s)
+    # gpulab's routes that replace JupyterHub's (the home page, the spawn page: home/; the
+    # activity API: sharing/activity.py) come first, whatever the authenticator
+    # (accounts/auth.py GpulabHub; finish mixes it into one the admin names).
+    from gpulab_hub.sharing import activity
+
+    c.GpulabHub.gpulab_routes = home.front_handlers() + activity.hub_handlers()
     c.NativeAuthenticator.open_signup = a.open_signup
     c.GpulabAuthenticator.first_admin = a.admin
     c.GpulabAuthenticator.first_admin_password = a.admin_password
@@ -262,5 +268,27 @@ def given(c) -> Settings:
 def finish(c) -> Settings:
     """What must read the whole configuration, called as jupyterhub_config.py's last
     step (after the admin's lines and ``jupyterhub_config.d``): the settings complete
-    with the layout and the traits they decide, handed to the pages and services."""
+    with the layout and the traits they decide, handed to the pages and services; an
+    authenticator the admin named gets gpulab's routes mixed in (accounts/auth.py)."""
+    _with_gpulab_routes(c)
     return _hand_on(c, given(c))
+
+
+def _with_gpulab_routes(c) -> None:
+    cls = c.JupyterHub.authenticator_class if "authenticator_class" in c.JupyterHub else None
+    if cls is None:
+        return
+    from jupyterhub.auth import Authenticator
+    from traitlets import import_item
+
+    from gpulab_hub.accounts import auth
+
+    if isinstance(cls, str):
+        if cls in providers.CLASSES.values():
+            return
+        from importlib.metadata import entry_points
+
+        found = [e for e in entry_points(group="jupyterhub.authenticators") if e.name == cls]
+        cls = found[0].load() if found else import_item(cls)
+    if isinstance(cls, type) and issubclass(cls, Authenticator):
+        c.JupyterHub.authenticator_class = auth.with_gpulab(cls)

@@ -145,6 +145,55 @@ class Accounts:
     deleted_files: str = var("GPULAB_DELETED_FILES", "archive", choice("archive", "remove"))
 
 
+def names(name: str, value: str) -> tuple[str, ...]:
+    """A comma-separated list of names (spaces around each are dropped)."""
+    return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+def dns(name: str, value: str) -> tuple[str, ...]:
+    """LDAP DNs separated by semicolons (a DN holds commas)."""
+    return tuple(n.strip() for n in value.split(";") if n.strip())
+
+
+def url_or_empty(name: str, value: str) -> str:
+    """An http(s) URL with a host, whole; "" where unset."""
+    if value and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
+        raise SettingError(f"{name} must be an https:// URL; it is {value!r}.")
+    return value
+
+
+@dataclass(frozen=True)
+class Login:
+    """Who may log in, and how (accounts/providers.py, docs/authentication.md)."""
+
+    # local: gpulab's own accounts (sign-up, admin approval); the others are the lab's
+    # own logins (JupyterHub's ldapauthenticator and oauthenticator).
+    authenticator: str = var(
+        "GPULAB_AUTHENTICATOR", "local", choice("local", "ldap", "oidc", "github")
+    )
+    ldap_server: str = var("GPULAB_LDAP_SERVER", "", host_or_empty)
+    ldap_port: int | None = var("GPULAB_LDAP_PORT", None, optional(PORT))
+    ldap_tls: str = var(
+        "GPULAB_LDAP_TLS", "on_connect", choice("on_connect", "before_bind", "insecure")
+    )
+    # e.g. uid={username},ou=people,dc=example,dc=org (or DOMAIN\\{username} on AD)
+    ldap_bind_dn: str = var("GPULAB_LDAP_BIND_DN_TEMPLATE", "")
+    # group DNs whose members may log in; each becomes a JupyterHub group (its cn)
+    ldap_groups: tuple[str, ...] = var("GPULAB_LDAP_GROUPS", (), dns)
+    oidc_issuer: str = var("GPULAB_OIDC_ISSUER", "", url_or_empty)
+    oidc_client_id: str = var("GPULAB_OIDC_CLIENT_ID", "")
+    oidc_client_secret: str = var("GPULAB_OIDC_CLIENT_SECRET", "", secret=True)
+    oidc_username_claim: str = var("GPULAB_OIDC_USERNAME_CLAIM", "preferred_username")
+    oidc_groups_claim: str = var("GPULAB_OIDC_GROUPS_CLAIM", "groups")
+    oidc_scopes: tuple[str, ...] = var("GPULAB_OIDC_SCOPES", ("openid", "profile", "email"), names)
+    github_client_id: str = var("GPULAB_GITHUB_CLIENT_ID", "")
+    github_client_secret: str = var("GPULAB_GITHUB_CLIENT_SECRET", "", secret=True)
+    # organisations (org) or teams (org:team) whose members may log in
+    github_orgs: tuple[str, ...] = var("GPULAB_GITHUB_ORGS", (), names)
+    # who may log in besides (every provider's groups: GPULAB_LDAP_GROUPS, the IdP's groups)
+    allowed_groups: tuple[str, ...] = var("GPULAB_ALLOWED_GROUPS", (), names)
+
+
 @dataclass(frozen=True)
 class Sharing:
     """Shares, links and how soon a revoke takes effect (sharing/)."""
@@ -282,6 +331,7 @@ class Settings:
     prefix: str = var("GPULAB_CONTAINER_PREFIX", "gpulab")
     idle_timeout_s: int = var("GPULAB_IDLE_TIMEOUT", 7200, SECONDS)  # 0: never
     accounts: Accounts = field(default_factory=Accounts)
+    login: Login = field(default_factory=Login)
     sharing: Sharing = field(default_factory=Sharing)
     ssh: SSH = field(default_factory=SSH)
     images: Images = field(default_factory=Images)

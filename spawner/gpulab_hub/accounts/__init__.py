@@ -139,6 +139,10 @@ def signups_waiting(user):
     else's page asks the database."""
     if user is None:
         return lambda: 0
+    from gpulab_hub.accounts import providers
+
+    if not providers.is_local(getattr(user, "authenticator", None)):
+        return lambda: None  # the lab's own logins: no sign-ups, no approval
     return lambda: waiting_count(user.db)
 
 
@@ -151,6 +155,10 @@ def approved_hub_user(handler, name: str):
     user = orm.User.find(handler.db, name)
     if user is not None:
         return user
+    from gpulab_hub.accounts import providers
+
+    if not providers.is_local(handler.authenticator):
+        return None  # the lab's own logins: a user exists once they logged in
     info = UserInfo.find(handler.db, name)
     if info is None or not info.is_authorized:
         return None

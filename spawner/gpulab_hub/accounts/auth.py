@@ -22,12 +22,14 @@ import secrets
 import time
 from pathlib import Path
 
+from jupyterhub.auth import Authenticator
+from jupyterhub.utils import maybe_future
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator import handlers as native
 from nativeauthenticator.orm import UserInfo
-from traitlets import Unicode, default
+from traitlets import List, Unicode, default
 
-from gpulab_hub import accounts, home
+from gpulab_hub import accounts
 
 # Sane defaults of NativeAuthenticator's own settings (its traits default to "off").
 MIN_PASSWORD_LENGTH = 10
@@ -184,7 +186,123 @@ def _clock(when: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(when))
 
 
-class GpulabAuthenticator(NativeAuthenticator):
+class GpulabHub(Authenticator):
+    """What gpulab needs of any authenticator, mixed into whichever one logs people in
+    (local accounts, LDAP, OpenID Connect, GitHub, or one the admin names:
+    ``hubconfig.finish`` mixes this class into it).
+
+    - gpulab's routes that replace JupyterHub's own (the home page, the spawn page, the
+      activity API): JupyterHub 6.1 puts only its authenticator's routes before its own,
+      so the hub's wiring (hubconfig.py) lists them in :attr:`gpulab_routes` and they come
+      first here, whatever the authenticator.
+    - a project server's own token narrowed to its project (sharing/activity.py);
+    - deleting a user stops their servers and removes what they had (deletion.py).
+    """
+
+    gpulab_routes = List(
+        config=True,
+        help="""gpulab's routes put before JupyterHub's own, whatever the authenticator:
+        the home page, the spawn page, the project activity API. Set by gpulab's hub
+        wiring (hubconfig.py), not by admins. Default: empty (hubconfig sets them).
+        Example: ``c.GpulabAuthenticator.gpulab_routes = home.front_handlers()`` (every
+        authenticator: ``c.GpulabHub.gpulab_routes``)""",
+    )
+
+    def get_handlers(self, app):
+        return [*self.gpulab_routes, *super().get_handlers(app)]
+
+    async def authenticate(self, handler, data):
+        """The authenticator's answer; with ``manage_groups``, its groups are the
+        user's JupyterHub groups (LDAP's group DNs become their first RDN's value)."""
+        model = await maybe_future(super().authenticate(handler, data))
+        if self.manage_groups and isinstance(model, dict) and "groups" not in model:
+            dns = (model.get("auth_state") or {}).get("ldap_groups", [])
+            model["groups"] = sorted({group_name(dn) for dn in dns} - {""})
+        return model
+
+    def pre_spawn_start(self, user, spawner):
+        """The project server's own token reports activity for that project only
+        (sharing/activity.py): JupyterHub made it with the whole user's a moment ago."""
+        from gpulab_hub.sharing import activity
+
+        super().pre_spawn_start(user, spawner)
+        activity.narrow_server_token(user.db, spawner)
+
+    async def delete_user(self, user):
+        """Stop the user's servers and remove what they had, then what the
+        authenticator keeps of the account (NativeAuthenticator's row).
+
+        JupyterHub's DELETE /hub/api/users/<name> calls this first; then each of the
+        user's spawners' ``delete_forever`` (which refuses a running server).
+        """
+        from gpulab_hub.workflows import deletion  # the spawner side (docker) only when deleting
+
+        await deletion.delete_user(self, user)
+        return await maybe_future(super().delete_user(user))
+
+
+def group_name(dn: str) -> str:
+    """The group's name in a DN (``cn=gpu-team,ou=groups,dc=lab`` -> ``gpu-team``);
+    "" where the DN does not start with an attribute=value pair."""
+    first = dn.split(",", 1)[0]
+    _, eq, value = first.partition("=")
+    return value.strip() if eq else ""
+
+
+class GpulabOIDC(GpulabHub):
+    """An OpenID Connect provider's endpoints from its discovery document, read once
+    when the hub makes its authenticator (GPULAB_OIDC_ISSUER); an endpoint the admin
+    set (``c.GenericOAuthenticator.token_url = ...``) stays theirs."""
+
+    oidc_issuer = Unicode(
+        "",
+        config=True,
+        help="""The OpenID Connect provider's issuer URL: the authorize, token and user
+        info URLs are read from ``<issuer>/.well-known/openid-configuration`` when the
+        hub starts. Default: empty (set each URL yourself). Set by GPULAB_OIDC_ISSUER.
+        Example: ``c.GpulabAuthenticator.oidc_issuer = "https://sso.lab.org/realms/lab"``
+        (only the ``oidc`` authenticator reads it)""",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.oidc_issuer:
+            from gpulab_hub.accounts import providers
+
+            ends = providers.discover(self.oidc_issuer)
+            for trait, key in providers.OIDC_TRAITS.items():
+                if not getattr(self, trait):
+                    setattr(self, trait, ends[key])
+
+
+def with_gpulab(cls: type, mixin: type = GpulabHub) -> type:
+    """``cls`` (any JupyterHub authenticator class) with :class:`GpulabHub` mixed in."""
+    if issubclass(cls, mixin):
+        return cls
+    return type(f"Gpulab{cls.__name__}", (mixin, cls), {"__module__": __name__})
+
+
+# The lab's own logins (GPULAB_AUTHENTICATOR, accounts/providers.py), made on first use
+# so the hub imports ldapauthenticator and oauthenticator only where they are chosen.
+_PROVIDERS = {
+    "GpulabLDAPAuthenticator": "ldapauthenticator.LDAPAuthenticator",
+    "GpulabGenericOAuthenticator": "oauthenticator.generic.GenericOAuthenticator",
+    "GpulabGitHubOAuthenticator": "oauthenticator.github.GitHubOAuthenticator",
+}
+
+
+def __getattr__(name: str):
+    if name not in _PROVIDERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from traitlets import import_item
+
+    base = _PROVIDERS[name]
+    cls = with_gpulab(import_item(base), GpulabOIDC if "generic" in base else GpulabHub)
+    globals()[name] = cls
+    return cls
+
+
+class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
     """Users sign up at /hub/signup; an admin approves them at /hub/authorize."""
 
     @default("minimum_password_length")
@@ -272,19 +390,9 @@ class GpulabAuthenticator(NativeAuthenticator):
         self.add_login_attempt(username)
         return None
 
-    def pre_spawn_start(self, user, spawner):
-        """The project server's own token reports activity for that project only
-        (sharing/activity.py): JupyterHub made it with the whole user's a moment ago."""
-        from gpulab_hub.sharing import activity
-
-        super().pre_spawn_start(user, spawner)
-        activity.narrow_server_token(user.db, spawner)
-
     def get_handlers(self, app):
-        """NativeAuthenticator's pages (some mended), then gpulab's home page, the
-        spawn and default server's routes (home/) and the activity API that keeps a
-        project server's token to its own server (sharing/activity.py): JupyterHub
-        puts only these before its own."""
+        """NativeAuthenticator's pages (some mended); gpulab's own routes come first
+        (GpulabHub)."""
         mine = {
             r"/login": LoginHandler,
             r"/signup": SignUpHandler,
@@ -292,12 +400,7 @@ class GpulabAuthenticator(NativeAuthenticator):
             r"/authorize/([^/]*)": accounts.ToggleAuthorizationHandler,
             r"/discard/([^/]*)": accounts.DiscardHandler,
         }
-        from gpulab_hub.sharing import activity
-
-        native_routes = [
-            (route, mine.get(route, handler)) for route, handler in super().get_handlers(app)
-        ]
-        return native_routes + home.front_handlers() + activity.hub_handlers()
+        return [(route, mine.get(route, handler)) for route, handler in super().get_handlers(app)]
 
     def seconds_locked(self, username: str) -> float:
         """How long ``username`` must wait before the next login try (0: not locked)."""
@@ -306,17 +409,6 @@ class GpulabAuthenticator(NativeAuthenticator):
             return 0
         since = time.time() - self.login_attempts[name]["time"].timestamp()
         return max(0.0, self.seconds_before_next_try - since)
-
-    async def delete_user(self, user):
-        """Stop the user's servers and remove what they had, then the account itself.
-
-        JupyterHub's DELETE /hub/api/users/<name> calls this first; then each of the
-        user's spawners' ``delete_forever`` (which refuses a running server).
-        """
-        from gpulab_hub.workflows import deletion  # the spawner side (docker) only when deleting
-
-        await deletion.delete_user(self, user)
-        return super().delete_user(user)
 
     def ensure_first_admin(self) -> str | None:
         """Create the first admin if it has no password yet; return the password."""

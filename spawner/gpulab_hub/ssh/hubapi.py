@@ -51,11 +51,16 @@ def viewer_message(owner: str, project: str) -> str:
     )
 
 
-def _approved(db, name: str) -> orm.User | None:
-    """The hub's user of an approved account ``name``; None otherwise."""
+def _approved(db, name: str, authenticator=None) -> orm.User | None:
+    """The hub's user of an approved account ``name``; None otherwise (with the lab's
+    own logins, every user the hub has)."""
     from nativeauthenticator.orm import UserInfo
 
+    from gpulab_hub.accounts import providers
+
     user = orm.User.find(db, name)
+    if authenticator is not None and not providers.is_local(authenticator):
+        return user
     info = UserInfo.find(db, name) if user is not None else None
     return user if info is not None and info.is_authorized else None
 
@@ -104,7 +109,7 @@ class AccessHandler(APIHandler):
             "prefix": where.prefix,
             "message": not_found(user, owner, project),
         }
-        person = _approved(self.db, user)
+        person = _approved(self.db, user, self.authenticator)
         owner_orm = person if owner == user else orm.User.find(self.db, owner)
         orm_spawner = owner_orm.orm_spawners.get(project) if owner_orm is not None else None
         role = role_of(self.db, person, owner_orm, orm_spawner)
