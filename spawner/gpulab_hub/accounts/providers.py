@@ -84,11 +84,8 @@ def _ldap(c, login) -> None:
         c.LDAPAuthenticator.bind_dn_template = [login.ldap_bind_dn]
     if login.ldap_groups:
         # Members of these groups may log in; the groups they are in become theirs.
+        # (membership: ldapauthenticator's member, uniqueMember or memberUid search)
         c.LDAPAuthenticator.allowed_groups = list(login.ldap_groups)
-        c.LDAPAuthenticator.group_search_filter = (
-            "(|(member={userdn})(uniqueMember={userdn})(memberUid={username}))"
-        )
-        c.LDAPAuthenticator.group_attributes = ["member", "uniqueMember", "memberUid"]
     else:
         # Everyone the directory lets bind: it is the lab's own.
         c.LDAPAuthenticator.allow_all = True

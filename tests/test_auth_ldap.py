@@ -1,0 +1,164 @@
+"""GPULAB_AUTHENTICATOR=ldap against a real directory: Debian's slapd, started here on a
+127.0.0.1 port with its configuration and database in a temporary folder (two people,
+one group). alice logs in with her LDAP password and her group becomes her JupyterHub
+group; a wrong password, and bob (in no allowed group), are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from gpulab_hub import hubconfig
+from gpulab_hub.accounts import auth
+
+SUFFIX = "dc=gpulab,dc=test"
+GROUP = f"cn=gpu-team,ou=groups,{SUFFIX}"
+PASSWORDS = {"alice": "alice's LDAP password", "bob": "bob's LDAP password"}
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("slapd") is None and not Path("/usr/sbin/slapd").exists(),
+    reason="Debian's slapd is not installed (apt-get install -y slapd ldap-utils)",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _hash(password: str) -> str:
+    out = subprocess.run(
+        ["/usr/sbin/slappasswd", "-s", password], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def slapd(tmp_path_factory):
+    """A running slapd; its ldap:// URL's host and port."""
+    root = tmp_path_factory.mktemp("slapd")
+    (root / "db").mkdir()
+    conf = root / "slapd.conf"
+    conf.write_text(
+        "\n".join(
+            [
+                *(
+                    f"include /etc/ldap/schema/{s}.schema"
+                    for s in ("core", "cosine", "inetorgperson", "nis")
+                ),  # fmt: skip
+                "modulepath /usr/lib/ldap",
+                "moduleload back_mdb",
+                f"pidfile {root}/slapd.pid",
+                "database mdb",
+                "maxsize 10485760",
+                f'suffix "{SUFFIX}"',
+                f'rootdn "cn=admin,{SUFFIX}"',
+                f"rootpw {_hash('the directory admin password')}",
+                f"directory {root}/db",
+                "",
+            ]
+        )
+    )
+    people = [
+        f"dn: uid={name},ou=people,{SUFFIX}\nobjectClass: inetOrgPerson\nuid: {name}\n"
+        f"cn: {name.title()}\nsn: {name.title()}\nuserPassword: {_hash(pw)}\n"
+        for name, pw in PASSWORDS.items()
+    ]
+    ldif = "\n".join(
+        [
+            f"dn: {SUFFIX}\nobjectClass: dcObject\nobjectClass: organization\no: gpulab\n"
+            "dc: gpulab\n",
+            f"dn: ou=people,{SUFFIX}\nobjectClass: organizationalUnit\nou: people\n",
+            f"dn: ou=groups,{SUFFIX}\nobjectClass: organizationalUnit\nou: groups\n",
+            *people,
+            f"dn: {GROUP}\nobjectClass: groupOfNames\ncn: gpu-team\n"
+            f"member: uid=alice,ou=people,{SUFFIX}\n",
+        ]
+    )
+    (root / "data.ldif").write_text(ldif)
+    subprocess.run(
+        ["/usr/sbin/slapadd", "-f", str(conf), "-l", str(root / "data.ldif")],
+        check=True,
+        capture_output=True,
+    )
+    port = _free_port()
+    proc = subprocess.Popen(
+        ["/usr/sbin/slapd", "-f", str(conf), "-h", f"ldap://127.0.0.1:{port}/", "-d", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"slapd did not start: {proc.stderr.read()[-2000:]!r}") from None
+            time.sleep(0.1)
+    yield "127.0.0.1", port
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def ldap_env(host: str, port: int) -> dict[str, str]:
+    return {
+        "GPULAB_AUTHENTICATOR": "ldap",
+        "GPULAB_LDAP_SERVER": host,
+        "GPULAB_LDAP_PORT": str(port),
+        # slapd on this machine, without a certificate: the only place `insecure` is fit
+        "GPULAB_LDAP_TLS": "insecure",
+        "GPULAB_LDAP_BIND_DN_TEMPLATE": f"uid={{username}},ou=people,{SUFFIX}",
+        "GPULAB_LDAP_GROUPS": GROUP,
+        "GPULAB_ADMIN": "alice",
+    }
+
+
+def authenticator(slapd):
+    c = Config()
+    env = {"GPULAB_HOME": "/nonexistent", "GPULAB_HUB_IP": "127.0.0.1", **ldap_env(*slapd)}
+    hubconfig.apply(c, env, images_dir="/nonexistent")
+    hubconfig.finish(c)
+    assert c.JupyterHub.authenticator_class.endswith("GpulabLDAPAuthenticator")
+    return auth.GpulabLDAPAuthenticator(config=c)
+
+
+def login(a, name: str, password: str):
+    """What JupyterHub's login does with the form: authenticate, then the allow check."""
+
+    async def go():
+        model = await a.get_authenticated_user(None, {"username": name, "password": password})
+        return model
+
+    return asyncio.run(go())
+
+
+def test_alice_logs_in_with_her_ldap_password_and_her_group_becomes_hers(slapd):
+    model = login(authenticator(slapd), "alice", PASSWORDS["alice"])
+    assert model is not None and model["name"] == "alice"
+    assert model["groups"] == ["gpu-team"]
+
+
+def test_a_wrong_password_is_refused(slapd):
+    assert login(authenticator(slapd), "alice", "not her password") is None
+    assert login(authenticator(slapd), "alice", "") is None
+
+
+def test_someone_in_no_allowed_group_is_refused(slapd):
+    # bob's password is right, but he is not in GPULAB_LDAP_GROUPS
+    assert login(authenticator(slapd), "bob", PASSWORDS["bob"]) is None
+
+
+def test_a_name_with_a_filter_or_dn_character_is_refused(slapd):
+    # an attacker's try at LDAP injection into the bind DN or the group search
+    for name in ("alice)(uid=*", "*", "alice,ou=people"):
+        assert login(authenticator(slapd), name, PASSWORDS["alice"]) is None
