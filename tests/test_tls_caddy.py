@@ -20,6 +20,7 @@ from traitlets.config import Config
 
 from gpulab_hub import hubconfig, settings, tls
 from gpulab_hub.settings import SettingError
+from gpulab_hub.tls import web
 
 PROJECT = "tlsproj"
 
@@ -178,6 +179,14 @@ def test_https_login_with_the_ca_and_not_without(tls_hub, admin):
     assert r.status_code == 200 and r.json()["name"] == "admin"
     with pytest.raises(requests.exceptions.SSLError):
         requests.get(tls_hub.url + "/hub/login", timeout=10)
+    # Caddy gets a certificate for an existing user's name only
+    ask = f"{tls_hub.env['GPULAB_BIND_URL']}/hub{tls.ASK}"
+    host = urlsplit(tls_hub.url).hostname
+    for domain, status in [(host, 200), (f"admin.{host}", 200), (f"nobody.{host}", 404)]:
+        r = requests.get(ask, params={"domain": domain}, timeout=10)
+        assert r.status_code == status, (domain, r.status_code)
+    with pytest.raises(requests.exceptions.SSLError):
+        admin.http.get(tls_hub.url.replace("lab.", "nobody.lab.") + "/", timeout=10)
     # the hub itself is on loopback: only Caddy is in front
     assert urlsplit(tls_hub.env["GPULAB_BIND_URL"]).hostname == "127.0.0.1"
 
@@ -244,3 +253,14 @@ def test_a_hub_reached_by_ip_gets_https_but_no_subdomains():
     text = tls.render(s)
     assert "https://100.101.102.103:8443, https://*.100.101.102.103:8443 {" in text
     assert "issuer internal" in text and "bind " not in text
+
+
+def test_caddy_asks_for_certificates_of_existing_users_only():
+    users = {"alice"}
+    ok = lambda d: web.allowed(d, "lab.example.org", users.__contains__)  # noqa: E731
+    assert ok("lab.example.org") and ok("alice.lab.example.org")
+    made_up = ["bob.lab.example.org", "a.alice.lab.example.org", ".lab.example.org"]
+    made_up += ["alice.lab.example.org.evil.net", "evil.net", "alicelab.example.org"]
+    for domain in made_up:
+        assert not ok(domain), domain
+    assert "ask http://127.0.0.1:8000/hub/gpulab/tls-ask" in rendered("https://lab.example.org")

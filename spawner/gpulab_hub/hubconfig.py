@@ -109,6 +109,8 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
         + reclaimapi.hub_handlers()
         # GPU usage by user, project and GPU, with a CSV export, for admins (usagepage/).
         + usagepage.hub_handlers()
+        # Caddy's ask: certificates for the hub's name and existing users' only (tls/).
+        + tls.hub_handlers(s)
         # A project's hardware, as Colab's "Change runtime type" (home/runtime.py).
         + runtime.hub_handlers()
     )

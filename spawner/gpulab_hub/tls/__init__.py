@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from gpulab_hub.settings import SettingError, Settings, service_env
 
 SERVICE = "gpulab-tls"
+ASK = "/gpulab/tls-ask"  # under the hub's /hub/: Caddy's ask (tls/web.py)
 CADDY = "/usr/bin/caddy"  # Debian's package (scripts/setup.sh installs it)
 VAR = "GPULAB_PUBLIC_URL"
 # Names no public CA signs for: Caddy's internal CA serves them.
@@ -123,6 +124,7 @@ def render(s: Settings) -> str:
         host=site.address,
         port=site.port,
         upstream=upstream(s.bind_url),
+        ask=ASK,
         issuer="issuer internal" if site.internal else "# ACME (the default issuers)",
         # ports 80 and 443: Caddy redirects http:// to https:// (and answers ACME's
         # HTTP challenge); on another port there is nothing to redirect
@@ -130,6 +132,11 @@ def render(s: Settings) -> str:
         # a *.localhost name is this machine's alone: nobody else is let in
         bind="bind 127.0.0.1 [::1]" if loopback else "",
     )
+
+
+def hub_handlers(s: Settings) -> list[tuple]:
+    """JupyterHub ``extra_handlers``: Caddy's ``ask`` (tls/web.py), where Caddy runs."""
+    return [(ASK, "gpulab_hub.tls.web.AskHandler", {})] if wanted(s) else []
 
 
 def configure_service(c, s: Settings) -> None:
