@@ -162,3 +162,51 @@ def test_a_name_with_a_filter_or_dn_character_is_refused(slapd):
     # an attacker's try at LDAP injection into the bind DN or the group search
     for name in ("alice)(uid=*", "*", "alice,ou=people"):
         assert login(authenticator(slapd), name, PASSWORDS["alice"]) is None
+
+
+# --- a hub started with GPULAB_AUTHENTICATOR=ldap (the one extra hub start) -----------
+
+
+@pytest.fixture(scope="module")
+def ldap_hub(docker_engine, slapd, tmp_path_factory):
+    from conftest import GPULAB, hub_env, start_hub
+
+    home = tmp_path_factory.mktemp("gpulab-ldap-home")
+    env = hub_env(home, **ldap_env(*slapd))
+    hub = start_hub(home, env)
+    yield hub
+    down = subprocess.run([GPULAB, "down"], env=env, capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+
+
+def test_alice_logs_in_to_gpulab_with_ldap_and_keeps_its_home_page(ldap_hub):
+    from hubclient import HubUser
+
+    wrong = HubUser(ldap_hub.url, "alice", "not her password")
+    refused = wrong.login()
+    assert refused.status_code == 403, refused.status_code
+    assert "Invalid username or password" in refused.text
+
+    alice = HubUser(ldap_hub.url, "alice", PASSWORDS["alice"])
+    r = alice.login()
+    assert r.status_code == 302, (r.status_code, ldap_hub.log[-3000:])
+    home = alice.http.get(ldap_hub.url + "/hub/home", timeout=10)
+    assert home.status_code == 200
+    # gpulab's home page, in the words a person reads, not JupyterHub's own
+    assert "Create and start" in home.text and "Your projects" in home.text
+    # no sign-up or approval pages: the directory decides who has an account
+    assert "Sign-ups waiting" not in home.text
+    assert alice.http.get(ldap_hub.url + "/hub/signup", timeout=10).status_code == 404
+
+    # a project made from the home page's form (its REST call) is listed there
+    alice.new_token()
+    made = alice.api(
+        "PUT", "/hub/api/users/alice/servers/ldap-demo", json={"display_name": "LDAP demo"}
+    )
+    assert made.ok, made.text
+    assert "LDAP demo" in alice.http.get(ldap_hub.url + "/hub/home", timeout=10).text
+
+    # her LDAP group is her JupyterHub group (what sharing and GPU budgets read)
+    me = alice.api("GET", "/hub/api/user").json()
+    assert me["groups"] == ["gpu-team"], me
+    assert me["admin"] is True  # GPULAB_ADMIN=alice
