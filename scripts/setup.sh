@@ -40,6 +40,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# The directory the LDAP login tests start themselves (tests/test_auth_ldap.py): Debian's
+# slapd, installed without starting its own service (policy-rc.d says no for the
+# install, then is put back as it was); the tests run their own slapd.
+if [ "$want_tests" = test ] && ! dpkg -s slapd ldap-utils >/dev/null 2>&1; then
+  say "installing Debian packages: slapd ldap-utils"
+  no_start=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+    no_start=1
+  fi
+  apt-get update -qq
+  status=0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    slapd ldap-utils >/dev/null || status=$?
+  if [ -n "$no_start" ]; then rm -f /usr/sbin/policy-rc.d; fi
+  [ "$status" = 0 ] || exit "$status"
+fi
+
 # Python: one virtual environment with the three gpulab distributions (the contract
 # both sides share, the hub, the user side).
 if [ ! -x .venv/bin/python ]; then
