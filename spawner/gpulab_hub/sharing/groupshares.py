@@ -206,14 +206,6 @@ def reconcile(db, roles: GroupShareRoles) -> None:
             roles.apply(recorded, changes)
 
 
-async def reconcile_async(db, roles: GroupShareRoles) -> None:
-    """:func:`reconcile` on the hub's event loop (the record on the records pool)."""
-    recorded = await blocking.run(blocking.RECORDS, roles.snapshot)
-    changes = _reconcile_steps(db, roles, recorded)
-    if changes:
-        await blocking.run(blocking.RECORDS, roles.apply, recorded, changes)
-
-
 def _reconcile_steps(db, roles: GroupShareRoles, recorded: dict) -> dict:
     pairs = {(*spec["project"].partition("/")[::2], spec["group"]) for spec in recorded.values()}
     for share in db.query(orm.Share).filter(orm.Share.group_id.isnot(None)):
@@ -262,21 +254,20 @@ class _Watch:
         except RuntimeError:  # not in the hub's loop: the share page or the next start
             return
         cls.pending = True
-        loop.call_soon(cls.start, session)  # a committed session emits no SQL until then
-
-    tasks: set = set()  # the runs under way (a task nobody holds may vanish)
+        loop.call_soon(cls.run, session)  # a committed session emits no SQL until then
 
     @classmethod
-    def start(cls, session) -> None:
-        task = asyncio.ensure_future(cls.run(session))
-        cls.tasks.add(task)
-        task.add_done_callback(cls.tasks.discard)
-
-    @classmethod
-    async def run(cls, session) -> None:
+    def run(cls, session) -> None:
+        """Right after the commit, before the hub serves anything else: a share revoked
+        through JupyterHub's API ends when its answer comes back, not a moment later
+        (a run on the records pool would let the next request in before the role goes)."""
         cls.pending = False
         try:
-            await reconcile_async(session, cls.roles)
+            with blocking.allowed(
+                "putting group-share roles in step right after JupyterHub's commit: a "
+                "revoked share must end before the hub answers anything else"
+            ):
+                reconcile(session, cls.roles)
         except (jsonfile.RecordError, blocking.Busy) as e:
             LOG.error("Group-share roles not put in step: %s", e)
         except (OSError, SQLAlchemyError) as e:
