@@ -31,10 +31,19 @@ REPO = Path(__file__).resolve().parents[1]
 GPULAB = str(Path(sys.executable).parent / "gpulab")
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now, and never one this test run handed out before: a hub binds its
+    ports later, so two hubs (or one hub's proxy, twice) must not be given the same one."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def cleanup_docker(dk: host.Docker) -> None:
