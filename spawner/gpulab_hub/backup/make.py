@@ -22,7 +22,8 @@ from pathlib import Path
 from gpulab_hub import blocking, hubfiles, hubsettings, jsonfile, stateversion
 from gpulab_hub.backup import CONFIG_D, DATABASE, FORMAT, HUB, MANIFEST, PROJECTS, BackupError
 from gpulab_hub.backup import version as gpulab_version
-from gpulab_hub.backup.tree import Writer, read_regular
+from gpulab_hub.backup.tree import Writer
+from gpulab_hub.projects import safefs
 from gpulab_hub.secrets import crypt
 from gpulab_hub.ssh import keys as ssh_keys
 
@@ -91,10 +92,10 @@ class _LockedReader:
             return None
         try:
             with blocking.file_lock(*lock):
-                return read_regular(dir_fd, name, MAX_RECORD)
+                return safefs.read_file(dir_fd, name, MAX_RECORD)
         except blocking.Busy as e:
             raise BackupError(f"{e} (gpulab backup waits {blocking.LOCK_TIMEOUT:g} s)") from e
-        except (OSError, ValueError):
+        except (OSError, safefs.Refused):
             return None  # read (or left out, with a reason) the ordinary way
 
 

@@ -200,23 +200,3 @@ class Writer:
             self.left_out.append(f"{target} became a link while it was read: left out")
             return
         self.left_out.append(f"{target} could not be read ({e.strerror or e}): left out")
-
-
-def read_regular(dir_fd: int, name: str, max_bytes: int) -> bytes:
-    """The bytes of the regular file ``name`` in ``dir_fd`` (never through a link), at
-    most ``max_bytes``; OSError/ValueError for anything else."""
-    fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{name} is not a regular file")
-        chunks, total = [], 0
-        while True:
-            chunk = os.read(fd, min(CHUNK, max_bytes + 1 - total))
-            if not chunk:
-                return b"".join(chunks)
-            total += len(chunk)
-            if total > max_bytes:
-                raise ValueError(f"{name} is larger than {max_bytes} bytes")
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
