@@ -146,6 +146,13 @@ def power_loss(kit, node: str, container_pid: int) -> list[pidfile.Identity]:
             if ident is not None:
                 frozen[pid] = ident
                 os.kill(pid, signal.SIGSTOP)
+        # kill() returns before the signal lands: a process not yet stopped could
+        # still fork after the next look. Look again only once every one is stopped.
+        wait_for(
+            f"{node}'s processes to stop",
+            lambda: all(_stopped_or_gone(p, i) for p, i in frozen.items()),
+            timeout=10,
+        )
     for pid, ident in frozen.items():
         if pidfile.identity(pid) == ident:
             os.kill(pid, signal.SIGKILL)
@@ -157,6 +164,17 @@ def power_loss(kit, node: str, container_pid: int) -> list[pidfile.Identity]:
         timeout=10,
     )
     return list(frozen.values())
+
+
+def _stopped_or_gone(pid: int, ident: pidfile.Identity) -> bool:
+    """True once ``pid`` is stopped (state T), a zombie, or no longer that process."""
+    if pidfile.identity(pid) != ident:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2 :].split()[0] in ("T", "t", "Z", "X")
 
 
 def reboot_engines(kit, node: str) -> None:
