@@ -17,6 +17,7 @@ from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import cluster as cli_cluster
 from gpulab_hub.cli import gpus as cli_gpus
 from gpulab_hub.cli import images as cli_images
+from gpulab_hub.cli import orphans
 from gpulab_hub.doctor.cli import add_parser as add_doctor_parser
 from gpulab_hub.gpus import allocator
 from gpulab_hub.gpus import inventory as gpu_inventory
@@ -140,6 +141,9 @@ def cmd_up(args, environ) -> int:
     if args.foreground:
         os.chdir(hub_dir)
         os.execve(sys.executable, cmd, env)
+    # What the hub leaves orphaned if it fails to start becomes ours to stop (orphans.py)
+    orphans.become_subreaper()
+    before = orphans.children()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             cmd, cwd=hub_dir, env=env, stdout=log, stderr=log, start_new_session=True
@@ -150,6 +154,8 @@ def cmd_up(args, environ) -> int:
     except host.HostError:
         host.stop_pid(proc.pid)
         (hub_dir / HUB_PIDFILE).unlink(missing_ok=True)
+        for what in orphans.stop_left_behind(before):
+            print(f"Stopped what the hub had started: {what}", file=sys.stderr)
         raise
 
     if tls.wanted(s):
@@ -239,6 +245,11 @@ def cmd_down(args, environ) -> int:
         print("Stopped the hub.")
     elif stale:
         print(f"The hub's PID file was stale, so nothing was signalled: {stale}.")
+    left = orphans.stop_left_proxy(hub_dir)  # after the hub: it stops its own proxy
+    if left:
+        print(f"Stopped the proxy a stopped hub had left running: {left}")
+    for what in orphans.stop_left_services(s.hub_port):
+        print(f"Stopped a service a stopped hub had left running: {what}")
     (hub_dir / HUB_PIDFILE).unlink(missing_ok=True)
     if cli_cluster.on_cluster(spawner):
         cli_cluster.stop_jobs(spawner, uid)
