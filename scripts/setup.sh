@@ -108,4 +108,10 @@ if [ ! -x .venv/node/node_modules/.bin/configurable-http-proxy ]; then
   npm install --silent --no-fund --no-audit --prefix .venv/node configurable-http-proxy@4 >/dev/null
 fi
 ln -sf ../node/node_modules/.bin/configurable-http-proxy .venv/bin/configurable-http-proxy
+# The OpenID Connect provider the login tests start (tests/oidc/provider.mjs).
+oidc_provider=9.13.3
+if [ "$want_tests" = test ] && [ "$(node -p "require('./.venv/node/node_modules/oidc-provider/package.json').version" 2>/dev/null)" != "$oidc_provider" ]; then
+  say "installing oidc-provider $oidc_provider"
+  npm install --silent --no-fund --no-audit --save-exact --prefix .venv/node "oidc-provider@$oidc_provider" >/dev/null
+fi
 say "set-up done"

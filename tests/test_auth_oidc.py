@@ -1,0 +1,251 @@
+"""GPULAB_AUTHENTICATOR=oidc against a real OpenID Connect provider: npm's certified
+``oidc-provider`` (tests/oidc/provider.mjs), started here on a 127.0.0.1 port with one
+confidential client (the hub) and three people. A hub started with the ``oidc``
+authenticator sends people to the provider's sign-in form; alice lands on gpulab's home
+page with her provider groups as JupyterHub groups, which follow the provider at each
+login; bob (in no allowed group) is refused with a page that says so; a wrong password
+stays at the provider."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import time
+from html import unescape
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+PROVIDER = REPO / "tests" / "oidc" / "provider.mjs"
+NODE_MODULES = REPO / ".venv" / "node" / "node_modules"
+ALLOWED = ("gpu-team", "vision")  # GPULAB_ALLOWED_GROUPS
+ACCOUNTS = {
+    "alice": {"password": "alice's provider password", "groups": ["gpu-team"]},
+    "bob": {"password": "bob's provider password", "groups": ["other"]},
+    # the first admin (GPULAB_ADMIN), in no group: the admin may always log in
+    "carol": {"password": "carol's provider password", "groups": []},
+}
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(
+        shutil.which("node") is None or not (NODE_MODULES / "oidc-provider").is_dir(),
+        reason="npm's oidc-provider is not installed (scripts/setup.sh test)",
+    ),
+]
+
+
+class Provider:
+    """The running provider: its issuer URL, and who its people are (rewritable)."""
+
+    def __init__(self, issuer: str, accounts_file: Path):
+        self.issuer = issuer
+        self.accounts_file = accounts_file
+        self.accounts = json.loads(json.dumps(ACCOUNTS))
+
+    def set_groups(self, name: str, groups: list[str]) -> None:
+        """Change someone's groups at the provider (read again at each login)."""
+        self.accounts[name]["groups"] = groups
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.accounts_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.accounts))
+        os.replace(tmp, self.accounts_file)  # the provider never reads half a file
+
+
+@pytest.fixture(scope="module")
+def oidc_env(tmp_path_factory):
+    """The hub's home and environment (its URL is the provider's redirect URI)."""
+    from conftest import free_port, hub_env
+
+    home = tmp_path_factory.mktemp("gpulab-oidc-home")
+    issuer = f"http://127.0.0.1:{free_port()}"
+    env = hub_env(
+        home,
+        GPULAB_AUTHENTICATOR="oidc",
+        GPULAB_OIDC_ISSUER=issuer,
+        GPULAB_OIDC_CLIENT_ID="gpulab",
+        GPULAB_OIDC_CLIENT_SECRET=secrets.token_urlsafe(24),
+        GPULAB_OIDC_SCOPES="openid,profile,email,groups",
+        GPULAB_ALLOWED_GROUPS=",".join(ALLOWED),
+        GPULAB_ADMIN="carol",
+    )
+    return home, env
+
+
+@pytest.fixture(scope="module")
+def provider(request, oidc_env, tmp_path_factory):
+    """A running oidc-provider; stopped at the end (its output printed if a test failed)."""
+    _, env = oidc_env
+    root = tmp_path_factory.mktemp("oidc-provider")
+    issuer = env["GPULAB_OIDC_ISSUER"]
+    p = Provider(issuer, root / "accounts.json")
+    p.write()
+    out = (root / "provider.log").open("w+")
+    proc = subprocess.Popen(
+        ["node", str(PROVIDER), str(urlsplit(issuer).port), str(p.accounts_file)],
+        env={
+            **os.environ,
+            "GPULAB_NODE_MODULES": str(NODE_MODULES),
+            "OIDC_CLIENT_ID": env["GPULAB_OIDC_CLIENT_ID"],
+            "OIDC_CLIENT_SECRET": env["GPULAB_OIDC_CLIENT_SECRET"],
+            "OIDC_REDIRECT_URI": env["GPULAB_BIND_URL"] + "/hub/oauth_callback",
+        },
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
+    failed_before = request.session.testsfailed
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if requests.get(issuer + "/.well-known/openid-configuration", timeout=2).ok:
+                break
+        except requests.RequestException:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out.seek(0)
+            raise RuntimeError(f"oidc-provider did not start:\n{out.read()[-3000:]}")
+        time.sleep(0.2)
+    yield p
+    proc.terminate()
+    proc.wait(timeout=10)
+    if request.session.testsfailed > failed_before:
+        out.seek(0)
+        print(f"\n----- oidc-provider output -----\n{out.read()[-4000:]}")
+    out.close()
+
+
+@pytest.fixture(scope="module")
+def oidc_hub(docker_engine, oidc_env, provider):
+    from conftest import GPULAB, start_hub
+
+    home, env = oidc_env
+    hub = start_hub(home, env)
+    yield hub
+    down = subprocess.run([GPULAB, "down"], env=env, capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+
+
+def _form(page: requests.Response) -> str:
+    """The URL the provider's sign-in form posts to."""
+    m = re.search(r'<form method="post" action="([^"]+)"', page.text)
+    assert m, (page.status_code, page.url, page.text[:2000])
+    return urljoin(page.url, unescape(m.group(1)))
+
+
+def login(hub, name: str, password: str):
+    """What a person does in a browser: the hub's login page, its button, the provider's
+    form. The page they end on, and the HubUser whose cookies are theirs."""
+    from hubclient import HubUser
+
+    user = HubUser(hub.url, name, password)
+    page = user.http.get(hub.url + "/hub/login", timeout=10)
+    assert page.status_code == 200, page.status_code
+    # the hub's login page is a button to the organisation's sign-in, with no password
+    # field and no sign-up link of its own
+    assert "Sign in with your organisation's login" in words(page), words(page)
+    assert 'type="password"' not in page.text and "/hub/signup" not in page.text
+    button = re.search(r"""href=["']([^"']*/oauth_login[^"']*)["']""", page.text)
+    assert button, page.text[-2000:]
+    form = user.http.get(urljoin(page.url, unescape(button.group(1))), timeout=10)
+    assert form.url.startswith(hub_issuer(hub)), form.url
+    assert "Lab sign-in" in form.text
+    landed = user.http.post(_form(form), data={"username": name, "password": password}, timeout=30)
+    return landed, user
+
+
+def words(page: requests.Response) -> str:
+    """What a person reads on the page: its text without tags, entities or extra spaces."""
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", page.text)))
+
+
+def hub_issuer(hub) -> str:
+    return hub.env["GPULAB_OIDC_ISSUER"]
+
+
+def groups_seen_by_admin(hub, name: str) -> list[str]:
+    landed, carol = login(hub, "carol", ACCOUNTS["carol"]["password"])
+    assert landed.status_code == 200, (landed.status_code, landed.url, hub.log[-3000:])
+    carol.new_token()
+    model = carol.api("GET", f"/hub/api/users/{name}")
+    assert model.ok, model.text
+    return model.json()["groups"]
+
+
+def test_alice_logs_in_at_the_provider_and_lands_on_gpulabs_home_page(oidc_hub):
+    landed, alice = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
+    assert landed.status_code == 200, (landed.status_code, landed.url, oidc_hub.log[-3000:])
+    assert urlsplit(landed.url).path == "/hub/home", landed.url
+    # gpulab's home page, in the words a person reads, not JupyterHub's own
+    assert "Create and start" in landed.text and "Your projects" in landed.text
+    # no sign-up or approval pages: the provider decides who has an account
+    assert "Sign-ups waiting" not in landed.text
+    assert alice.http.get(oidc_hub.url + "/hub/signup", timeout=10).status_code == 404
+
+    # a project made from the home page's form (its REST call) is listed there
+    alice.new_token()
+    made = alice.api(
+        "PUT", "/hub/api/users/alice/servers/oidc-demo", json={"display_name": "OIDC demo"}
+    )
+    assert made.ok, made.text
+    assert "OIDC demo" in alice.http.get(oidc_hub.url + "/hub/home", timeout=10).text
+
+    # her provider group is her JupyterHub group (what sharing and GPU budgets read)
+    me = alice.api("GET", "/hub/api/user").json()
+    assert me["name"] == "alice" and me["groups"] == ["gpu-team"], me
+    assert me["admin"] is False
+    assert groups_seen_by_admin(oidc_hub, "alice") == ["gpu-team"]
+
+
+def test_her_groups_follow_the_provider_at_each_login(oidc_hub, provider):
+    try:
+        provider.set_groups("alice", ["vision", "gpu-team"])
+        landed, alice = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
+        assert landed.status_code == 200 and urlsplit(landed.url).path == "/hub/home"
+        assert groups_seen_by_admin(oidc_hub, "alice") == ["gpu-team", "vision"]
+
+        provider.set_groups("alice", ["vision"])
+        landed, alice = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
+        assert landed.status_code == 200
+        assert groups_seen_by_admin(oidc_hub, "alice") == ["vision"]
+
+        # out of every allowed group at the provider: refused at her next login
+        provider.set_groups("alice", ["other"])
+        landed, alice = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
+        assert landed.status_code == 403, (landed.status_code, landed.url)
+        assert alice.http.get(oidc_hub.url + "/hub/api/user", timeout=10).status_code == 403
+    finally:
+        provider.set_groups("alice", ACCOUNTS["alice"]["groups"])
+
+
+def test_someone_in_no_allowed_group_is_refused_with_a_page_that_says_so(oidc_hub):
+    # bob's password is right at the provider, but his group is not GPULAB_ALLOWED_GROUPS
+    landed, bob = login(oidc_hub, "bob", ACCOUNTS["bob"]["password"])
+    assert landed.status_code == 403, (landed.status_code, landed.url)
+    assert landed.url.startswith(oidc_hub.url + "/hub/oauth_callback"), landed.url
+    text = words(landed)
+    assert "not currently authorized to use this hub" in text, text[:2000]
+    assert "Please contact the hub administrator" in text
+    # no session at the hub, and no JupyterHub user made for him
+    assert bob.http.get(oidc_hub.url + "/hub/api/user", timeout=10).status_code == 403
+    landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
+    carol.new_token()
+    assert carol.api("GET", "/hub/api/users/bob").status_code == 404
+
+
+def test_a_wrong_password_stays_at_the_provider(oidc_hub):
+    landed, alice = login(oidc_hub, "alice", "not her password")
+    assert landed.status_code == 401, (landed.status_code, landed.url)
+    assert landed.url.startswith(hub_issuer(oidc_hub) + "/interaction/"), landed.url
+    assert "Wrong username or password." in landed.text
+    assert "Lab sign-in" in landed.text  # the provider's form again, to try once more
+    assert alice.http.get(oidc_hub.url + "/hub/api/user", timeout=10).status_code == 403
