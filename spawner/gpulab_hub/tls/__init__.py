@@ -48,6 +48,15 @@ class Site:
         """The host as Caddy and URLs write it (an IPv6 address in brackets)."""
         return f"[{self.host}]" if ":" in self.host else self.host
 
+    @property
+    def named(self) -> bool:
+        """A DNS name (with subdomains, one per user), not an IP address."""
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            return True
+        return False
+
 
 def wanted(s: Settings) -> bool:
     """Whether gpulab runs Caddy: GPULAB_PUBLIC_URL is https (an admin whose own TLS proxy
@@ -120,9 +129,18 @@ def render(s: Settings) -> str:
     site = site_of(s.public_url)
     template = resources.files(__package__).joinpath("Caddyfile.template").read_text()
     loopback = site.host == "localhost" or site.host.endswith(".localhost")
+    named = site.named
+    hub = f"https://{site.address}:{site.port}"
     return string.Template(template).substitute(
-        host=site.address,
-        port=site.port,
+        # a name has subdomains, one per user; an address has none (and a browser sends
+        # no name (SNI) for it, so its certificate is made as Caddy starts, not on demand)
+        sites=f"{hub}, https://*.{site.address}:{site.port}" if named else hub,
+        on_demand=(
+            "# a certificate for each name as a browser first asks for it: the hub's and\n"
+            "\t\t# each user's subdomain (no wildcard certificate needed)\n\t\ton_demand"
+        )
+        if named
+        else "# the address's certificate, made as Caddy starts",
         upstream=upstream(s.bind_url),
         ask=ASK,
         issuer="issuer internal" if site.internal else "# ACME (the default issuers)",
