@@ -1,17 +1,41 @@
 # gpulab hub image, for compose.yml: JupyterHub + gpulab's hub side + the proxy.
 # Build from the repository root: docker build -f images/hub.Dockerfile -t gpulab/hub .
-ARG BASE=python:3.12-slim-bookworm
+# BASE: a Debian bookworm image (compose.yml: GPULAB_HUB_BASE). Hosts with no registry
+# pass one made locally (debootstrap, then `docker import`).
+ARG BASE=debian:bookworm-slim
 FROM ${BASE}
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# Python, Node (for JupyterHub's proxy), iptables (gpulab's firewall chain).
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends nodejs npm ca-certificates iptables \
- && rm -rf /var/lib/apt/lists/* \
- && npm install -g --no-fund --no-audit configurable-http-proxy@4 \
- && npm cache clean --force
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 python3-venv nodejs npm ca-certificates iptables \
+ && rm -rf /var/lib/apt/lists/*
 
-WORKDIR /srv/gpulab/app
+# Extra CA certificates (a TLS-intercepting proxy's): every *.crt the admin put in
+# images/hub-ca-certificates/. They go where `gpulab up` looks for the host's
+# (/usr/local/share/ca-certificates), so project base images trust them too.
+COPY images/hub-ca-certificates/ /tmp/gpulab-ca/
+RUN find /tmp/gpulab-ca -maxdepth 1 -name '*.crt' -type f \
+      -exec cp -t /usr/local/share/ca-certificates/ {} + \
+ && rm -rf /tmp/gpulab-ca \
+ && update-ca-certificates
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+    NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt \
+    VIRTUAL_ENV=/opt/gpulab/venv \
+    PATH=/opt/gpulab/venv/bin:$PATH
+
+RUN npm install -g --no-fund --no-audit configurable-http-proxy@4 \
+ && npm cache clean --force \
+ && python3 -m venv /opt/gpulab/venv
+
+# The hub's files live apart from GPULAB_HOME (often /srv/gpulab, mounted over).
+WORKDIR /opt/gpulab/app
 COPY contract/ contract/
 COPY spawner/ spawner/
 COPY extensions/ extensions/

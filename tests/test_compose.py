@@ -32,6 +32,8 @@ def test_compose_file_is_valid_and_wires_the_hub():
     hub = cfg["services"]["hub"]
     assert hub["build"]["dockerfile"] == "images/hub.Dockerfile"
     assert (REPO / "images" / "hub.Dockerfile").exists()
+    # The hub image starts FROM Debian bookworm (slim) unless GPULAB_HUB_BASE says otherwise.
+    assert hub["build"]["args"] == {"BASE": "debian:bookworm-slim"}
     assert "/var/run/docker.sock:/var/run/docker.sock:rw" in hub["volumes"]
     # project folders must mean the same path on the host and in the hub
     assert "/srv/gpulab:/srv/gpulab:rw" in hub["volumes"]
@@ -56,9 +58,11 @@ def test_compose_follows_site_settings():
             "GPULAB_HOME": "/data/gpulab",
             "GPULAB_PUBLISH": "0.0.0.0:443",
             "GPULAB_SSH_PORT": "22",
+            "GPULAB_HUB_BASE": "local/debian:bookworm",
         }
     )
     hub = cfg["services"]["hub"]
+    assert hub["build"]["args"]["BASE"] == "local/debian:bookworm"
     assert hub["environment"]["GPULAB_SSH_PORT"] == "22"
     assert "/data/gpulab:/data/gpulab:rw" in hub["volumes"]
     assert hub["environment"]["GPULAB_HOME"] == "/data/gpulab"
