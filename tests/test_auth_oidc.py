@@ -142,6 +142,13 @@ def _form(page: requests.Response) -> str:
     return urljoin(page.url, unescape(m.group(1)))
 
 
+def login_button(page: requests.Response) -> str:
+    """Where the hub's login page's "Sign in with ..." button leads."""
+    button = re.search(r"""href=["']([^"']*/oauth_login[^"']*)["']""", page.text)
+    assert button, page.text[-2000:]
+    return urljoin(page.url, unescape(button.group(1)))
+
+
 def login(hub, name: str, password: str):
     """What a person does in a browser: the hub's login page, its button, the provider's
     form. The page they end on, and the HubUser whose cookies are theirs."""
@@ -154,9 +161,7 @@ def login(hub, name: str, password: str):
     # field and no sign-up link of its own
     assert "Sign in with your organisation's login" in words(page), words(page)
     assert 'type="password"' not in page.text and "/hub/signup" not in page.text
-    button = re.search(r"""href=["']([^"']*/oauth_login[^"']*)["']""", page.text)
-    assert button, page.text[-2000:]
-    form = user.http.get(urljoin(page.url, unescape(button.group(1))), timeout=10)
+    form = user.http.get(login_button(page), timeout=10)
     assert form.url.startswith(hub_issuer(hub)), form.url
     assert "Lab sign-in" in form.text
     landed = user.http.post(_form(form), data={"username": name, "password": password}, timeout=30)
@@ -166,6 +171,14 @@ def login(hub, name: str, password: str):
 def words(page: requests.Response) -> str:
     """What a person reads on the page: its text without tags, entities or extra spaces."""
     return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", page.text)))
+
+
+def signed_in(hub, user) -> bool:
+    """Whether the person's browser is signed in to the hub: the home page opens, or
+    sends them to the login page."""
+    home = user.http.get(hub.url + "/hub/home", allow_redirects=False, timeout=10)
+    assert home.status_code in (200, 302), home.status_code
+    return home.status_code == 200 and "Your projects" in home.text
 
 
 def hub_issuer(hub) -> str:
@@ -190,6 +203,7 @@ def test_alice_logs_in_at_the_provider_and_lands_on_gpulabs_home_page(oidc_hub):
     # no sign-up or approval pages: the provider decides who has an account
     assert "Sign-ups waiting" not in landed.text
     assert alice.http.get(oidc_hub.url + "/hub/signup", timeout=10).status_code == 404
+    assert signed_in(oidc_hub, alice)
 
     # a project made from the home page's form (its REST call) is listed there
     alice.new_token()
@@ -222,7 +236,7 @@ def test_her_groups_follow_the_provider_at_each_login(oidc_hub, provider):
         provider.set_groups("alice", ["other"])
         landed, alice = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
         assert landed.status_code == 403, (landed.status_code, landed.url)
-        assert alice.http.get(oidc_hub.url + "/hub/api/user", timeout=10).status_code == 403
+        assert not signed_in(oidc_hub, alice)
     finally:
         provider.set_groups("alice", ACCOUNTS["alice"]["groups"])
 
@@ -236,7 +250,7 @@ def test_someone_in_no_allowed_group_is_refused_with_a_page_that_says_so(oidc_hu
     assert "not currently authorized to use this hub" in text, text[:2000]
     assert "Please contact the hub administrator" in text
     # no session at the hub, and no JupyterHub user made for him
-    assert bob.http.get(oidc_hub.url + "/hub/api/user", timeout=10).status_code == 403
+    assert not signed_in(oidc_hub, bob)
     landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
     carol.new_token()
     assert carol.api("GET", "/hub/api/users/bob").status_code == 404
@@ -248,4 +262,17 @@ def test_a_wrong_password_stays_at_the_provider(oidc_hub):
     assert landed.url.startswith(hub_issuer(oidc_hub) + "/interaction/"), landed.url
     assert "Wrong username or password." in landed.text
     assert "Lab sign-in" in landed.text  # the provider's form again, to try once more
-    assert alice.http.get(oidc_hub.url + "/hub/api/user", timeout=10).status_code == 403
+    assert not signed_in(oidc_hub, alice)
+
+
+def test_logging_out_of_gpulab_leaves_her_signed_in_at_the_provider(oidc_hub):
+    # what docs/authentication.md tells admins: the provider's own session stays, so the
+    # login button lets her in again without asking her password
+    landed, alice = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
+    assert landed.status_code == 200 and signed_in(oidc_hub, alice)
+    alice.http.get(oidc_hub.url + "/hub/logout", timeout=10)
+    assert not signed_in(oidc_hub, alice)
+    page = alice.http.get(oidc_hub.url + "/hub/login", timeout=10)
+    again = alice.http.get(login_button(page), timeout=30)
+    assert urlsplit(again.url).path == "/hub/home", again.url  # no password asked
+    assert signed_in(oidc_hub, alice)
