@@ -4,7 +4,8 @@ confidential client (the hub) and three people. A hub started with the ``oidc``
 authenticator sends people to the provider's sign-in form; alice lands on gpulab's home
 page with her provider groups as JupyterHub groups, which follow the provider at each
 login; bob (in no allowed group) is refused with a page that says so; a wrong password
-stays at the provider."""
+stays at the provider. Behind a TLS proxy, the redirect URI gpulab sends (OpenID Connect
+and GitHub) is the hub's public https one."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import subprocess
 import time
 from html import unescape
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urljoin, urlsplit
 
 import pytest
@@ -33,13 +35,8 @@ ACCOUNTS = {
     "carol": {"password": "carol's provider password", "groups": []},
 }
 
-pytestmark = [
-    pytest.mark.docker,
-    pytest.mark.skipif(
-        shutil.which("node") is None or not (NODE_MODULES / "oidc-provider").is_dir(),
-        reason="npm's oidc-provider is not installed (scripts/setup.sh test)",
-    ),
-]
+PROVIDER_MISSING = shutil.which("node") is None or not (NODE_MODULES / "oidc-provider").is_dir()
+PUBLIC = "https://gpulab.lab.example.org"
 
 
 class Provider:
@@ -84,6 +81,8 @@ def oidc_env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def provider(request, oidc_env, tmp_path_factory):
     """A running oidc-provider; stopped at the end (its output printed if a test failed)."""
+    if PROVIDER_MISSING:
+        pytest.skip("npm's oidc-provider is not installed (scripts/setup.sh test)")
     _, env = oidc_env
     root = tmp_path_factory.mktemp("oidc-provider")
     issuer = env["GPULAB_OIDC_ISSUER"]
@@ -133,6 +132,54 @@ def oidc_hub(docker_engine, oidc_env, provider):
     yield hub
     down = subprocess.run([GPULAB, "down"], env=env, capture_output=True, text=True)
     assert down.returncode == 0, down.stderr
+
+
+# A request as the hub reads it behind gpulab's Caddy (or the admin's TLS proxy): the
+# proxy says X-Forwarded-Proto https, the JupyterHub proxy adds its own http after it,
+# and tornado keeps the last one.
+BEHIND_TLS_PROXY = SimpleNamespace(
+    request=SimpleNamespace(protocol="http", host="gpulab.lab.example.org"),
+    hub=SimpleNamespace(server=SimpleNamespace(base_url="/hub/")),
+)
+LIBRARY = {
+    "oidc": "oauthenticator.generic.GenericOAuthenticator",
+    "github": "oauthenticator.github.GitHubOAuthenticator",
+}
+
+
+@pytest.mark.parametrize("authenticator", ["oidc", "github"])
+@pytest.mark.parametrize(
+    ("site", "redirect_uri"),
+    [
+        ({"GPULAB_PUBLIC_URL": PUBLIC}, PUBLIC + "/hub/oauth_callback"),
+        ({"GPULAB_SUBDOMAIN_HOST": PUBLIC + "/"}, PUBLIC + "/hub/oauth_callback"),
+        # reached directly (no TLS proxy): the address the browser used
+        ({}, "http://gpulab.lab.example.org/hub/oauth_callback"),
+    ],
+)
+def test_behind_https_the_provider_gets_the_hubs_https_redirect_uri(
+    authenticator, site, redirect_uri
+):
+    # an http:// redirect URI is refused by a provider that registered the https one
+    from traitlets import import_item
+    from traitlets.config import Config
+
+    from gpulab_hub import hubconfig
+
+    env = {
+        "GPULAB_HOME": "/nonexistent",
+        "GPULAB_HUB_IP": "127.0.0.1",
+        "GPULAB_AUTHENTICATOR": authenticator,
+        "GPULAB_OIDC_ISSUER": "https://sso.lab.example.org/realms/lab",
+        "GPULAB_OIDC_CLIENT_ID": "gpulab",
+        "GPULAB_GITHUB_CLIENT_ID": "gpulab",
+        **site,
+    }
+    c = Config()
+    hubconfig.apply(c, env, images_dir="/nonexistent")
+    hubconfig.finish(c)
+    a = import_item(LIBRARY[authenticator])(config=c)
+    assert a.get_callback_url(BEHIND_TLS_PROXY) == redirect_uri
 
 
 def _form(page: requests.Response) -> str:

@@ -63,6 +63,9 @@ def configure(c, s: Settings) -> None:
     _ldap(c, login)
     _oidc(c, login)
     _github(c, login)
+    callback = oauth_callback_url(s)
+    if callback:
+        c.OAuthenticator.oauth_callback_url = callback
     if login.allowed_groups:
         # OpenID Connect and GitHub (LDAP's are the group DNs of GPULAB_LDAP_GROUPS)
         c.OAuthenticator.allowed_groups = set(login.allowed_groups)
@@ -73,6 +76,23 @@ def configure(c, s: Settings) -> None:
     # The provider's groups are the user's JupyterHub groups (sharing, GPU budgets,
     # data folders read them), replaced at each login.
     c.Authenticator.manage_groups = True
+
+
+def oauth_callback_url(s: Settings) -> str:
+    """The redirect URI OpenID Connect and GitHub send people back to, as their browsers
+    reach the hub (``<GPULAB_PUBLIC_URL or GPULAB_SUBDOMAIN_HOST>/hub/oauth_callback``);
+    "" where the hub is reached directly (oauthenticator takes the request's address).
+
+    Behind a TLS proxy (gpulab's Caddy or the admin's own) the hub cannot guess it: the
+    JupyterHub proxy adds its own ``X-Forwarded-Proto: http`` after the TLS proxy's
+    ``https``, and the hub reads the last one, so the guess would be an http:// URI the
+    provider refuses."""
+    public = s.public_url or s.subdomain_host
+    if not public:
+        return ""
+    if "://" not in public:  # as JupyterHub reads a subdomain_host without a scheme
+        public = "https://" + public
+    return public.rstrip("/") + "/hub/oauth_callback"
 
 
 def _ldap(c, login) -> None:
