@@ -169,6 +169,21 @@ class Deployment:
             if net["Name"] == self.network:
                 dk.call("remove_network", net["Id"])
 
+    def leftovers(self, dk: host.Docker) -> list[str]:
+        """What of the deployment is still there after :meth:`remove` (nothing, or a bug)."""
+        left = [
+            c["Names"][0]
+            for c in dk.call("containers", all=True, filters={"name": PREFIX})
+            if c["Names"][0].lstrip("/").startswith((self.container, self.container_prefix + "-"))
+        ]
+        tags = [t for img in dk.call("images") for t in img.get("RepoTags") or []]
+        left += [t for t in tags if t == self.image]
+        left += [n["Name"] for n in dk.call("networks", names=[self.network])]
+        labelled = dk.call(
+            "containers", all=True, filters={"label": f"com.docker.compose.project={self.project}"}
+        )
+        return left + [c["Names"][0] for c in labelled]
+
     def _base(self, tags: list[str]) -> bool:
         """The session's base image and the Debian it is built FROM (kept for others)."""
         return any(t.startswith((f"{PREFIX}/base:", self.base_from)) for t in tags)

@@ -56,6 +56,7 @@ def deployment(hub, local_debian, docker_engine, tmp_path_factory):
             raise
         finally:
             dep.remove(dk, before)
+    assert dep.leftovers(dk) == [], "left behind by the compose deployment"
 
 
 @pytest.fixture(autouse=True)
