@@ -20,16 +20,7 @@ def is_nsfs(path: Path) -> bool:
 
 
 def with_descendants(pids: list[int]) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+    children = pidfile.children_by_parent()
     found, todo = set(pids), list(pids)
     while todo:
         for child in children.get(todo.pop(), ()):

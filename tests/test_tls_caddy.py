@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 from browser_kit import CHROMIUM, CHROMIUM_ARGS
-from conftest import free_port, hub_env, start_hub
+from conftest import free_port
 from playwright.sync_api import expect, sync_playwright
-from tls_kit import TlsUser, ca_of, nss_home
+from tls_kit import TlsUser, ca_of, https_hub, nss_home
 from traitlets.config import Config
 
 from gpulab_hub import hubconfig, settings, tls
@@ -125,15 +125,7 @@ def localhost_names():
 @pytest.fixture(scope="module")
 def tls_hub(docker_engine, tmp_path_factory, localhost_names):
     home = tmp_path_factory.mktemp("gpulab-tls")
-    public = f"https://lab.localhost:{free_port()}"
-    hub = start_hub(home, hub_env(home, GPULAB_PUBLIC_URL=public))
-    hub.url = public
-    yield hub
-    down = hub.gpulab("down")
-    assert down.returncode == 0, down.stderr
-    # Caddy went with the hub
-    with pytest.raises(requests.ConnectionError):
-        requests.get(public, verify=False, timeout=5)
+    yield from https_hub(home, f"https://lab.localhost:{free_port()}")
 
 
 @pytest.fixture(scope="module")

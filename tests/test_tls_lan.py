@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from browser_kit import SHOTS
-from conftest import PREFIX, free_port, hub_env, start_hub
-from tls_kit import TlsUser, ca_of, nss_home
+from conftest import PREFIX, free_port
+from tls_kit import TlsUser, ca_of, https_hub, nss_home
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser]
 
@@ -63,12 +63,7 @@ def lan():
 def lan_hub(docker_engine, tmp_path_factory, lan):
     _, address = lan
     home = tmp_path_factory.mktemp("gpulab-lan")
-    public = f"https://{address}:{free_port()}"
-    hub = start_hub(home, hub_env(home, GPULAB_PUBLIC_URL=public))
-    hub.url = public
-    yield hub
-    down = hub.gpulab("down")
-    assert down.returncode == 0, down.stderr
+    yield from https_hub(home, f"https://{address}:{free_port()}")
 
 
 def on_device(ns: str, args: list[str], home: str) -> subprocess.CompletedProcess:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 import requests
+from conftest import hub_env, start_hub
 from hubclient import HubUser
 
 from gpulab_hub import settings, tls
@@ -44,3 +46,15 @@ def nss_home(tmp_path, ca: str) -> str:
         check=True,
     )
     return str(tmp_path)
+
+
+def https_hub(home, public: str):
+    """A hub started by `gpulab up` with GPULAB_PUBLIC_URL=``public`` (Caddy in front),
+    yielded with ``url`` = ``public``; then `gpulab down`, and Caddy gone with it."""
+    hub = start_hub(home, hub_env(home, GPULAB_PUBLIC_URL=public))
+    hub.url = public
+    yield hub
+    down = hub.gpulab("down")
+    assert down.returncode == 0, down.stderr
+    with pytest.raises(requests.ConnectionError):
+        requests.get(public, verify=False, timeout=5)

@@ -113,3 +113,20 @@ def check(path: Path, program: str) -> tuple[Identity | None, str]:
             f"{now.describe()}"
         )
     return now, ""
+
+
+def children_by_parent(live_only: bool = False, proc: Path = Path("/proc")) -> dict[int, list[int]]:
+    """Every process's children, by parent PID, from /proc (``live_only``: zombies left
+    out)."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        if not (live_only and state == "Z"):
+            children.setdefault(int(ppid), []).append(int(entry.name))
+    return children

@@ -34,18 +34,7 @@ def become_subreaper() -> bool:
 def children(pid: int | None = None) -> set[int]:
     """The live children of ``pid`` (this process by default), from /proc."""
     pid = os.getpid() if pid is None else pid
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(entry.name))
-    return found
+    return set(pidfile.children_by_parent(live_only=True).get(pid, ()))
 
 
 def stop_left_behind(keep: set[int]) -> list[str]:
