@@ -294,8 +294,8 @@ def test_someone_in_no_allowed_group_is_refused_with_a_page_that_says_so(oidc_hu
     assert landed.status_code == 403, (landed.status_code, landed.url)
     assert landed.url.startswith(oidc_hub.url + "/hub/oauth_callback"), landed.url
     text = words(landed)
-    assert "not currently authorized to use this hub" in text, text[:2000]
-    assert "Please contact the hub administrator" in text
+    assert "this gpulab does not let your account in" in text, text[:2000]
+    assert "You must be in one of these groups: gpu-team, vision." in text
     # no session at the hub, and no JupyterHub user made for him
     assert not signed_in(oidc_hub, bob)
     landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])

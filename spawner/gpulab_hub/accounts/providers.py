@@ -54,6 +54,19 @@ def github_teams(auth_state: dict) -> list[str]:
     )
 
 
+def refused_words(login) -> str:
+    """The page of someone who signed in at the provider but may not use gpulab."""
+    where = {"github": "GitHub", "oidc": "your organisation's login"}.get(login.authenticator, "")
+    groups = ", ".join(sorted(login.allowed_groups)) or ""
+    if login.authenticator == "github" and login.github_orgs:
+        groups = ", ".join(sorted(login.github_orgs))
+    member = f" You must be in one of these groups: {groups}." if groups else ""
+    return (
+        f"You signed in at {where or 'the login provider'}, but this gpulab does not let "
+        f"your account in.{member} Ask a gpulab admin to add you, then sign in again."
+    )
+
+
 def configure(c, s: Settings) -> None:
     """The authenticator class and its traits from the settings ``s``."""
     login = s.login
@@ -69,6 +82,8 @@ def configure(c, s: Settings) -> None:
     if login.allowed_groups:
         # OpenID Connect and GitHub (LDAP's are the group DNs of GPULAB_LDAP_GROUPS)
         c.OAuthenticator.allowed_groups = set(login.allowed_groups)
+    # what someone the provider knows, but gpulab does not let in, reads
+    c.OAuthenticator.custom_403_message = refused_words(login)
     if login.authenticator == "local":
         # NativeAuthenticator lets in only accounts an admin approved.
         c.Authenticator.allow_all = True
