@@ -36,6 +36,14 @@ RUN npm install -g --no-fund --no-audit configurable-http-proxy@4 \
 
 # The hub's files live apart from GPULAB_HOME (often /srv/gpulab, mounted over).
 WORKDIR /opt/gpulab/app
+# gpulab-hub's dependencies (from its pyproject.toml; gpulab-contract, from this checkout,
+# comes below) in a layer of their own: a change to gpulab's code rebuilds from there.
+COPY spawner/pyproject.toml /tmp/gpulab-hub-pyproject.toml
+RUN python -c "import tomllib; p = tomllib.load(open('/tmp/gpulab-hub-pyproject.toml', 'rb')); \
+print('\n'.join(d for d in p['project']['dependencies'] if not d.startswith('gpulab-')))" \
+      > /tmp/gpulab-hub-requirements.txt \
+ && pip install --no-cache-dir -r /tmp/gpulab-hub-requirements.txt \
+ && rm /tmp/gpulab-hub-requirements.txt /tmp/gpulab-hub-pyproject.toml
 COPY contract/ contract/
 COPY spawner/ spawner/
 COPY extensions/ extensions/

@@ -98,7 +98,13 @@ def open_in_lab(user: HubUser, server: str) -> requests.Response:
     return r
 
 
-def test_a_project_starts_installs_and_is_shared(deployment):
+def container_id(dk, name: str) -> str:
+    found = [c for c in dk.call("containers") if c["Names"][0] == "/" + name]
+    assert len(found) == 1, found
+    return found[0]["Id"]
+
+
+def test_a_project_starts_installs_and_is_shared(deployment, docker_engine):
     walk = time.monotonic()
     admin = HubUser(deployment.url, "admin", ADMIN_PASSWORD)
     assert admin.login().status_code == 302
@@ -113,8 +119,13 @@ def test_a_project_starts_installs_and_is_shared(deployment):
     owner = HubUser(origin, "admin", "")
     owner.token = admin.token
 
+    # The project runs beside the hub, on the host's engine.
+    name = f"{deployment.container_prefix}-admin--{PROJECT}"
+    first = container_id(docker_engine, name)
     dockerfile = deployment.home / "projects" / "admin" / PROJECT / "Dockerfile"
     before = dockerfile.read_text()
+    find = f"import importlib.util as u; print(u.find_spec('{MODULE}'))"
+    assert owner.execute(PROJECT, find).strip() == "None"
     owner.execute(PROJECT, f"%gpu_install {PACKAGE}=={VERSION}", timeout=300)
     after = dockerfile.read_text()
     assert [ln for ln in after.splitlines() if ln not in before.splitlines()] == [LINE]
@@ -123,6 +134,7 @@ def test_a_project_starts_installs_and_is_shared(deployment):
 
     admin.stop_project(PROJECT)
     admin.start_project(PROJECT)  # the new Dockerfile is built: the package is in the image
+    assert container_id(docker_engine, name) != first
     out = owner.execute(
         PROJECT, f"import importlib.metadata as m; print(m.version('{PACKAGE}'))", timeout=60
     )
