@@ -141,6 +141,26 @@ def test_collaborator_works_in_the_project_until_revoked(people, project):
     assert wait_status(bob, CONTENTS, 403, within=REVOKE_WITHIN_S + 15) == 403
 
 
+def test_someone_revoked_who_accepts_a_new_link_gets_in_at_once(people, project):
+    """The project server keeps the hub's answer on a token for REVOKE_WITHIN_S, the
+    refusal after a revoke included: it asks the hub again before it refuses."""
+    alice, bob = people[OWNER], people["shbob"]
+    # the test before revoked bob: the server refuses his token and has that answer
+    assert bob.api("GET", CONTENTS).status_code == 403
+    r = page_post(alice, action="link", hours="1")
+    assert r.status_code == 200, r.text
+    url = unescape(re.search(r'value="(http[^"]+accept-share\?code=[^"]+)"', r.text)[1])
+    assert accept(bob, url.removeprefix(alice.base)).status_code == 302
+    accepted = time.monotonic()
+    assert wait_status(bob, CONTENTS, 200, within=REVOKE_WITHIN_S + 15) == 200
+    waited = time.monotonic() - accepted
+    print(f"\nbob's new access worked {waited:.1f} s after he accepted the link")
+    assert waited < 5, f"refused on an old answer for {waited:.0f} s"
+    r = page_post(alice, action="revoke-user", name="shbob")
+    assert r.status_code == 200, r.text
+    assert wait_status(bob, CONTENTS, 403, within=REVOKE_WITHIN_S + 15) == 403
+
+
 def test_groups_and_refusals_on_the_page(hub, people, project, admin):
     alice = people[OWNER]
     # A member of her own: a token refused here is remembered by the server for 30 s.

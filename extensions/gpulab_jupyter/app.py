@@ -48,7 +48,7 @@ class GPULabExtension(ExtensionApp):
                 self.deliver_secrets()
 
             web_app.add_handlers = add_guarded_handlers
-            hide_server_token(self.serverapp)
+            adapt_identity_provider(self.serverapp)
             # Someone whose access ended is told so, with a way back (revoked.py).
             from .revoked import install as install_403_page
 
@@ -102,7 +102,7 @@ def uses_project_authorizer(serverapp) -> bool:
     return any(cls.__module__ == "gpulab_jupyter.authorizer" for cls in type(authorizer).__mro__)
 
 
-def hide_server_token(serverapp) -> None:
+def adapt_identity_provider(serverapp) -> None:
     """Keep the server's own token (``$JUPYTERHUB_API_TOKEN``) out of every page.
 
     JupyterHub's identity provider answers ``token`` with that token, and
@@ -112,13 +112,18 @@ def hide_server_token(serverapp) -> None:
     server needs it (``hub_auth.api_token``, for its requests to the hub); the
     identity provider's ``token``, which only a server that logs people in by token
     needs, says "" (JupyterHub logs them in).
+
+    It also asks the hub again before it refuses someone on a cached answer
+    (freshrefusal.py: access granted again works at once).
     """
+    from .freshrefusal import FreshRefusal
+
     provider = serverapp.identity_provider
     cls = type(provider)
     if not getattr(cls, "gpulab_hides_token", False):
         provider.__class__ = type(
             cls.__name__,
-            (cls,),
+            (FreshRefusal, cls),
             {"token": property(lambda _: ""), "gpulab_hides_token": True, "__module__": __name__},
         )
     serverapp.web_app.settings["token"] = ""

@@ -56,7 +56,6 @@ person's own token, the secrets that person's new process gets (secrets/deliver.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import os
@@ -71,6 +70,7 @@ from tornado.websocket import WebSocketHandler
 from traitlets import Float
 
 from .connections import OpenConnections
+from .freshrefusal import token_cache_key
 from .secrets import deliver
 
 PREFIX = "custom:gpulab:"
@@ -244,8 +244,7 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
         # HubOAuth keeps each token's answer for cache_max_age (30 s): put the fresh one
         # there (user_for_token's own cache key), so a closed connection cannot reopen
         # with the stale answer.
-        digest = hashlib.sha256(token.encode("utf8", "replace")).hexdigest()
-        self.hub_auth.cache[f"token:{session_id}:{digest}"] = model
+        self.hub_auth.cache[token_cache_key(session_id, token)] = model
         if not model or not self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):
             return False
         await self._shared(model, fresh=True)  # a listing at most REFRESH_MIN_S old

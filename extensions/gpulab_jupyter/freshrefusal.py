@@ -1,0 +1,69 @@
+"""A person refused with an old answer from the hub is asked about again.
+
+A project server keeps the hub's answer on each token for ``HubOAuth.cache_max_age``
+seconds (gpulab: 30), so a revoked share stops working within that time. The same
+cache also kept a *refusal*: someone whose access was revoked and who then accepted a
+new link (or was shared with again) was still told "alice stopped sharing this
+project with you" until the old answer expired.
+
+:class:`FreshRefusal` (mixed into JupyterHub's identity provider, where gpulab's
+authorizer runs: app.py) asks the hub again, bypassing the cache, before it refuses
+someone, at most once every ``ASK_AGAIN_S`` seconds per token, and keeps the fresh
+answer in the cache. An access that was granted again works on the next request; a
+revoked one stays refused (the fresh answer says so too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+ASK_AGAIN_S = 2.0
+MAX_TOKENS_KEPT = 4096
+
+
+def token_cache_key(session_id: str, token: str) -> str:
+    """HubAuth.user_for_token's own cache key for ``token`` (JupyterHub 5)."""
+    digest = hashlib.sha256(token.encode("utf8", "replace")).hexdigest()
+    return f"token:{session_id}:{digest}"
+
+
+class FreshRefusal:
+    """Mixin for ``jupyterhub.singleuser.extension.JupyterHubIdentityProvider``."""
+
+    _gpulab_asked: dict[str, float] | None = None
+
+    async def get_user(self, handler):
+        user = await super().get_user(handler)
+        if user is not None or hasattr(handler, "_jupyterhub_user"):
+            return user  # allowed, or not logged in at all (JupyterHub's login follows)
+        hub_auth = self.hub_auth
+        token = hub_auth.get_token(handler)
+        session_id = hub_auth.get_session_id(handler)
+        if not token or not self._may_ask_again(token_cache_key(session_id, token)):
+            return None
+        fresh = await hub_auth.user_for_token(
+            token, use_cache=False, session_id=session_id, sync=False
+        )
+        hub_auth.cache[token_cache_key(session_id, token)] = fresh
+        if not fresh or not hub_auth.check_scopes(hub_auth.access_scopes, fresh):
+            return None
+        # JupyterHub set a refusal on this request (handler.redirect raises 403): the
+        # fresh answer lets the person in, so ask again with it.
+        handler.__dict__.pop("redirect", None)
+        return await super().get_user(handler)
+
+    def _may_ask_again(self, key: str) -> bool:
+        if self._gpulab_asked is None:
+            self._gpulab_asked = {}
+        asked = self._gpulab_asked
+        now = time.monotonic()
+        if now - asked.get(key, -ASK_AGAIN_S) < ASK_AGAIN_S:
+            return False
+        if len(asked) >= MAX_TOKENS_KEPT:
+            for old in [k for k, t in asked.items() if now - t >= ASK_AGAIN_S]:
+                del asked[old]
+            if len(asked) >= MAX_TOKENS_KEPT:
+                return False
+        asked[key] = now
+        return True
