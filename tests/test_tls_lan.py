@@ -88,6 +88,9 @@ def test_a_laptop_and_a_phone_on_the_lan_open_it_by_its_address(lan, lan_hub, tm
     ca = ca_of(lan_hub)
     admin = TlsUser(lan_hub.url, "admin", lan_hub.admin_password, ca)
     assert admin.login().status_code == 302
+    # the login cookies are sent over HTTPS only (the hub knows its public URL)
+    cookies = {c.name: c for c in admin.http.cookies if c.path.startswith("/hub")}
+    assert cookies["jupyterhub-hub-login"].secure, cookies
     admin.new_token()
     server = admin.start_project(PROJECT)
     assert server["url"].startswith("/user/admin/"), server["url"]  # the hub's origin
