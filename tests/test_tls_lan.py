@@ -88,7 +88,7 @@ def test_a_laptop_and_a_phone_on_the_lan_open_it_by_its_address(lan, lan_hub, tm
     ca = ca_of(lan_hub)
     admin = TlsUser(lan_hub.url, "admin", lan_hub.admin_password, ca)
     assert admin.login().status_code == 302
-    # the login cookies are sent over HTTPS only (the hub knows its public URL)
+    # the login cookies are sent over HTTPS only (accounts.cookie_options)
     cookies = {c.name: c for c in admin.http.cookies if c.path.startswith("/hub")}
     assert cookies["jupyterhub-hub-login"].secure, cookies
     admin.new_token()

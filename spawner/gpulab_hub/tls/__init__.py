@@ -163,11 +163,6 @@ def configure_service(c, s: Settings) -> None:
     if not wanted(s):
         return
     site_of(s.public_url)  # a bad URL stops the hub's start, in words
-    # Where people open the hub, so JupyterHub never guesses it from a request: behind
-    # Caddy and the JupyterHub proxy a request says X-Forwarded-Proto "https,http", and
-    # JupyterHub (tornado reads the last) would take it for plain HTTP and set its login
-    # cookies without Secure (with subdomains it already takes subdomain_host).
-    c.JupyterHub.public_url = s.public_url.rstrip("/") + "/"
     service = {
         "name": SERVICE,
         "command": [sys.executable, "-m", "gpulab_hub.tls"],
