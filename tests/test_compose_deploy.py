@@ -44,7 +44,7 @@ def deployment(hub, local_debian, docker_engine, tmp_path_factory):
     with localhost_names(), host_ca_certificates():
         try:
             start = time.monotonic()
-            dep.must("build", timeout=1200)
+            dep.must("build", "--force-rm", timeout=1200)  # a failed step leaves no container
             built = time.monotonic()
             print(f"\ncompose: hub image built in {built - start:.0f} s")
             dep.must("up", "-d", timeout=300)
