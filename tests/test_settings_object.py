@@ -89,6 +89,7 @@ SAMPLES = {
 # environment the hub gives projects (gpulab_contract.environment).
 NOT_SITE_SETTINGS = {
     "GPULAB_PUBLISH",  # compose.yml: where browsers reach the proxy
+    "GPULAB_HUB_BASE",  # compose.yml: the image the hub image is built FROM
     "GPULAB_HOST_GPUS",  # the base image's nvidia-smi stand-in
     "GPULAB_GPU_SHARING",  # a WSL2 project's container
     "GPULAB_PRECISION",  # a job's own
