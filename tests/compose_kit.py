@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -29,24 +28,6 @@ from gpulab_hub import host
 
 # Where images/hub.Dockerfile takes extra CA certificates from (docs/deployment.md).
 HUB_CA_DIR = REPO / "images" / "hub-ca-certificates"
-
-
-@contextlib.contextmanager
-def localhost_names():
-    """Resolve every ``*.localhost`` name to 127.0.0.1 in this process, as browsers do
-    (the hub at lab.localhost, each user's projects at <user>.lab.localhost)."""
-    real = socket.getaddrinfo
-
-    def getaddrinfo(name, *args, **kwargs):
-        if isinstance(name, str) and name.endswith(".localhost"):
-            name = "127.0.0.1"
-        return real(name, *args, **kwargs)
-
-    socket.getaddrinfo = getaddrinfo
-    try:
-        yield
-    finally:
-        socket.getaddrinfo = real
 
 
 @contextlib.contextmanager

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import socket
 import time
 import uuid
 from urllib.parse import quote
@@ -78,6 +80,15 @@ class HubUser:
         headers["Authorization"] = f"token {self.token}"
         kw.setdefault("timeout", 30)
         return requests.request(method, f"{self.base}{path}", headers=headers, **kw)
+
+    def make_project(self, project: str, display_name: str) -> None:
+        """A project as the home page's form makes it (its REST call), then listed there."""
+        made = self.api(
+            "PUT", f"/hub/api/users/{self.name}/servers/{project}",
+            json={"display_name": display_name},
+        )  # fmt: skip
+        assert made.ok, made.text
+        assert display_name in self.http.get(self.base + "/hub/home", timeout=10).text
 
     def start_project(self, project: str, timeout: float = 600) -> dict:
         r = self.api("POST", f"/hub/api/users/{self.name}/servers/{project}", json={})
@@ -166,3 +177,22 @@ class HubUser:
         finally:
             ws.close()
             self.api("DELETE", url.removeprefix(self.base) + f"/api/kernels/{kernel_id}")
+
+
+@contextlib.contextmanager
+def localhost_names():
+    """Resolve ``localhost`` and every ``*.localhost`` name to 127.0.0.1 in this
+    process, as browsers do (this machine's resolver does not): a hub at
+    lab.localhost, each user's projects at <user>.lab.localhost."""
+    real = socket.getaddrinfo
+
+    def getaddrinfo(name, *args, **kwargs):
+        if isinstance(name, str) and (name == "localhost" or name.endswith(".localhost")):
+            name = "127.0.0.1"
+        return real(name, *args, **kwargs)
+
+    socket.getaddrinfo = getaddrinfo
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = real

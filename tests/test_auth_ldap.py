@@ -200,11 +200,7 @@ def test_alice_logs_in_to_gpulab_with_ldap_and_keeps_its_home_page(ldap_hub):
 
     # a project made from the home page's form (its REST call) is listed there
     alice.new_token()
-    made = alice.api(
-        "PUT", "/hub/api/users/alice/servers/ldap-demo", json={"display_name": "LDAP demo"}
-    )
-    assert made.ok, made.text
-    assert "LDAP demo" in alice.http.get(ldap_hub.url + "/hub/home", timeout=10).text
+    alice.make_project("ldap-demo", "LDAP demo")
 
     # her LDAP group is her JupyterHub group (what sharing and GPU budgets read)
     me = alice.api("GET", "/hub/api/user").json()

@@ -254,11 +254,7 @@ def test_alice_logs_in_at_the_provider_and_lands_on_gpulabs_home_page(oidc_hub):
 
     # a project made from the home page's form (its REST call) is listed there
     alice.new_token()
-    made = alice.api(
-        "PUT", "/hub/api/users/alice/servers/oidc-demo", json={"display_name": "OIDC demo"}
-    )
-    assert made.ok, made.text
-    assert "OIDC demo" in alice.http.get(oidc_hub.url + "/hub/home", timeout=10).text
+    alice.make_project("oidc-demo", "OIDC demo")
 
     # her provider group is her JupyterHub group (what sharing and GPU budgets read)
     me = alice.api("GET", "/hub/api/user").json()

@@ -19,8 +19,8 @@ from urllib.parse import urlparse
 
 import pytest
 import requests
-from compose_kit import Deployment, host_ca_certificates, image_ids, localhost_names
-from hubclient import HubUser
+from compose_kit import Deployment, host_ca_certificates, image_ids
+from hubclient import HubUser, localhost_names
 
 from gpulab_hub import host
 

@@ -6,9 +6,9 @@ machine or a LAN knows, and each user's servers on <user>.<name>. Real parts: Ca
 from __future__ import annotations
 
 import os
-import socket
 from urllib.parse import urlsplit
 
+import hubclient
 import pytest
 import requests
 from browser_kit import CHROMIUM, CHROMIUM_ARGS
@@ -108,18 +108,8 @@ def test_the_public_url_turns_on_caddy_and_subdomains():
 
 @pytest.fixture(scope="module")
 def localhost_names():
-    """Resolve every ``*.localhost`` name to 127.0.0.1 in this process, as browsers do
-    (this machine's resolver does not)."""
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host, *args, **kwargs):
-        if isinstance(host, str) and (host == "localhost" or host.endswith(".localhost")):
-            host = "127.0.0.1"
-        return real(host, *args, **kwargs)
-
-    socket.getaddrinfo = getaddrinfo
-    yield
-    socket.getaddrinfo = real
+    with hubclient.localhost_names():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ fails.
 from __future__ import annotations
 
 import json
-import socket
 from urllib.parse import urlparse
 
+import hubclient
 import pytest
 import requests
 from conftest import free_port, hub_env, start_hub
@@ -69,17 +69,8 @@ def html_of(sub_hub) -> str:
 
 @pytest.fixture(scope="module")
 def localhost_names():
-    """Resolve every ``*.localhost`` name to 127.0.0.1 in this process, as browsers do."""
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host, *args, **kwargs):
-        if isinstance(host, str) and host.endswith(".localhost"):
-            host = "127.0.0.1"
-        return real(host, *args, **kwargs)
-
-    socket.getaddrinfo = getaddrinfo
-    yield
-    socket.getaddrinfo = real
+    with hubclient.localhost_names():
+        yield
 
 
 @pytest.fixture(scope="module")
