@@ -170,7 +170,8 @@ def test_third_waits_idle_holder_reclaimed_job_spared_next_starts_in_2s(dk, inve
         print(f"carol's spawn page: {words}")
         assert words.startswith("waiting for a GPU: next in line;")
         assert "alice/train" in words and "bob/sweep" in words
-        assert [e.project for e in QueueStore(tmp_path / "gpu-queue.json").entries()] == ["fit"]
+        queue = QueueStore(tmp_path / "gpu-queue.json")
+        assert [e.project for e in await off(queue.entries)] == ["fit"]
 
         # reclaim: what NVML measures of each holder's GPU, both idle in the hub's eyes
         ua = await asyncio.to_thread(utilisation, alice._gpus.uuids[0])
