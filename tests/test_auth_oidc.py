@@ -319,3 +319,51 @@ def test_logging_out_of_gpulab_leaves_her_signed_in_at_the_provider(oidc_hub):
     again = alice.http.get(login_button(page), timeout=30)
     assert urlsplit(again.url).path == "/hub/home", again.url  # no password asked
     assert signed_in(oidc_hub, alice)
+
+
+def test_sharing_ssh_keys_secrets_and_deletion_work_for_provider_logins(oidc_hub, tmp_path):
+    """gpulab's own pages do not lean on the authenticator: people who log in at the
+    provider share a project, add an SSH key and a secret, and the admin deletes one."""
+    from test_ssh_keys import keygen
+
+    _, alice = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
+    _, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
+    for person in (alice, carol):
+        assert signed_in(oidc_hub, person)
+        person.new_token()
+    alice.make_project("oidc-shared", "Shared at the provider")
+
+    def post(user, path: str, **form) -> requests.Response:
+        xsrf = user.http.cookies.get("_xsrf", path="/hub/")
+        return user.http.post(f"{oidc_hub.url}{path}", data={"_xsrf": xsrf, **form}, timeout=30)
+
+    # sharing by name (gpulab's share page), read back as the one shared with
+    r = post(alice, "/hub/gpulab/share/oidc-shared", action="user", name="carol", role="viewer")
+    assert r.status_code == 200 and "Shared with user carol as viewer." in r.text, r.text[-2000:]
+    shared = carol.api("GET", "/hub/api/users/carol/shared").json()["items"]
+    assert [(s["server"]["user"]["name"], s["server"]["name"]) for s in shared] == [
+        ("alice", "oidc-shared")
+    ]
+    # an SSH key (gpulab's SSH page)
+    pub = keygen(tmp_path, "alice-laptop").with_suffix(".pub").read_text().strip()
+    r = post(alice, "/hub/gpulab/ssh", action="add", key=pub)
+    assert r.status_code == 200 and "Added your ssh-ed25519 key (alice-laptop@laptop)" in r.text
+    # a secret (gpulab's secrets page), stored encrypted
+    r = post(alice, "/hub/gpulab/secrets", action="add", name="LAB_API_KEY", value="k" * 32)
+    assert r.status_code == 200 and "Added LAB_API_KEY." in r.text, r.text[-2000:]
+
+    keys = alice.http.get(f"{oidc_hub.url}/hub/gpulab/ssh", timeout=20).text
+    assert "alice-laptop@laptop" in keys
+    assert "LAB_API_KEY" in alice.http.get(f"{oidc_hub.url}/hub/gpulab/secrets", timeout=20).text
+
+    # the admin (carol) deletes alice: her projects, shares, key and secret go with her
+    r = carol.api("DELETE", "/hub/api/users/alice")
+    assert r.status_code == 204, r.text
+    assert carol.api("GET", "/hub/api/users/alice").status_code == 404
+    assert carol.api("GET", "/hub/api/users/carol/shared").json()["items"] == []
+    # she can log in at the provider again: a new account with nothing of the old one
+    _, again = login(oidc_hub, "alice", ACCOUNTS["alice"]["password"])
+    again.new_token()
+    assert again.api("GET", "/hub/api/users/alice").json()["servers"] == {}
+    assert "alice-laptop@laptop" not in again.http.get(f"{oidc_hub.url}/hub/gpulab/ssh").text
+    assert "LAB_API_KEY" not in again.http.get(f"{oidc_hub.url}/hub/gpulab/secrets").text
