@@ -13,10 +13,11 @@ say() { printf '==> %s\n' "$*"; }
 # Debian packages: the Docker engine, debootstrap (local base image when no
 # registry is reachable), Node.js for the proxy; Chromium and docker-compose for tests;
 # Slurm, munge and docker-registry for the test cluster (tests/cluster_kit.py);
-# Prometheus to scrape the hub's /hub/metrics (tests/test_metrics.py).
+# Prometheus to scrape the hub's /hub/metrics (tests/test_metrics.py); curl and iproute2 for
+# the LAN test (tests/test_tls_lan.py).
 pkgs=(docker.io debootstrap nodejs npm)
 [ "$want_tests" = fast ] && pkgs=(openssh-client)
-[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry prometheus)
+[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry prometheus curl iproute2)
 # Caddy, the TLS proxy `gpulab up` runs for an https GPULAB_PUBLIC_URL (gpulab_hub/tls/);
 # the tests run it too, with NSS's certutil to make Chromium trust its CA.
 caddy_wanted() { [[ "${GPULAB_PUBLIC_URL:-}" == https://* ]]; }
