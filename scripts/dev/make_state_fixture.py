@@ -41,6 +41,7 @@ def write(hub: Path) -> None:
     """Write the state files under ``hub`` through the stores' own code."""
     from gpulab_hub import hubsettings, projects, stateversion
     from gpulab_hub.cluster import jobs
+    from gpulab_hub.cluster.multinode import TrainRequest
     from gpulab_hub.gpus import Device
     from gpulab_hub.gpus.allocator import AllocationStore, Policy, Request
     from gpulab_hub.gpus.queue import QueueStore
@@ -114,23 +115,13 @@ def write(hub: Path) -> None:
     record = jobs.record_of(layout.records_dir)
     with record.locked():
         entries = record._read()
-        entries["4242"] = {  # as jobs.submit records a job Slurm took
-            "owner": "alice",
-            "project": "thesis",
-            "job": "train-1",
-            "script": "train.py",
-            "args": ["--epochs", "3"],
-            "nodes": 2,
-            "gpus_per_node": 1,
-            "addresses": ["10.77.0.2", "10.77.0.3"],
-            "submitted": NOW,
-            "state": "PENDING",
-            "reason": "",
-            "words": "submitted",
-            "nodelist": "",
-            "ended": None,
-            "stop_requested": False,
-        }
+        entries["4242"] = jobs.new_entry(  # as jobs.submit records a job Slurm took
+            "alice",
+            "thesis",
+            TrainRequest("train-1", "train.py", ("--epochs", "3"), nodes=2, gpus_per_node=1),
+            ("10.77.0.2", "10.77.0.3"),
+            NOW,
+        )
         record._write(entries)
 
     secrets = SecretStore(layout.secrets_dir, "alice")

@@ -194,6 +194,29 @@ def free_addresses(network: JobNetwork, jobs: dict, count: int) -> tuple[str, ..
     return tuple(free[:count])
 
 
+def new_entry(
+    owner: str, project: str, req: TrainRequest, addresses: tuple[str, ...], submitted: float
+) -> dict:
+    """The record of a job Slurm just took (pending, nothing heard from it yet)."""
+    return {
+        "owner": owner,
+        "project": project,
+        "job": req.job_id,
+        "script": req.script,
+        "args": list(req.args),
+        "nodes": req.nodes,
+        "gpus_per_node": req.gpus_per_node,
+        "addresses": list(addresses),
+        "submitted": submitted,
+        "state": "PENDING",
+        "reason": "",
+        "words": "submitted",
+        "nodelist": "",
+        "ended": None,
+        "stop_requested": False,
+    }
+
+
 def submit(site: Site, record: JobsRecord, project: ProjectRef, req: TrainRequest) -> dict:
     """Submit ``req`` as a multi-node Slurm job; the job as ``view`` shows it."""
     req = check_request(req, site.limits)
@@ -230,23 +253,9 @@ def submit(site: Site, record: JobsRecord, project: ProjectRef, req: TrainReques
             output=str(site.log_dir / "job-%j.out"),  # output_file's name
         )
         slurm_id = site.slurm.submit(render_script(job), sbatch_args(job, request))
-        jobs[str(slurm_id)] = {
-            "owner": project.owner,
-            "project": project.name,
-            "job": req.job_id,
-            "script": req.script,
-            "args": list(req.args),
-            "nodes": req.nodes,
-            "gpus_per_node": req.gpus_per_node,
-            "addresses": list(job.addresses),
-            "submitted": time.time(),
-            "state": "PENDING",
-            "reason": "",
-            "words": "submitted",
-            "nodelist": "",
-            "ended": None,
-            "stop_requested": False,
-        }
+        jobs[str(slurm_id)] = new_entry(
+            project.owner, project.name, req, job.addresses, time.time()
+        )
         _prune(jobs, project.owner, project.name, site.log_dir)
         record._write(jobs)
         entry = jobs[str(slurm_id)]
