@@ -265,6 +265,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
+def localhost_names():
+    """``localhost`` and ``*.localhost`` resolve to 127.0.0.1 in this process for the
+    module, as browsers resolve them (hubclient.localhost_names)."""
+    from hubclient import localhost_names as resolving
+
+    with resolving():
+        yield
+
+
+@pytest.fixture(scope="module")
 def browser():
     """Debian's Chromium through Playwright, one per test module (browser_kit.py)."""
     from browser_kit import launch

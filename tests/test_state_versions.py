@@ -405,23 +405,20 @@ def test_a_backup_restores_this_releases_state_record_for_record(tmp_path):
 
 @pytest.mark.parametrize("name", ["hub", "sharing-policy", "ssh-keys"])
 def test_restore_refuses_an_archive_of_newer_state_formats_of_the_same_version(name, tmp_path):
-    import io
-    import tarfile
+    from test_backup import rewrite
 
     from gpulab_hub.backup import MANIFEST, BackupError
 
     hub = home_from(FIXTURES[-1], tmp_path)
     archive = _backup_of(hub, tmp_path / "a.tar.gz")
-    newer = tmp_path / "newer.tar.gz"
-    with tarfile.open(archive) as tar, tarfile.open(newer, "w:gz") as out:
-        for m in tar:
-            data = tar.extractfile(m).read() if m.isreg() else b""
-            if m.name == MANIFEST:
-                manifest = json.loads(data)
-                manifest["state_formats"][name] += 1
-                data = json.dumps(manifest).encode()
-                m.size = len(data)
-            out.addfile(m, io.BytesIO(data) if m.isreg() else None)
+
+    def newer_format(items):
+        info, data = items[MANIFEST]
+        manifest = json.loads(data)
+        manifest["state_formats"][name] += 1
+        items[MANIFEST] = (info, json.dumps(manifest).encode())
+
+    newer = rewrite(archive, tmp_path / "newer.tar.gz", newer_format)
     mine = stateversion.formats()[name]
 
     with pytest.raises(BackupError) as refused:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-import hubclient
 import pytest
 import requests
 from browser_kit import CHROMIUM, CHROMIUM_ARGS
@@ -104,12 +103,6 @@ def test_the_public_url_turns_on_caddy_and_subdomains():
 
 
 # --- a hub behind Caddy, opened over HTTPS --------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def localhost_names():
-    with hubclient.localhost_names():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from urllib.parse import urlparse
 
-import hubclient
 import pytest
 import requests
 from conftest import free_port, hub_env, start_hub
@@ -65,12 +64,6 @@ window.attack();
 
 def html_of(sub_hub) -> str:
     return ATTACK.replace("HUB_URL", sub_hub.url).replace("VICTIM_NAME", VICTIM)
-
-
-@pytest.fixture(scope="module")
-def localhost_names():
-    with hubclient.localhost_names():
-        yield
 
 
 @pytest.fixture(scope="module")

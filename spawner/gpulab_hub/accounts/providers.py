@@ -32,6 +32,7 @@ CLASSES = {
     "oidc": AUTH + "GpulabGenericOAuthenticator",
     "github": AUTH + "GpulabGitHubOAuthenticator",
 }
+OIDC_LOGIN_SERVICE = "your organisation's login"  # the login button: "Sign in with ..."
 LDAP_PORTS = {"on_connect": 636, "before_bind": 389, "insecure": 389}
 
 
@@ -56,14 +57,14 @@ def github_teams(auth_state: dict) -> list[str]:
 
 def refused_words(login) -> str:
     """The page of someone who signed in at the provider but may not use gpulab."""
-    where = {"github": "GitHub", "oidc": "your organisation's login"}.get(login.authenticator, "")
-    groups = ", ".join(sorted(login.allowed_groups)) or ""
-    if login.authenticator == "github" and login.github_orgs:
-        groups = ", ".join(sorted(login.github_orgs))
+    github = login.authenticator == "github"
+    where = "GitHub" if github else OIDC_LOGIN_SERVICE
+    groups = ", ".join(sorted(login.github_orgs if github and login.github_orgs
+                              else login.allowed_groups))  # fmt: skip
     member = f" You must be in one of these groups: {groups}." if groups else ""
     return (
-        f"You signed in at {where or 'the login provider'}, but this gpulab does not let "
-        f"your account in.{member} Ask a gpulab admin to add you, then sign in again."
+        f"You signed in at {where}, but this gpulab does not let your account in.{member} "
+        "Ask a gpulab admin to add you, then sign in again."
     )
 
 
@@ -137,7 +138,7 @@ def _oidc(c, login) -> None:
     g.username_claim = login.oidc_username_claim
     # The groups claim of the user info (or the ID token's claims) as JupyterHub groups.
     g.auth_state_groups_key = f"oauth_user.{login.oidc_groups_claim}"
-    g.login_service = "your organisation's login"
+    g.login_service = OIDC_LOGIN_SERVICE
 
 
 def _github(c, login) -> None:

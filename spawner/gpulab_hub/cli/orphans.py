@@ -45,10 +45,7 @@ def stop_left_behind(keep: set[int]) -> list[str]:
         left = children() - keep
         if not left:
             break
-        for pid in sorted(left):
-            me = pidfile.identity(pid)
-            if me is not None and host.stop_pid(pid, timeout=10, expect=me):
-                stopped.append(me.describe())
+        stopped += _stop(sorted(left))
         _reap()
     return stopped
 
@@ -67,12 +64,7 @@ def stop_left_services(hub_port: int) -> list[str]:
     """Stops the services a hub on ``hub_port`` started and left running (a hub killed
     outright never stops them). A service is known by the environment JupyterHub gives
     it: JUPYTERHUB_SERVICE_NAME, and JUPYTERHUB_API_URL on the hub's port."""
-    stopped = []
-    for pid in services_of(hub_port):
-        me = pidfile.identity(pid)
-        if me is not None and host.stop_pid(pid, timeout=10, expect=me):
-            stopped.append(me.describe())
-    return stopped
+    return _stop(services_of(hub_port))
 
 
 def services_of(hub_port: int) -> list[int]:
@@ -101,6 +93,17 @@ MAX_ENVIRON_BYTES = 1 << 20
 
 # JupyterHub's ConfigurableHTTPProxy.pid_file, relative to the hub's folder (its cwd)
 PROXY_PIDFILE = "jupyterhub-proxy.pid"
+
+
+def _stop(pids: list[int]) -> list[str]:
+    """Stops each of ``pids`` that still runs (SIGTERM, then SIGKILL); what was stopped,
+    described."""
+    stopped = []
+    for pid in pids:
+        me = pidfile.identity(pid)
+        if me is not None and host.stop_pid(pid, timeout=10, expect=me):
+            stopped.append(me.describe())
+    return stopped
 
 
 def _reap() -> None:
