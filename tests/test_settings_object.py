@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from traitlets.config import Config
 
-from gpulab_hub import hubconfig, hubsettings, settings
+from gpulab_hub import egress, hubconfig, hubsettings, settings
 from gpulab_hub.cli import base_spec_for, local_url
 from gpulab_hub.gpus import Inventory, keeper, reclaim
 from gpulab_hub.projects import objects
@@ -83,6 +83,9 @@ SAMPLES = {
     "GPULAB_GPU_RECLAIM_IDLE": "900",
     "GPULAB_GPU_RECLAIM_GRACE": "120",
     "GPULAB_GPU_IDLE_RELEASE": "3600",
+    "GPULAB_ALLOW_METADATA": "1",
+    "GPULAB_REFUSED_NETWORKS": "none",
+    "GPULAB_ALLOWED_NETWORKS": "10.20.0.5",
 }
 # GPULAB_* names in the docs that are not site settings of the hub: the compose file's own
 # variable, what images and the user side set for themselves, and (below) the
@@ -162,6 +165,7 @@ def what_uses_the_settings(env: dict[str, str]) -> dict:
             local_url(cli.bind_url),
             cli.hub_port,
             cli.admin_password_file,
+            egress.policy_of(cli, resolvers=()),  # the rules `gpulab up` sets
         ),
     }
 

@@ -26,7 +26,7 @@ import docker.utils
 import requests.exceptions
 
 from gpulab_contract import files
-from gpulab_hub import blocking, firewall, images, pidfile
+from gpulab_hub import blocking, egress, firewall, images, pidfile
 from gpulab_hub.images import base as baseimage
 from gpulab_hub.images import userwheel
 from gpulab_hub.projects import objects
@@ -287,12 +287,18 @@ def ensure_network(dk: Docker, name: str) -> str:
     return gateway
 
 
-def ensure_firewall(dk: Docker, network: str, hub_port: int) -> None:
+def ensure_firewall(
+    dk: Docker, network: str, hub_port: int, policy: egress.Policy | None = None
+) -> str:
     """The host's own services out of projects' and builds' reach, but the hub's API
-    port for projects (firewall.py)."""
+    port for projects (firewall.py); beyond the box, the cloud's metadata service and
+    the networks ``policy`` refuses (egress.py; None: the default policy). Returns why
+    IPv6 was skipped ("" when it was not)."""
     try:
-        firewall.ensure_projects(firewall.bridge_of(dk.call("inspect_network", network)), hub_port)
-    except firewall.FirewallError as e:
+        bridge = firewall.bridge_of(dk.call("inspect_network", network))
+        firewall.ensure_projects(bridge, hub_port)
+        return egress.ensure(policy or egress.default_policy(), bridge)
+    except (firewall.FirewallError, egress.EgressError) as e:
         raise HostError(str(e)) from e
 
 

@@ -247,6 +247,47 @@ class Gpus:
     idle_release: float | None = var("GPULAB_GPU_IDLE_RELEASE", None, optional(SECONDS))
 
 
+def networks(name: str, value: str) -> tuple[str, ...]:
+    """Comma-separated IPv4 and IPv6 networks (``10.0.0.0/8``) or addresses; ``lan``
+    stands for every private and link-local range (LAN_NETWORKS), ``none`` for none."""
+    found: list[str] = []
+    for item in names(name, value):
+        if item.lower() == "none":
+            continue
+        if item.lower() == "lan":
+            found += LAN_NETWORKS
+            continue
+        try:
+            found.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise SettingError(
+                f"{name} must be networks such as 10.0.0.0/8 or 192.168.1.20, comma-separated "
+                f"(or lan, or none); {item!r} is not one."
+            ) from None
+    return tuple(dict.fromkeys(found))
+
+
+# The LAN: private IPv4 ranges, carrier-grade NAT, link-local, unique-local and
+# link-local IPv6 (what GPULAB_REFUSED_NETWORKS=lan stands for, its default).
+LAN_NETWORKS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                "169.254.0.0/16", "fc00::/7", "fe80::/10")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Egress:
+    """What projects and builds may reach beyond the box (egress.py, docs/security.md
+    "Beyond the box"): the internet (the package index), not the cloud's metadata
+    service or the LAN, unless the admin allows a network."""
+
+    # 1: projects and builds may reach the cloud's metadata service (169.254.169.254,
+    # fd00:ec2::254): on a cloud VM, the instance's credentials
+    allow_metadata: bool = var("GPULAB_ALLOW_METADATA", False, flag)
+    # networks projects and builds may not reach ("lan": LAN_NETWORKS; "none")
+    refused_networks: tuple[str, ...] = var("GPULAB_REFUSED_NETWORKS", LAN_NETWORKS, networks)
+    # networks they may reach although refused above (a package mirror on the LAN)
+    allowed_networks: tuple[str, ...] = var("GPULAB_ALLOWED_NETWORKS", (), networks)
+
+
 # --- the layout: where things live (hubsettings.py derives it) -----------------------------
 
 # Files in ``records_dir`` (the hub's folder), each kept by one module.
@@ -282,6 +323,9 @@ class Layout:
     usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
     budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
     driver_dir: str = Gpus.driver_dir  # ProjectSpawner.driver_dir (GPULAB_DRIVER_DIR's)
+    # how GPUs are granted: the allocator.Policy fields the ProjectSpawner gpu_* traits set
+    # other than its defaults (gpu_policy, gpu_shared_cap, gpu_max_per_user, ...)
+    allocation_policy: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         for name, file in (("queue_file", QUEUE), ("usage_file", USAGE)):
@@ -336,6 +380,7 @@ class Settings:
     ssh: SSH = field(default_factory=SSH)
     images: Images = field(default_factory=Images)
     gpus: Gpus = field(default_factory=Gpus)
+    egress: Egress = field(default_factory=Egress)
     layout: Layout | None = None  # from the traits (hubconfig.finish, hubsettings.py)
 
     def __post_init__(self) -> None:
@@ -462,6 +507,11 @@ def to_json(s: Settings) -> str:
     return json.dumps(_plain(s), sort_keys=True)
 
 
+def _tuples(value: Any) -> Any:
+    """JSON's lists as the tuples they were, at every depth."""
+    return tuple(map(_tuples, value)) if isinstance(value, list) else value
+
+
 def _typed(cls, data: Mapping) -> Any:
     import typing
 
@@ -476,7 +526,7 @@ def _typed(cls, data: Mapping) -> Any:
         elif hint is Path or hint == Path | None:
             value = None if value is None else Path(value)
         elif typing.get_origin(hint) is tuple:
-            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+            value = _tuples(value)
         values[f.name] = value
     return cls(**values)
 

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import requests
 
-from gpulab_hub import host, hubconfig, hubfiles, hubsettings, pidfile, settings, tls
+from gpulab_hub import egress, host, hubconfig, hubfiles, hubsettings, pidfile, settings, tls
 from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import cluster as cli_cluster
 from gpulab_hub.cli import gpus as cli_gpus
@@ -127,7 +127,9 @@ def cmd_up(args, environ) -> int:
         )
     network = where.network
     host.ensure_network(dk, network)
-    host.ensure_firewall(dk, network, s.hub_port)
+    no_ipv6 = host.ensure_firewall(dk, network, s.hub_port, egress.policy_of(s))
+    if no_ipv6:
+        print(f"No IPv6 rules for projects and builds: {no_ipv6} (gpulab doctor)", file=sys.stderr)
     for name in confine.remove_stale(dk.call, network):
         print(f"Removed the build network {name} an earlier hub left behind")
     # The hub's API listens on the network's gateway (hubconfig.with_hub_ip); the hub

@@ -20,6 +20,7 @@ from gpulab_hub.doctor import (
     cluster,
     cuda,
     docker_checks,
+    egress,
     gpu,
     project,
     protections,
@@ -245,6 +246,7 @@ def run(environ, opts: Options) -> tuple[list[Finding], dict]:
     if info is not None:
         try:
             findings += protections.findings(dk, info, hub.network, probes)
+            findings += egress.findings(dk, hub.network, environ)
             findings += docker_findings(dk, info, hub, probes, environ, opts, inv)
             if opts.project:
                 drivers = hub.driver_dir  # the spawner's driver_dir, as projects get it

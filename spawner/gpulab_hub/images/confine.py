@@ -7,7 +7,8 @@ gets no more than a running project (docs/security.md, "Builds"):
 - its ``RUN`` steps join a bridge network made for this build alone (removed
   after it), so no step shares a segment with another tenant's container; the
   host's own services are out of its reach (firewall.py drops everything from
-  build bridges to the host);
+  build bridges to the host), and so are the cloud's metadata service and the LAN
+  (egress.py);
 - capabilities, ``no-new-privileges`` and the process limit come from gpulab's
   engine runtime (buildruntime.py), which the build asks for through its cgroup
   parent; memory and CPU through the build API's container limits;
@@ -28,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import firewall
+from gpulab_hub import egress, firewall
 
 log = logging.getLogger(__name__)
 NETWORK_LABELS = {"gpulab.network": "build"}
@@ -89,6 +90,7 @@ class BuildNetwork:
 
     def __enter__(self) -> BuildNetwork:
         firewall.ensure_builds()
+        egress.ensure_builds()
         self.docker_call(
             "create_network",
             self.name,
