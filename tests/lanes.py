@@ -73,6 +73,7 @@ SLOW = (
     "tests/test_allocator.py::test_store_sequences",
     "tests/test_gpu_reclaim.py::test_idle_release_takes_only_holders_idle_in_every_way_for_that_long",
     "tests/test_gpu_reclaim.py::test_a_job_or_a_busy_gpu_is_never_reclaimed_and_nothing_is_reclaimed_unneeded",
+    "tests/test_gpu_reclaim_grants.py::test_every_planned_stop_is_followed_by_a_grant_that_uses_the_gpu_it_frees",
     "tests/test_magics_dockerfile.py::test_fuzz_lines_outside_the_block_are_untouched",
     # a wait that is the point of the test
     "tests/test_doctor_host.py::test_unreachable_engine_fails_fast",

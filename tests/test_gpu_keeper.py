@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpulab_hub import hubconfig, settings
-from gpulab_hub.gpus import keeper, queue, reclaim, reclaimrecord
-from gpulab_hub.gpus.allocator import Request
-from gpulab_hub.gpus.keeper import HubState, Plan, Server, Start, plan
+from gpulab_hub import gpus, hubconfig, settings
+from gpulab_hub.gpus import Device, keeper, queue, reclaim, reclaimrecord
+from gpulab_hub.gpus.allocator import Holder, Policy, Request
+from gpulab_hub.gpus.keeper import Host, HubState, Plan, Server, Start, plan
 from gpulab_hub.gpus.reclaimrecord import Warning
 
 NOW = 1_750_000_000.0
@@ -28,6 +28,28 @@ def hub(**servers: Server) -> HubState:
     return HubState(frozenset(o for o, _ in keyed) | {"zed"}, keyed)
 
 
+def holding(held: dict[tuple[str, str], int] | None = None, over_budget=(), free: int = 0) -> Host:
+    """A host of as many GPUs as ``held`` gives (project: devices it holds), ``free``
+    more, the allocator's default policy."""
+    devices, holdings = [], {}
+    for key, n in (held or {}).items():
+        for _ in range(n):
+            d = gpu(len(devices))
+            devices.append(d)
+            holdings[d.uuid] = (Holder(*key, NOW - 3600),)
+    devices += [gpu(len(devices) + i) for i in range(free)]
+    return Host(tuple(devices), holdings, Policy(), {}, frozenset(over_budget))
+
+
+def gpu(i: int) -> Device:
+    return Device(str(i), f"GPU-{i}", "NVIDIA H100 80GB HBM3", 80 << 30, "9.0", minor=i)
+
+
+def host_of(*indexes: int) -> gpus.Inventory:
+    """The host's inventory: these GPUs (UUIDs GPU-<index>)."""
+    return gpus.Inventory(devices=[gpu(i) for i in indexes])
+
+
 STOPPED = Server()
 PENDING = Server(pending="spawn")
 
@@ -41,7 +63,7 @@ def test_a_forgotten_queued_start_is_started_again_with_its_gpus_and_last_option
     last = {"stack": "pytorch", "gpus": 0, "use_last_good": True}
     state = hub(ann__train=Server(user_options=last), bob__nb=PENDING)
     waiting_bob = entry("bob", "nb")
-    assert plan([e, waiting_bob], state, {}, {}, NOW) == Plan(
+    assert plan([e, waiting_bob], state, holding(), {}, NOW) == Plan(
         start=(
             Start(
                 "ann", "train",
@@ -50,7 +72,7 @@ def test_a_forgotten_queued_start_is_started_again_with_its_gpus_and_last_option
         ),
     )  # fmt: skip
     mig = entry("ann", "train", 0, mig_profile="1g.10gb")
-    assert plan([mig], hub(ann__train=STOPPED), {}, {}, NOW).start == (
+    assert plan([mig], hub(ann__train=STOPPED), holding(), {}, NOW).start == (
         Start("ann", "train", {"gpus": 0, "mig_profile": "1g.10gb"}),
     )
 
@@ -62,12 +84,12 @@ def test_gone_running_and_failed_restarts_are_cancelled_never_started():
     failed = entry("bob", "broken", at=NOW - 50)
     state = hub(ann__done=running(1), bob__broken=STOPPED)
     assert plan(
-        [gone_user, gone_project, runs, failed], state, {}, {}, NOW,
+        [gone_user, gone_project, runs, failed], state, holding(), {}, NOW,
         posted={("bob", "broken"): NOW - 50},
     ) == Plan(cancel=(gone_user, gone_project, runs, failed))  # fmt: skip
     # the same project waiting anew (a later entry) is started, not cancelled
     anew = entry("bob", "broken", at=NOW - 5)
-    assert plan([anew], state, {}, {}, NOW, posted={("bob", "broken"): NOW - 50}) == Plan(
+    assert plan([anew], state, holding(), {}, NOW, posted={("bob", "broken"): NOW - 50}) == Plan(
         start=(Start("bob", "broken", {"gpus": 1}),)
     )
 
@@ -76,17 +98,17 @@ def test_an_entry_granted_while_nobody_waited_for_it_is_started_to_use_its_gpus(
     e = entry("ann", "train")
     state = hub(ann__train=STOPPED, bob__cancelled=STOPPED)
     cancelled = entry("bob", "cancelled")  # left the queue and holds nothing: not started
-    assert plan([], state, {("ann", "train"): 1}, {}, NOW, previous=[e, cancelled]) == Plan(
-        start=(Start("ann", "train", {"gpus": 1}),)
-    )
+    assert plan(
+        [], state, holding({("ann", "train"): 1}), {}, NOW, previous=[e, cancelled]
+    ) == Plan(start=(Start("ann", "train", {"gpus": 1}),))
     # granted and its own start is under way: nothing to do
     state = hub(ann__train=PENDING)
-    assert plan([], state, {("ann", "train"): 1}, {}, NOW, previous=[e]) == Plan()
+    assert plan([], state, holding({("ann", "train"): 1}), {}, NOW, previous=[e]) == Plan()
 
 
 def test_idle_holders_are_warned_while_someone_waits_then_stopped_after_the_grace():
     s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
-    held = {("ann", "idle"): 1, ("bob", "busy"): 1, ("cat", "fresh"): 1}
+    held = holding({("ann", "idle"): 1, ("bob", "busy"): 1, ("cat", "fresh"): 1})
     state = hub(
         ann__idle=running(30), bob__busy=running(0.5), cat__fresh=running(5), dan__q=PENDING
     )
@@ -109,7 +131,7 @@ def test_idle_holders_are_warned_while_someone_waits_then_stopped_after_the_grac
 
 def test_use_since_the_warning_or_nobody_waiting_withdraws_it():
     warned = Warning("ann", "idle", NOW - 5 * MIN, NOW + 5 * MIN)
-    held = {("ann", "idle"): 1}
+    held = holding({("ann", "idle"): 1})
     used = hub(ann__idle=running(1), dan__q=PENDING)
     assert plan([entry("dan", "q")], used, held, {warned.key: warned}, NOW) == Plan()
     idle = hub(ann__idle=running(30))
@@ -168,7 +190,7 @@ def test_a_look_acts_on_the_files_and_a_new_keeper_keeps_the_clock(tmp_path):
     s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
     state = hub(ann__idle=running(30), dan__q=STOPPED)
     fake = FakeHub(state)
-    k = keeper.Keeper(qfile, alloc, s)
+    k = keeper.Keeper(qfile, alloc, s, inventory=lambda: host_of(1))
     k.look(fake, NOW)
     assert fake.calls == [("start", "dan", "q", {"gpus": 1})]
     assert q.entries() == [entry("dan", "q")]  # the missing project's entry cancelled
@@ -178,7 +200,7 @@ def test_a_look_acts_on_the_files_and_a_new_keeper_keeps_the_clock(tmp_path):
     assert reclaimrecord.stops_of(alloc, "ann") == {"idle": NOW + 10 * MIN}
     # the keeper restarts (a hub restart): the clock is kept, the stop comes on time
     fake = FakeHub(hub(ann__idle=running(40), dan__q=PENDING))
-    keeper.Keeper(qfile, alloc, s).look(fake, NOW + 10 * MIN)
+    keeper.Keeper(qfile, alloc, s, inventory=lambda: host_of(1)).look(fake, NOW + 10 * MIN)
     assert fake.calls == [("stop", "ann", "idle")]
 
 
@@ -188,6 +210,8 @@ def test_the_service_and_its_role_get_the_settings():
     c = Config()
     c.ProjectSpawner.allocations_file = "/srv/x/hub/gpu-allocations.json"
     c.ProjectSpawner.gpu_reclaim_grace = 120.0
+    c.ProjectSpawner.gpu_max_per_user = 2
+    c.ProjectSpawner.gpu_allowed_types = ["H100"]
     keeper.configure(c, hubconfig.complete(c, settings.DEFAULT))
     (svc,) = c.JupyterHub.services
     # what the service makes of the environment it is given
@@ -199,6 +223,8 @@ def test_the_service_and_its_role_get_the_settings():
     )
     assert k.rules == reclaim.Rules(grace=120.0, idle_after=300.0, release_after=1500.0)
     assert (k.usage_window, k.budget_hours) == (604800.0, {})
+    # the queue's grant as the spawner's: the reclaim plans with its limits
+    assert k.policy == Policy(max_per_user=2, allowed_types=("H100",))
     assert c.JupyterHub.load_roles == [
         {"name": "gpulab-gpu-keeper", "services": ["gpulab-gpu-keeper"],
          "scopes": ["list:users", "read:servers", "start:servers", "delete:servers"]}
@@ -282,8 +308,9 @@ def test_plan_reclaims_the_over_budget_holder_first():
     held = {("ann", "long"): 1, ("bob", "spent"): 1}
     state = hub(ann__long=running(120), bob__spent=running(15), dan__q=PENDING)
     waiting = [entry("dan", "q")]
-    assert plan(waiting, state, held, {}, NOW, s).warn[0].key == ("ann", "long")  # longest idle
-    over = plan(waiting, state, held, {}, NOW, s, over_budget={"bob"})
+    first = plan(waiting, state, holding(held), {}, NOW, s)
+    assert [w.key for w in first.warn] == [("ann", "long")]  # longest idle
+    over = plan(waiting, state, holding(held, over_budget={"bob"}), {}, NOW, s)
     assert [w.key for w in over.warn] == [("bob", "spent")]
 
 
@@ -319,7 +346,7 @@ def test_the_keeper_reads_the_ledger_and_the_budgets_and_warns_the_over_budget_h
     s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
     k = keeper.Keeper(
         qfile, alloc, s, budget_hours={"*": 40.0, "group:students": 4.0},
-        usage_file=ledger, usage_window=7 * 86400,
+        usage_file=ledger, usage_window=7 * 86400, inventory=lambda: host_of(1, 2),
     )  # fmt: skip
     fake = BudgetHub(state, {"students": ["bob"]})
     p = k.look(fake, NOW)
@@ -327,7 +354,7 @@ def test_the_keeper_reads_the_ledger_and_the_budgets_and_warns_the_over_budget_h
     assert ("members", ("students",)) in fake.calls
     # without budgets the longest idle goes first
     reclaimrecord.ReclaimRecord(reclaimrecord.path_of(alloc)).replace({})
-    plain = keeper.Keeper(qfile, alloc, s)
+    plain = keeper.Keeper(qfile, alloc, s, inventory=lambda: host_of(1, 2))
     assert [w.key for w in plain.look(FakeHub(state), NOW).warn] == [("ann", "long")]
 
 

@@ -67,6 +67,8 @@ def spawner_of(config, spawner_class=None):
 
 def from_spawner(sp) -> Layout:
     """The layout of a spawner made by :func:`spawner_of`."""
+    from gpulab_hub.gpus import spawner as gpu_spawner  # lazy: it imports this module
+
     return Layout(
         records_dir=Path(sp.records_dir),
         projects_root=Path(sp.projects_root),
@@ -83,6 +85,19 @@ def from_spawner(sp) -> Layout:
         usage_window=float(sp.gpu_usage_window),
         budget_hours=tuple(sorted(sp.gpu_budget_hours.items())),
         driver_dir=str(sp.driver_dir),
+        allocation_policy=_changed(gpu_spawner.policy_of(sp)),
+    )
+
+
+def _changed(policy) -> tuple[tuple[str, object], ...]:
+    """The fields of ``policy`` (an allocator.Policy) that its defaults do not give."""
+    import dataclasses
+
+    default = type(policy)()
+    return tuple(
+        (f.name, getattr(policy, f.name))
+        for f in dataclasses.fields(policy)
+        if getattr(policy, f.name) != getattr(default, f.name)
     )
 
 

@@ -12,10 +12,16 @@ alone cannot.
    project no longer exists, whose project runs (its start ended), or whose
    restart by the keeper failed before it could wait again, is cancelled. Nothing
    that is not (or was not, one look ago) in the queue is ever started.
-2. Idle GPUs come back while someone waits: ``reclaim.decide`` on what the hub
-   knows. A holder's ``idle_since`` is JupyterHub's ``last_activity`` of its
-   server, which gpulab's project servers keep fresh while a kernel is busy, a
-   job runs or a GPU of the project was busy in the last minute
+2. Idle GPUs come back while someone waits, for a start that gets them:
+   ``reclaim.decide`` on what the hub knows, choosing only the idle holders whose
+   stops the queue's own grant turns into grants (``queue.reclaim_for`` over the
+   host's devices, the allocation record and the allocator's policy: per-user and
+   per-project limits, budgets, fair-share order), one holder per grant (a holder
+   warned or stopping counts toward the start it is reclaimed for). The host's
+   devices are NVML's, read by the keeper itself. A holder's ``idle_since`` is
+   JupyterHub's ``last_activity`` of its server, which gpulab's project servers
+   keep fresh while a kernel is busy, a job runs or a GPU of the project was busy
+   in the last minute
    (``gpulab_jupyter/activity.py``) and the SSH gateway keeps fresh while an SSH
    session is open (ssh/gateway.py). Over-budget users' holders go first: the
    usage ledger's hours over the window against ``gpu_budget_hours`` (group
@@ -34,13 +40,13 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from gpulab_hub import blocking, jsonfile, settings
+from gpulab_hub import blocking, gpus, jsonfile, settings
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
 from gpulab_hub.gpus.reclaimrecord import Warning
 
@@ -50,6 +56,7 @@ SCOPES = ["list:users", "read:servers", "start:servers", "delete:servers"]
 EVERY = 2.0  # seconds between looks
 RELEASE_EVERY = 30.0  # seconds between looks for idle release alone (nobody waits or warned)
 MAX_PAGES = 1000  # pages of users read per look (200 users a page)
+INVENTORY_TTL = 300.0  # seconds the host's GPU inventory (NVML) is reused
 GPU_OPTIONS = ("gpus", "gpu_type", "mig_profile")
 LOG = logging.getLogger("gpulab.gpu-keeper")
 
@@ -70,6 +77,27 @@ class Server:
 class HubState:
     users: frozenset[str]
     servers: Mapping[Key, Server]  # every project, stopped ones included
+
+
+@dataclass(frozen=True)
+class Host:
+    """What the queue's grant decides on: the host's devices, who holds which (the
+    allocation record), the allocator's policy, and the fair-share standing (GPU-hours
+    per user over the window; users over their budget)."""
+
+    devices: tuple[gpus.Device, ...] = ()
+    holdings: allocator.Held = field(default_factory=dict)
+    policy: allocator.Policy = allocator.Policy()
+    usage: Mapping[str, float] = field(default_factory=dict)
+    over_budget: frozenset[str] = frozenset()
+
+    def held(self) -> dict[Key, int]:
+        """Devices each project holds."""
+        out: dict[Key, int] = {}
+        for hs in self.holdings.values():
+            for h in hs:
+                out[h.key] = out.get(h.key, 0) + 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -110,46 +138,41 @@ def options_for(entry: queue.Entry, last: Mapping | None) -> dict:
         return options.validate(gpu)
 
 
-def wanted(e: queue.Entry) -> int:
-    """GPUs (or MIG slices) ``e`` waits for."""
-    return max(1, e.request.count)
-
-
 def plan(
     entries: Sequence[queue.Entry],
     hub: HubState,
-    held: Mapping[Key, int],
+    host: Host,
     warnings: Mapping[Key, Warning],
     now: float,
     rules: reclaim.Rules = reclaim.Rules(),
     previous: Sequence[queue.Entry] = (),
     posted: Mapping[Key, float] = {},  # noqa: B006 (read only)
-    over_budget: Collection[str] = (),
 ) -> Plan:
     """What to do now.
 
-    ``entries``: the queue now; ``previous``: the queue one look ago; ``held``:
-    devices each project holds (the allocation record); ``warnings``: the reclaim
-    record; ``posted``: projects the keeper started again, by the ``enqueued_at``
-    of the entry it started them for; ``over_budget``: users over their GPU budget
-    (their idle holders are reclaimed first).
+    ``entries``: the queue now; ``previous``: the queue one look ago; ``host``: the
+    devices, the allocation record, the policy and the fair-share standing the
+    queue's grant decides on (over-budget users' idle holders are reclaimed first);
+    ``warnings``: the reclaim record; ``posted``: projects the keeper started again,
+    by the ``enqueued_at`` of the entry it started them for.
     """
+    held = host.held()
     start: list[Start] = []
     cancel: list[queue.Entry] = []
-    waiting = 0
+    waiting: list[queue.Entry] = []  # starts waiting now (or started again to wait)
     for e in entries:
         srv = hub.servers.get(e.key)
         if e.owner not in hub.users or srv is None:
             cancel.append(e)  # the user or the project is gone
         elif srv.pending:
-            waiting += wanted(e)
+            waiting.append(e)
         elif srv.running:
             cancel.append(e)  # its start ended: it runs
         elif posted.get(e.key) == e.enqueued_at:
             cancel.append(e)  # started again, and that start failed before it could wait
         else:
             start.append(Start(e.owner, e.project, options_for(e, srv.user_options)))
-            waiting += wanted(e)
+            waiting.append(e)
     now_waiting = {e.key for e in entries}
     for e in previous:  # granted with nobody to use its GPUs (its start was forgotten)
         srv = hub.servers.get(e.key)
@@ -164,8 +187,11 @@ def plan(
             start.append(Start(e.owner, e.project, options_for(e, srv.user_options)))
 
     holders = []
+    stopping = []  # their GPUs come back without a reclaim
     for key, n in sorted(held.items()):
         srv = hub.servers.get(key)
+        if srv is not None and srv.pending == "stop":
+            stopping.append(key)
         if srv is None or not srv.running or srv.last_activity is None:
             continue  # starting, stopping, or no activity known: not judged idle
         w = warnings.get(key)
@@ -177,7 +203,11 @@ def plan(
                 warned_at=w.warned_at if w else None,
             )
         )  # fmt: skip
-    d = reclaim.decide(holders, waiting, now, rules, over_budget)
+    needed = queue.reclaim_for(
+        waiting, list(host.devices), host.holdings, host.policy, host.usage,
+        host.over_budget, stopping,
+    )  # fmt: skip
+    d = reclaim.decide(holders, needed if waiting else 0, now, rules, host.over_budget)
     dropped = {f.key for f in d.withdraw}
     judged = {h.key for h in holders}
     after = {k: w for k, w in warnings.items() if k in judged and k not in dropped}
@@ -282,6 +312,11 @@ class Hub:
 # --- one look -----------------------------------------------------------------------
 
 
+def policy_of(fields: Sequence[tuple[str, object]]) -> allocator.Policy:
+    """``allocator.Policy`` from the layout's ``allocation_policy``."""
+    return allocator.Policy(**dict(fields))
+
+
 @dataclass
 class Keeper:
     """What the keeper reads and remembers between looks."""
@@ -295,6 +330,9 @@ class Keeper:
     usage_file: Path | None = None
     usage_window: float = settings.GPU_USAGE_WINDOW_S
     release_looked: float = float("-inf")  # when the hub was last asked for idle release
+    policy: allocator.Policy = allocator.Policy()  # the spawner's (gpu_* traits)
+    inventory: Callable[[], gpus.Inventory] = gpus.inventory  # the host's GPUs (NVML)
+    _devices: tuple[float, tuple[gpus.Device, ...]] | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, s: settings.Settings) -> Keeper:
@@ -309,35 +347,44 @@ class Keeper:
             budget_hours=dict(where.budget_hours),
             usage_file=where.usage_file,
             usage_window=where.usage_window,
+            policy=policy_of(where.allocation_policy),
         )
 
-    def over_budget(self, hub: Hub, now: float) -> frozenset[str]:
-        """Users who have used their GPU budget up (holdings under way counted)."""
+    def devices(self) -> tuple[gpus.Device, ...]:
+        """The host's devices, read at most every INVENTORY_TTL seconds."""
+        now = time.monotonic()
+        if self._devices is None or now - self._devices[0] > INVENTORY_TTL:
+            inv = self.inventory()
+            if inv.problem:
+                LOG.warning("GPU keeper: no GPUs seen (%s): nothing is reclaimed", inv.problem)
+            self._devices = (now, tuple(inv.devices))
+        return self._devices[1]
+
+    def fair_share(
+        self, hub: Hub, now: float, held: allocator.Held
+    ) -> tuple[dict[str, float], frozenset[str]]:
+        """GPU-hours per user over the window (holdings under way counted), and the
+        users who have used their GPU budget up: what the queue's order reads."""
         from types import SimpleNamespace
 
         from gpulab_hub.gpus import waiting
 
-        if not self.budget_hours or self.usage_file is None:
-            return frozenset()
+        if self.usage_file is None:
+            return {}, frozenset()
+        ledger = usage.UsageLedger(self.usage_file, log=LOG)
+        hours = ledger.hours_by_user(self.usage_window, now=now, held=held)
+        if not self.budget_hours:
+            return hours, frozenset()
         named = SimpleNamespace(gpu_budget_hours=dict(self.budget_hours))
         groups = waiting.budget_groups(named)
         budgets = waiting.budgets_of(named, hub.members(groups) if groups else {})
-        held = (
-            allocator.AllocationStore(self.allocations_file).holdings()
-            if self.allocations_file.exists()
-            else {}
-        )
-        ledger = usage.UsageLedger(self.usage_file, log=LOG)
-        return budgets.over(ledger.hours_by_user(self.usage_window, now=now, held=held))
+        return hours, budgets.over(hours)
 
-    def _held(self) -> dict[Key, int]:
-        if not self.allocations_file.exists():
-            return {}
-        held: dict[Key, int] = {}
-        for hs in allocator.AllocationStore(self.allocations_file).holdings().values():
-            for h in hs:
-                held[h.key] = held.get(h.key, 0) + 1
-        return held
+    def host(self, hub: Hub, now: float, held: allocator.Held, waiting: bool) -> Host:
+        """What the queue's grant decides on now (``waiting``: whether starts wait;
+        without, only the holdings matter)."""
+        hours, over = self.fair_share(hub, now, held)
+        return Host(self.devices() if waiting else (), held, self.policy, hours, over)
 
     def look(self, hub: Hub, now: float) -> Plan:
         """Read the queue, the allocation record, the reclaim record and the hub; act."""
@@ -345,17 +392,19 @@ class Keeper:
         entries = q.entries() if self.queue_file.exists() else []
         record = reclaimrecord.ReclaimRecord(reclaimrecord.path_of(self.allocations_file))
         warnings = record.warnings()
-        held = self._held()
+        held = (
+            allocator.AllocationStore(self.allocations_file).holdings()
+            if self.allocations_file.exists()
+            else {}
+        )
         releasing = (
             self.rules.release_after > 0 and held and now - self.release_looked >= RELEASE_EVERY
         )
         if not (entries or self.previous or warnings or releasing):
             return Plan()  # nobody waits, nobody warned, nothing to release: the hub not asked
         self.release_looked = now
-        p = plan(
-            entries, hub.state(), held, warnings, now, self.rules,
-            self.previous, self.posted, self.over_budget(hub, now),
-        )  # fmt: skip
+        state, host = hub.state(), self.host(hub, now, held, bool(entries))
+        p = plan(entries, state, host, warnings, now, self.rules, self.previous, self.posted)
         self.previous = entries
         for e in p.cancel:
             if cancel_if_same(q, e):

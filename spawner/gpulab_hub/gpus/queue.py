@@ -14,6 +14,9 @@ an entry nor grant one twice, and a hub restart finds the queue as it was.
 ``QueueStore.grant`` takes the granted entries out of the queue and records their
 GPUs in the allocation record under both locks (queue first, then allocations).
 
+``reclaim_for`` says which idle holders the keeper may reclaim: only those whose
+stops ``next_grant`` turns into grants (gpus/keeper.py).
+
 ``waiting_words`` is the sentence the spawn page shows a waiting user.
 """
 
@@ -120,6 +123,71 @@ def next_grant(
                 held[d.uuid] = mine + (Holder(e.owner, e.project, 0.0),)
         grants.append(Grant(e, tuple(got)))
     return grants
+
+
+Key = tuple[str, str]
+
+
+def without(held: Held, keys: Collection[Key]) -> Held:
+    """``held`` as it is once the projects ``keys`` stopped (their holdings released)."""
+    after = {u: tuple(h for h in hs if h.key not in keys) for u, hs in held.items()}
+    return {u: hs for u, hs in after.items() if hs}
+
+
+def reclaim_for(
+    entries: Sequence[Entry],
+    devices: list[Device],
+    held: Held,
+    policy: Policy,
+    usage: Mapping[str, float],
+    over_budget: Collection[str] = (),
+    stopping: Collection[Key] = (),
+) -> Callable[[Sequence[Key]], list[Key]]:
+    """Which idle holders the queue can use: a function of the holders that may be
+    reclaimed (the first to be reclaimed first) giving those whose stops let
+    :func:`next_grant`, the grant itself, serve starts it cannot serve now.
+
+    The first of them that serve the most starts, less those the grants do
+    without: each one chosen frees a device a grant that follows takes, without any
+    one of them fewer starts are granted, and they are no more than the devices
+    granted for them (one holder per GPU granted). A holder that would free a GPU for
+    nobody (the waiting user is at her limit, the start asks for more than the host
+    has, another start is ahead and cannot use it, ...) is never chosen.
+    ``stopping``: projects already stopping, whose devices count as free (a holder
+    being reclaimed for a start counts toward it)."""
+    base = without(held, stopping)
+
+    def grants(stopped: Collection[Key]) -> list[Grant]:
+        return next_grant(entries, devices, without(base, stopped), policy, usage, over_budget)
+
+    def useless(chosen: list[Key]) -> Key | None:
+        """The last of ``chosen`` whose devices no grant takes, or that the grants do
+        without (fewer of them serve as many); the last of them if they are more than
+        the devices granted for them; None: each is needed."""
+        got = grants(chosen)
+        taken = {d.uuid for g in got for d in g.devices}
+        new = sum(len(g.devices) for g in got if g.entry.key not in anyway)
+        if chosen and len(chosen) > new:
+            return chosen[-1]  # a user's own projects stopped to bring her under her limit
+        for c in reversed(chosen):
+            if not {u for u, hs in base.items() if any(h.key == c for h in hs)} & taken:
+                return c  # frees a GPU nobody is granted (its owner's limit, say)
+        for c in reversed(chosen):
+            if len(grants([k for k in chosen if k != c])) >= len(got):
+                return c
+        return None
+
+    anyway = {g.entry.key for g in grants(())}  # granted without a reclaim
+
+    def needed(candidates: Sequence[Key]) -> list[Key]:
+        order = list(dict.fromkeys(candidates))
+        counts = [len(grants(order[:k])) for k in range(len(order) + 1)]
+        chosen = order[: counts.index(max(counts))]
+        while (c := useless(chosen)) is not None:
+            chosen.remove(c)
+        return chosen
+
+    return needed
 
 
 def _could_use(devices: list[Device], held: Held, r: Request, policy: Policy) -> list[Device]:

@@ -5,11 +5,14 @@ GPUs are unused (utilisation below ``Rules.busy_util``; unknown utilisation, as
 on WSL2, counts as in use) and it has been so for ``Rules.idle_after``. While
 starts wait for GPUs, idle holders are warned ("someone is waiting for this GPU:
 this project stops in 10 min unless you use it") and stopped, files kept, once
-``Rules.grace`` has passed since the warning with no use in between. Only as
-many holders as the waiting starts need GPUs are chosen: over-budget users first,
-then those warned earliest, then those idle longest. A holder with a running job
-or a busy GPU is never chosen, whatever else holds. Nobody waiting: no one is
-warned or stopped for the queue, and standing warnings are withdrawn.
+``Rules.grace`` has passed since the warning with no use in between. Idle holders
+are taken in this order: over-budget users first, then those warned earliest, then
+those idle longest; the keeper chooses among them only those whose stops the
+queue's own grant turns into grants (``queue.reclaim_for``: per-user limits,
+budgets and fair-share order applied), so no project is stopped for a GPU nobody
+gets. A holder with a running job or a busy GPU is never chosen, whatever else
+holds. Nobody waiting: no one is warned or stopped for the queue, and standing
+warnings are withdrawn.
 
 Idle release (``Rules.release_after``, 0: off): a holder idle in every way for
 that long is warned ("this project has been idle for 45 min: it stops in 10 min
@@ -19,8 +22,12 @@ forgotten over lunch or overnight come back without waiting for the idle culler.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+
+Key = tuple[str, str]
+# the idle holders, the first to be reclaimed first -> those the waiting starts can use
+Needed = Callable[[Sequence[Key]], Collection[Key]]
 
 
 @dataclass(frozen=True)
@@ -71,13 +78,15 @@ def in_use(f: Facts, busy_util: float) -> bool:
 
 def decide(
     holders: Sequence[Facts],
-    waiting: int,
+    waiting: int | Needed,
     now: float,
     rules: Rules = Rules(),
     over_budget: Collection[str] = (),
 ) -> Decision:
-    """Whom to warn and whom to stop, for ``waiting`` GPUs wanted by the queue (0: none),
-    and (``rules.release_after``) for having been idle that long."""
+    """Whom to warn and whom to stop, for the queue, and (``rules.release_after``)
+    for having been idle that long. ``waiting``: which of the idle holders (given in
+    reclaim order) the waiting starts can use (the keeper's: ``queue.reclaim_for``);
+    a number: that many GPUs wanted, whoever waits (0: nobody)."""
     s = rules
     idle = [
         f
@@ -95,14 +104,17 @@ def decide(
             f.key,
         )
     )
-    chosen: list[Facts] = []
-    wanted = max(0, waiting)
-    for f in idle:
-        if wanted <= 0:
-            break
-        chosen.append(f)
-        wanted -= max(1, f.gpus)
-    keys = {f.key for f in chosen}
+    if isinstance(waiting, int):  # holders in order until they hold that many GPUs
+        keys: set[Key] = set()
+        wanted = waiting
+        for f in idle:
+            if wanted <= 0:
+                break
+            keys.add(f.key)
+            wanted -= max(1, f.gpus)
+    else:
+        keys = set(waiting([f.key for f in idle])) & {f.key for f in idle}
+    chosen = [f for f in idle if f.key in keys]
     if s.release_after > 0:
         released = [f for f in idle if f.key not in keys and now - f.idle_since >= s.release_after]
         chosen += released
