@@ -54,23 +54,45 @@ def held_by(*pairs: tuple[int, str]) -> dict:
 # --- words ---------------------------------------------------------------------------
 
 
-def test_waiting_words_name_place_and_holders():
+def test_waiting_words_name_place_and_holders_to_an_admin():
     b = Blocker("GPU 1", "bob", "sweep", idle_min=35.4)
-    assert waiting_words(2, [b]) == (
+    assert waiting_words(2, [b], "root", admin=True) == (
         "waiting for a GPU: 2 ahead; GPU 1 is held by bob/sweep (idle 35 min)"
     )
-    assert waiting_words(0, [Blocker("GPU 0", "alice", "train"), b]) == (
+    assert waiting_words(0, [Blocker("GPU 0", "alice", "train"), b], admin=True) == (
         "waiting for a GPU: next in line; GPU 0 is held by alice/train (in use); "
         "GPU 1 is held by bob/sweep (idle 35 min)"
     )
-    assert waiting_words(1, [Blocker("GPU 0", "carol", "fit", idle_min=90, job=True)]) == (
+    job = [Blocker("GPU 0", "carol", "fit", idle_min=90, job=True)]
+    assert waiting_words(1, job, admin=True) == (
         "waiting for a GPU: 1 ahead; GPU 0 is held by carol/fit (running a job)"
     )
     many = [Blocker(f"GPU {i}", f"u{i}", "p") for i in range(6)]
-    assert waiting_words(3, many).endswith("GPU 3 is held by u3/p (in use); and 2 more")
+    assert waiting_words(3, many, admin=True).endswith("GPU 3 is held by u3/p (in use); and 2 more")
     assert waiting_words(0) == "waiting for a GPU: next in line"
     with pytest.raises(ValueError):
         waiting_words(-1)
+
+
+def test_waiting_words_name_no_other_users_project_to_anyone_else():
+    """docs/security.md: only admins see others' GPU use. A user is told her own
+    projects by name, another user's as "another project" (idle minutes kept: they say
+    a reclaim may come)."""
+    holders = [
+        Blocker("GPU 1", "victim", "acquisition-due-diligence", idle_min=12.7),
+        Blocker("GPU 0", "mallory", "one"),
+        Blocker("GPU 2", "bob", "fit", idle_min=90, job=True),
+        Blocker("GPU 3", "carol", "train", idle_min=40),
+    ]
+    words = waiting_words(1, holders, "carol")
+    assert words == (
+        "waiting for a GPU: 1 ahead; GPU 1 is in use by another project, idle 12 min; "
+        "GPU 0 is in use by another project; GPU 2 is in use by another project, "
+        "running a job; GPU 3 is held by carol/train (idle 40 min)"
+    )
+    for name in ("victim", "acquisition", "mallory", "one", "bob", "fit"):
+        assert name not in words
+    assert waiting_words(1, holders) == waiting_words(1, holders, "nobody")  # safe default
 
 
 def test_the_holders_in_a_refusals_way_become_the_words_of_the_spawn_page():
@@ -79,9 +101,20 @@ def test_the_holders_in_a_refusals_way_become_the_words_of_the_spawn_page():
     with pytest.raises(AllocationError) as refused:
         choose(devices, held, Request("cat", "p", 1), Policy())
     who = blockers(refused.value.busy, {("bob", "sweep"): 35.0}, jobs=[("alice", "train")])
-    assert waiting_words(2, who) == (
+    assert waiting_words(2, who, "cat", admin=True) == (
         "waiting for a GPU: 2 ahead; GPU 0 is held by alice/train (running a job); "
         "GPU 1 is held by bob/sweep (idle 35 min)"
+    )
+    assert waiting_words(2, who, "cat") == (
+        "waiting for a GPU: 2 ahead; GPU 0 is in use by another project, running a job; "
+        "GPU 1 is in use by another project, idle 35 min"
+    )
+    # the refusal itself, as the spawner tells it with the queue off: names for an
+    # admin, "another project" for anyone else
+    assert "alice/train since" in refused.value.told(admin=True)
+    assert refused.value.told(admin=False) == (
+        "cat/p asked for 1 GPU, but 0 of 2 GPUs are free (none). "
+        f"GPU 0 ({H100}) is held by another project; GPU 1 ({H100}) is held by another project."
     )
 
 

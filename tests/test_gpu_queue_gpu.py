@@ -5,7 +5,8 @@ Three projects for two GPUs, through ProjectSpawner's own start path
 (NVML) and real project containers built by ``objects.container_spec``:
 
 - alice/train holds GPU A and sits idle; bob/sweep holds GPU B and runs a matmul
-  loop (a job); carol/fit waits, and her spawn page says where she stands.
+  loop (a job); carol/fit waits, and her spawn page says where she stands (the
+  GPUs in use by other projects, unnamed: she is no admin).
 - ``reclaim.decide`` on what NVML measures of each holder's GPU picks alice, never
   bob (his GPU is busy and he has a running job).
 - alice's project is stopped as the keeper stops it (container removed, GPUs
@@ -169,7 +170,9 @@ def test_third_waits_idle_holder_reclaimed_job_spared_next_starts_in_2s(dk, inve
         words = said(carol)[-1]
         print(f"carol's spawn page: {words}")
         assert words.startswith("waiting for a GPU: next in line;")
-        assert "alice/train" in words and "bob/sweep" in words
+        # carol is no admin: the GPUs are in use by other projects, unnamed
+        assert words.count("is in use by another project") == 2, words
+        assert "alice" not in words and "bob" not in words
         queue = QueueStore(tmp_path / "gpu-queue.json")
         assert [e.project for e in await off(queue.entries)] == ["fit"]
 

@@ -37,7 +37,7 @@ def host(tmp_path, monkeypatch):
     gpu_spawner.forget_pending()
 
 
-def spawner(host, owner: str, project: str, **settings) -> ProjectSpawner:
+def spawner(host, owner: str, project: str, admin: bool = False, **settings) -> ProjectSpawner:
     sp = ProjectSpawner(
         allocations_file=str(host.dir / "gpu-allocations.json"),
         queue_file=str(host.dir / "gpu-queue.json"),
@@ -46,7 +46,7 @@ def spawner(host, owner: str, project: str, **settings) -> ProjectSpawner:
         prefix=PREFIX,
         **settings,
     )
-    sp.user = SimpleNamespace(name=owner, groups=[], db=None)
+    sp.user = SimpleNamespace(name=owner, groups=[], db=None, admin=admin)
     sp.orm_spawner = SimpleNamespace(name=project, display_name=project, server=None)
     sp._docker = host.docker
     sp._progress_events = []
@@ -85,10 +85,10 @@ async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_re
     d = asyncio.create_task(dave._reserve_gpus({"gpus": 1}))
     await until(lambda: any(m.startswith("waiting for a GPU") for m in said(dave)))
     assert said(carol)[-1] == (
-        "waiting for a GPU: next in line; GPU 0 is held by alice/train (in use); "
-        "GPU 1 is held by bob/sweep (in use)"
+        "waiting for a GPU: next in line; GPU 0 is in use by another project; "
+        "GPU 1 is in use by another project"
     )
-    assert said(dave)[-1].startswith("waiting for a GPU: 1 ahead; GPU 0 is held by alice/train")
+    assert said(dave)[-1].startswith("waiting for a GPU: 1 ahead; GPU 0 is in use by another")
     assert not c.done() and not d.done()
     assert [e.project for e in await off(QueueStore(host.dir / "gpu-queue.json").entries)] == [
         "fit",
@@ -102,9 +102,9 @@ async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_re
     assert carol._gpus.uuids == ("GPU-0000-fault",)  # the one alice freed
     assert "Reserved GPU 0 (NVIDIA H100 80GB HBM3, GPU-0000-fault)" in said(carol)
     assert holdings(host) == {"GPU-0000-fault": ["carol/fit"], "GPU-0001-fault": ["bob/sweep"]}
-    # dave moved up, and now sees carol in his way
+    # dave moved up; carol's project is in his way, unnamed
     await until(lambda: said(dave)[-1].startswith("waiting for a GPU: next in line"))
-    assert "GPU 0 is held by carol/fit (in use)" in said(dave)[-1]
+    assert "carol" not in said(dave)[-1] and "fit" not in said(dave)[-1]
 
     # alice's holding is in the usage ledger: her project, her GPU, from, to
     (rec,) = list(UsageLedger(host.dir / "gpu-usage.jsonl").records())
@@ -120,6 +120,54 @@ async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_re
     assert await off(QueueStore(host.dir / "gpu-queue.json").entries) == []
     await off(gpu_spawner.release, bob, "bob", "sweep")
     assert holdings(host) == {"GPU-0000-fault": ["carol/fit"]}
+
+
+async def test_a_waiting_user_is_told_of_her_own_projects_only_and_an_admin_of_everyones(host):
+    """docs/security.md: only admins see others' GPU use. The spawn page's words (its
+    progress events, which JupyterHub's progress API sends and the home page's row
+    repeats) name another user's project, and how long it has been idle, to no one but
+    an admin; the user's own projects are named."""
+    from gpulab_hub.home import web as home_web
+
+    victim = spawner(host, "victim", "acquisition-due-diligence")
+    await victim._reserve_gpus({"gpus": 1})
+    mine = spawner(host, "carol", "first")
+    await mine._reserve_gpus({"gpus": 1})
+    idle = {("victim", "acquisition-due-diligence"): 12.4}
+    carol = spawner(host, "carol", "fit")
+    carol._idle_holders = lambda: idle
+    boss = spawner(host, "root", "audit", admin=True)
+    boss._idle_holders = lambda: idle
+    c = asyncio.create_task(carol._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU") for m in said(carol)))
+    b = asyncio.create_task(boss._reserve_gpus({"gpus": 1}))
+    await until(lambda: any(m.startswith("waiting for a GPU") for m in said(boss)))
+    assert said(carol)[-1] == (
+        "waiting for a GPU: next in line; GPU 0 is in use by another project, idle 12 min; "
+        "GPU 1 is held by carol/first (in use)"
+    )
+    assert said(boss)[-1].split("; ", 1)[1] == (  # after its place (fair share: first)
+        "GPU 0 is held by victim/acquisition-due-diligence (idle 12 min); "
+        "GPU 1 is held by carol/first (in use)"
+    )
+    # the home page's row says what the spawn page says
+    carol._spawn_pending = True  # JupyterHub's mark of a start under way
+    row = home_web._waiting(carol)
+    assert row == said(carol)[-1].removeprefix(home_web.WAITING)
+    assert "victim" not in row and "diligence" not in row
+    for t in (c, b):
+        t.cancel()
+    await asyncio.gather(c, b, return_exceptions=True)
+
+    # with the queue off, the refusal names nobody else's project either
+    plain = spawner(host, "dave", "eval", gpu_queue=False)
+    with pytest.raises(allocator.AllocationError) as refused:
+        await plain._reserve_gpus({"gpus": 1})
+    assert "victim" not in str(refused.value) and "carol" not in str(refused.value)
+    assert "GPU 0 (NVIDIA H100 80GB HBM3) is held by another project" in str(refused.value)
+    admin = spawner(host, "root", "eval", admin=True, gpu_queue=False)
+    with pytest.raises(allocator.AllocationError, match="victim/acquisition-due-diligence"):
+        await admin._reserve_gpus({"gpus": 1})
 
 
 async def test_a_cancelled_start_leaves_the_queue(host):
@@ -151,8 +199,12 @@ async def test_a_start_the_host_can_never_satisfy_is_refused_at_once(host):
 async def test_with_the_queue_off_a_full_host_refuses_with_todays_words(host):
     await spawner(host, "alice", "a")._reserve_gpus({"gpus": 2})
     sp = spawner(host, "bob", "b", gpu_queue=False)
-    with pytest.raises(allocator.AllocationError, match="held by alice/a since"):
+    with pytest.raises(allocator.AllocationError, match="0 of 2 GPUs are free") as refused:
         await sp._reserve_gpus({"gpus": 1})
+    assert "is held by another project" in str(refused.value)  # not alice/a: bob is no admin
+    boss = spawner(host, "root", "b", admin=True, gpu_queue=False)
+    with pytest.raises(allocator.AllocationError, match="held by alice/a since"):
+        await boss._reserve_gpus({"gpus": 1})
 
 
 async def test_many_starts_at_once_never_share_a_gpu_and_all_are_served(host):
@@ -240,8 +292,8 @@ async def test_the_waiting_words_say_how_long_an_idle_holder_has_been_idle(host)
     task = asyncio.create_task(carol._reserve_gpus({"gpus": 1}))
     await until(lambda: any(m.startswith("waiting for a GPU") for m in said(carol)))
     assert said(carol)[-1] == (
-        "waiting for a GPU: next in line; GPU 0 is held by alice/train (idle 35 min); "
-        "GPU 1 is held by bob/sweep (in use)"
+        "waiting for a GPU: next in line; GPU 0 is in use by another project, idle 35 min; "
+        "GPU 1 is in use by another project"
     )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -493,11 +493,14 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
                 gpu_spawner.reserve, self, self._docker, self.prefix, request
             )
         except allocator.AllocationError as e:
+            admin = bool(getattr(self.user, "admin", False))  # may be told who holds GPUs
             if not (self.gpu_queue and e.busy):  # off, or never possible on this host
+                if e.told(admin) != str(e):
+                    raise allocator.AllocationError(e.told(admin), e.busy) from None
                 raise
             devices, self._gpus = await waiting.wait(
                 self, self._docker, self.prefix, request, self._run, self._emit,
-                self._budget_members(), self._idle_holders,
+                self._budget_members(), self._idle_holders, admin,
             )  # fmt: skip
         for d in devices:
             self._emit(75, f"Reserved GPU {d.index} ({d.name}, {d.uuid})")

@@ -66,11 +66,23 @@ class Request:
 
 
 class AllocationError(Exception):
-    """A request that cannot be met; ``str()`` is the message for the user."""
+    """A request that cannot be met; ``str()`` is the message for the user (an admin:
+    it names who holds what); ``unnamed`` the same refusal naming none of other users'
+    projects (what anyone else is told, docs/security.md), "" where it names none."""
 
-    def __init__(self, message: str, busy: Iterable[tuple[Device, tuple[Holder, ...]]] = ()):
+    def __init__(
+        self,
+        message: str,
+        busy: Iterable[tuple[Device, tuple[Holder, ...]]] = (),
+        unnamed: str = "",
+    ):
         super().__init__(message)
         self.busy = tuple(busy)  # (device, its other holders) that stood in the way
+        self.unnamed = unnamed
+
+    def told(self, admin: bool) -> str:
+        """The message for an admin (``admin``) or for anyone else."""
+        return str(self) if admin or not self.unnamed else self.unnamed
 
 
 def label(d: Device) -> str:
@@ -82,6 +94,18 @@ def _who(holders: Sequence[Holder], on: Sequence[str] = ()) -> str:
     at = [f"{h.owner}/{h.project} since {_when(h.since)}" for h in holders[:MOST]]
     at = [f"{d} for {t}" for d, t in zip(on, at, strict=True)] if on else at
     return ", ".join(at) + (f" and {len(holders) - MOST} more" if len(holders) > MOST else "")
+
+
+def _unnamed(holders: Sequence[Holder], owner: str) -> str:
+    """Like :func:`_who`, naming only ``owner``'s projects: the others are counted."""
+    mine = [h for h in holders if h.owner == owner]
+    others = len(holders) - len(mine)
+    said = _who(mine) if mine else ""
+    if others:
+        said += (" and " if said else "") + (
+            "another project" if others == 1 else f"{others} other projects"
+        )
+    return said
 
 
 def _when(t: float) -> str:
@@ -170,12 +194,12 @@ def choose(devices: list[Device], held: Held, request: Request, policy: Policy) 
         free_text = ", ".join(label(t[3]) for t in free) or "none"
         full = "is held by" if cap == 1 else f"is full ({cap} projects):"
         held_text = "; ".join(f"{label(d)} {full} {_who(hs)}" for d, hs in busy)
-        raise AllocationError(
+        unnamed = "; ".join(f"{label(d)} {full} {_unnamed(hs, r.owner)}" for d, hs in busy)
+        head = (
             f"{ask}, but {len(free)} of {_plural(len(kind), _noun(r))} "
-            f"{'is' if len(free) == 1 else 'are'} free "
-            f"({free_text}). {held_text}.",
-            busy,
+            f"{'is' if len(free) == 1 else 'are'} free ({free_text}). "
         )
+        raise AllocationError(f"{head}{held_text}.", busy, f"{head}{unnamed}.")
     free.sort(key=lambda t: t[:3])
     return sorted((t[3] for t in free[:need]), key=_order)
 

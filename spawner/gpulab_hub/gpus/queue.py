@@ -230,9 +230,14 @@ def blockers(
     return out
 
 
-def waiting_words(position: int, blockers: Sequence[Blocker] = ()) -> str:
-    """The spawn page's sentence for a start waiting at ``position`` (0: next in line),
-    e.g. "waiting for a GPU: 2 ahead; GPU 1 is held by bob/sweep (idle 35 min)"."""
+def waiting_words(
+    position: int, blockers: Sequence[Blocker] = (), owner: str = "", admin: bool = False
+) -> str:
+    """The spawn page's sentence for a start of ``owner``'s waiting at ``position`` (0:
+    next in line). An admin is told who holds the GPUs, e.g. "waiting for a GPU: 2
+    ahead; GPU 1 is held by bob/sweep (idle 35 min)"; anyone else is told of
+    ``owner``'s own projects alike, never of another user's ("GPU 1 is in use by
+    another project, idle 35 min": docs/security.md, only admins see others' GPU use)."""
     if position < 0:
         raise ValueError(f"a place in the queue is 0 or more, not {position}")
     place = "next in line" if position == 0 else f"{position} ahead"
@@ -244,7 +249,12 @@ def waiting_words(position: int, blockers: Sequence[Blocker] = ()) -> str:
             state = "in use"
         else:
             state = f"idle {int(b.idle_min)} min"
-        said.append(f"{b.device} is held by {b.owner}/{b.project} ({state})")
+        if admin or b.owner == owner:
+            said.append(f"{b.device} is held by {b.owner}/{b.project} ({state})")
+        else:
+            said.append(f"{b.device} is in use by another project" + (
+                "" if b.idle_min is None and not b.job else f", {state}"
+            ))  # fmt: skip
     if len(blockers) > MOST:
         said.append(f"and {len(blockers) - MOST} more")
     return "; ".join([f"waiting for a GPU: {place}", *said])

@@ -108,9 +108,12 @@ def look(
     request: allocator.Request,
     members,
     idle_min: Mapping[tuple[str, str], float] | None = None,
+    admin: bool = False,
 ) -> Look:
     """Blocking: serve the queue, then what became of ``request``'s entry.
-    ``idle_min``: minutes each idle holder's server has reported no activity."""
+    ``idle_min``: minutes each idle holder's server has reported no activity;
+    ``admin``: whether the words may name other users' projects (the owner is an
+    admin)."""
     serve(s, docker_call, prefix, members)
     key = (request.owner, request.project)
     inv = gpu_spawner.cached_inventory()
@@ -132,7 +135,8 @@ def look(
         busy = ()  # it would fit: others are ahead of it
     except allocator.AllocationError as e:
         busy = e.busy
-    return Look(words=queue.waiting_words(place, queue.blockers(busy, idle_min or {})))
+    said = queue.blockers(busy, idle_min or {})
+    return Look(words=queue.waiting_words(place, said, request.owner, admin))
 
 
 def enqueue(s, docker_call, prefix: str, request: allocator.Request) -> None:
@@ -172,12 +176,14 @@ async def wait(
     emit: Callable[[int, str], None],
     members: Mapping[str, list[str]] | None = None,
     idle_of: Callable[[], Mapping[tuple[str, str], float]] | None = None,
+    admin: bool = False,
 ) -> tuple[list[gpus.Device], object]:
     """Wait in the queue until ``request`` is granted -> (devices, GpuAssignment).
 
     ``run(fn, *args)`` runs a blocking call off the event loop; ``emit(progress,
     message)`` tells the spawn page; ``idle_of()`` (on the event loop: the hub's
-    database) the idle minutes of holders, for the words. Raises AllocationError
+    database) the idle minutes of holders, for the words, which name other users'
+    projects only to an admin (``admin``: the owner is one). Raises AllocationError
     when the wait is given up (``gpu_queue_max_wait``) or its entry leaves the queue
     without a GPU.
     """
@@ -190,7 +196,7 @@ async def wait(
     try:
         while True:
             idle = idle_of() if idle_of else {}
-            seen = await run(look, s, docker_call, prefix, request, members, idle)
+            seen = await run(look, s, docker_call, prefix, request, members, idle, admin)
             if seen.devices is not None:
                 emit(74, "A GPU is free: starting")
                 assignment = await run(gpu_spawner.assign, s, docker_call, key, seen.devices)
