@@ -5,7 +5,10 @@ machine or a LAN knows, and each user's servers on <user>.<name>. Real parts: Ca
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -13,6 +16,7 @@ import requests
 from browser_kit import CHROMIUM, CHROMIUM_ARGS
 from conftest import free_port
 from playwright.sync_api import expect, sync_playwright
+from security.people import share_by_link
 from tls_kit import TlsUser, ca_of, https_hub, nss_home
 from traitlets.config import Config
 
@@ -100,6 +104,24 @@ def test_the_public_url_turns_on_caddy_and_subdomains():
     hubconfig.finish(c)
     assert tls.SERVICE not in [e["name"] for e in c.JupyterHub.services]
     assert c.JupyterHub.subdomain_host == "https://lab.example.org"
+
+
+@pytest.mark.parametrize(
+    "env, host_only",
+    [
+        ({"GPULAB_PUBLIC_URL": "https://lab.example.org"}, True),  # Caddy, subdomains
+        ({"GPULAB_SUBDOMAIN_HOST": "https://lab.example.org"}, True),  # the admin's proxy
+        ({"GPULAB_PUBLIC_URL": "https://192.168.1.20:8443"}, False),  # one origin
+        ({"GPULAB_SUBDOMAIN_HOST": "http://hub.localhost:8000"}, False),  # no Secure
+        ({}, False),  # make up: 127.0.0.1, one origin
+    ],
+)
+def test_the_login_cookies_are_host_only_where_users_have_subdomains_over_https(env, host_only):
+    """``__Host-`` cookies (JupyterHub's cookie_host_prefix_enabled): a page on
+    <user>.<name> cannot set them for the hub (the Chromium test below)."""
+    c = Config()
+    hubconfig.apply(c, env, images_dir="/x")
+    assert c.JupyterHub.cookie_host_prefix_enabled is host_only
 
 
 # --- a hub behind Caddy, opened over HTTPS --------------------------------------------
@@ -206,3 +228,124 @@ def test_caddy_asks_for_certificates_of_existing_users_only():
     for domain in made_up:
         assert not ok(domain), domain
     assert "ask http://127.0.0.1:8000/hub/gpulab/tls-ask" in rendered("https://lab.example.org")
+
+
+# --- cookie tossing: a page on a user's origin cannot sign a visitor in as its author --
+
+MALLORY, VICTIM, SITE, PORT_IN_PROJECT = "tossmallory", "tossvictim", "site", 8765
+# Every hub cookie of the attacker's, under its own name and the name without JupyterHub's
+# __Host- prefix, set three ways: for the hub's whole name (Domain=<hub name>) on the
+# hub's paths and on /, and for the page's own host.
+TOSS = """<!doctype html><html><head><title>loading</title></head><body><script>
+const cookies = COOKIES, hub = "HUB_NAME", out = {origin: location.origin, tried: []};
+for (const [name, value] of Object.entries(cookies)) {
+  for (const n of new Set([name, name.replace(/^__Host-/, "")])) {
+    for (const where of [`Domain=${hub}; Path=/hub/`, `Domain=${hub}; Path=/`, "Path=/"]) {
+      document.cookie = `${n}=${value}; ${where}; Secure; SameSite=Lax`;
+      out.tried.push(`${n}; ${where}`);
+    }
+  }
+}
+document.body.setAttribute("data-result", JSON.stringify(out));
+document.title = "tossed";
+</script></body></html>
+"""
+
+
+def tls_user(hub, admin: TlsUser, name: str) -> TlsUser:
+    user = TlsUser(hub.url, name, f"{name}-Passw0rd-long", ca_of(hub))
+    assert user.signup().status_code == 200
+    assert admin.authorize(name).status_code == 200
+    assert user.login().status_code == 302
+    user.new_token()
+    return user
+
+
+def in_container(docker_engine, owner: str, project: str, command: str, detach=False) -> str:
+    """``command`` in the project's container as its notebook user (her terminal)."""
+    from conftest import PREFIX
+
+    labels = [f"gpulab.instance={PREFIX}", f"gpulab.owner={owner}", f"gpulab.project={project}"]
+    found = docker_engine.call("containers", filters={"label": labels})
+    assert len(found) == 1, found
+    run = docker_engine.call("exec_create", found[0]["Id"], ["sh", "-c", command], user="1000:100")
+    out = docker_engine.call("exec_start", run["Id"], detach=detach)
+    return "" if detach else out.decode(errors="replace")
+
+
+def whoami(page, hub_url: str) -> str:
+    r = page.goto(hub_url + "/hub/api/user")
+    return r.json()["name"] if r.ok else f"{r.status} {r.text()[:200]}"
+
+
+def test_a_page_on_a_users_origin_cannot_sign_a_visitor_in_as_its_author(
+    tls_hub, admin, docker_engine, tmp_path
+):
+    """The attack of issue 32: Mallory's project serves a page (from her image's
+    jupyter_server static/, which needs no login, and from a web server in her project
+    through the port proxy) whose script plants her hub cookies in the visitor's browser
+    for the hub's name. The victim, signed in, opens it, then saves a secret."""
+    mallory, victim = (tls_user(tls_hub, admin, n) for n in (MALLORY, VICTIM))
+    server = mallory.start_project(SITE)
+    mine = {c.name: c.value for c in mallory.http.cookies if c.name.startswith(("jupyterhub-",
+            "__Host-jupyterhub-hub"))}  # fmt: skip
+    assert any("hub-login" in n for n in mine), mine
+    html = TOSS.replace("COOKIES", json.dumps(mine)).replace("HUB_NAME", "lab.localhost")
+    # What she can do in her own container (a Dockerfile RUN line does it as well): a
+    # page in jupyter_server's static files, and a web server on a port of hers.
+    plant = (
+        "import base64, jupyter_server, pathlib, sys; "
+        "page = base64.b64decode(sys.argv[1]); "
+        "static = pathlib.Path(jupyter_server.__file__).parent / 'static'; "
+        "www = pathlib.Path('/tmp/www'); www.mkdir(exist_ok=True); "
+        "[(d / 'toss.html').write_bytes(page) for d in (static, www)]; print('planted')"
+    )
+    page64 = base64.b64encode(html.encode()).decode()
+    planted = in_container(docker_engine, MALLORY, SITE, f'python -c "{plant}" {page64}')
+    assert planted.strip().endswith("planted"), planted
+    serve = f"cd /tmp/www && exec python -m http.server {PORT_IN_PROJECT}"
+    in_container(docker_engine, MALLORY, SITE, serve, detach=True)
+    share_by_link(mallory, SITE, victim, "collaborator")  # the port proxy needs execute
+    pages = [
+        f"{server['url']}static/toss.html",
+        f"{server['url']}proxy/{PORT_IN_PROJECT}/toss.html",
+    ]
+    env = {**os.environ, "HOME": nss_home(tmp_path / "victim", ca_of(tls_hub))}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, env=env)
+        try:
+            context = browser.new_context()
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            after = {}
+            for url in pages:
+                context.clear_cookies()  # each page tried on a fresh login of the victim's
+                page.goto(tls_hub.url + "/hub/login")
+                page.fill("#username_input", VICTIM)
+                page.fill("#password_input", victim.password)
+                page.click("#login_submit")
+                page.wait_for_url(tls_hub.url + "/hub/**")
+                assert whoami(page, tls_hub.url) == VICTIM
+                for _ in range(30):  # the proxied web server may take a moment
+                    page.goto(url)
+                    if page.title() == "tossed":
+                        break
+                    time.sleep(1)
+                expect(page).to_have_title("tossed")
+                result = json.loads(page.locator("body").get_attribute("data-result"))
+                print(f"\nthe page at {url} ran at {result['origin']}: {result}")
+                assert result["origin"] == f"https://{MALLORY}.{urlsplit(tls_hub.url).netloc}"
+                after[url] = whoami(page, tls_hub.url)
+            print(f"\nsigned in as, after each page: {after}")
+            assert after == dict.fromkeys(pages, VICTIM)
+            page.goto(tls_hub.url + "/hub/gpulab/secrets")
+            page.fill("#secret-name", "TOSSED_KEY")
+            page.fill("#secret-value", "the-victims-own-value")
+            page.locator("#add-secret").get_by_role("button", name="Add").click()
+            expect(page.locator("#secrets-list")).to_contain_text("TOSSED_KEY")
+        finally:
+            browser.close()
+    theirs = victim.http.get(tls_hub.url + "/hub/gpulab/secrets", timeout=30).text
+    hers = mallory.http.get(tls_hub.url + "/hub/gpulab/secrets", timeout=30).text
+    assert "TOSSED_KEY" in theirs and "TOSSED_KEY" not in hers
+    mallory.stop_project(SITE)

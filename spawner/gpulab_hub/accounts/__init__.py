@@ -188,6 +188,26 @@ def cookie_options(public_url: str) -> dict:
     return options
 
 
+def host_only_cookies(subdomain_host: str) -> bool:
+    """Whether the hub's and the project servers' login cookies are ``__Host-`` cookies
+    (JupyterHub's ``cookie_host_prefix_enabled``): wherever users' servers are on
+    subdomains of the hub's name served over https.
+
+    A page on ``<user>.<hub name>`` may set a cookie with ``Domain=<hub name>``, which
+    the browser then sends to the hub (and every user's server): it could put its own
+    ``jupyterhub-hub-login`` in a visitor's browser and sign them in as its author. A
+    browser keeps a ``__Host-`` cookie only if the hub's own host set it (no
+    ``Domain``, ``Path=/``, ``Secure``), and with the prefix JupyterHub reads the
+    prefixed names only (the hub's login cookie; each project server's login and OAuth
+    state cookies), so what a subdomain sets is never read. ``Secure`` needs https:
+    on plain http a browser would refuse these cookies and nobody could log in. Without
+    subdomains every project is on the hub's own origin, where its pages act with the
+    visitor's session anyway, and ``Path=/`` would send the hub's cookie to every
+    project server: JupyterHub's advice is the prefix with per-user domains only.
+    """
+    return subdomain_host.lower().startswith("https://")
+
+
 def configure(c, s: Settings) -> None:
     """Account settings from the settings ``s`` (hubconfig.apply calls this)."""
     a = s.accounts
@@ -205,6 +225,8 @@ def configure(c, s: Settings) -> None:
         c.JupyterHub.public_url = s.public_url
     public = s.public_url or s.subdomain_host or s.bind_url
     c.JupyterHub.tornado_settings.update({"cookie_options": cookie_options(public)})
+    # Pages on users' subdomains cannot set or shadow the login cookies (docs/security.md).
+    c.JupyterHub.cookie_host_prefix_enabled = host_only_cookies(s.subdomain_host)
     # The authorization, sign-up, login and admin pages' templates (after the ones
     # hubconfig.apply set), and what the nav bar shows admins (templates/gpulab-nav.html).
     paths = c.JupyterHub.template_paths
