@@ -301,6 +301,22 @@ def test_a_deleted_user_leaves_nothing_to_the_next_account_of_that_name(
     new.stop_project("proj")
 
 
+def test_unapproving_an_account_stops_its_projects_and_keeps_their_files(
+    acct_hub, admin, docker_engine
+):
+    """Its sessions and tokens end too (tests/fast/test_fast_unapprove.py shows each);
+    here, what only a running project shows: stopped at once, its folder kept."""
+    uma = approved(acct_hub, admin, "uma")
+    uma.start_project("work")
+    label = [f"gpulab.instance={PREFIX}acct", "gpulab.owner=uma"]
+    assert len(docker_engine.call("containers", filters={"label": label})) == 1
+    assert admin.authorize("uma", action="unauthorize").status_code == 200
+    assert docker_engine.call("containers", filters={"label": label}) == []  # none running
+    assert (acct_hub.home / "projects" / "uma" / "work" / "Dockerfile").is_file()
+    assert uma.api("POST", "/hub/api/users/uma/servers/work", json={}).status_code == 403
+    assert admin.api("GET", "/hub/api/users/uma").json()["servers"] == {}
+
+
 def test_a_deleted_project_leaves_nothing_to_the_next_of_that_name(acct_hub, admin):
     hub_dir = acct_hub.home / "hub"
     lee = approved(acct_hub, admin, "lee")

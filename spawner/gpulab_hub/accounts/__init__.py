@@ -87,6 +87,8 @@ class ToggleAuthorizationHandler(_AccountAction):
         if not wanted and info.username == self.current_user.name:
             raise web.HTTPError(400, SELF_UNAPPROVE)
         set_approval(self, info, wanted)
+        if not wanted:
+            await end_access(self, info.username)
         self._back(name)
 
 
@@ -104,6 +106,34 @@ def set_approval(handler, info: UserInfo, wanted: bool) -> None:
         # A hub user from the moment of approval: others can share with them
         # before they ever log in.
         handler.user_from_username(info.username)
+
+
+async def end_access(handler, name: str) -> None:
+    """What an unapproved account had open ends at once: every login cookie (JupyterHub
+    reads a login cookie as the user's ``cookie_id``, which is replaced), every token
+    (API tokens, and the OAuth tokens of project servers, its own and those shared with
+    it), then its running projects are stopped as the hub's stop API does (folders,
+    images and shares kept: approving the account again gives it all back)."""
+    from jupyterhub.orm import new_token
+
+    user = handler.find_user(name)
+    if user is None:
+        return  # never logged in: nothing open
+    user.orm_user.cookie_id = new_token()
+    tokens = list(user.orm_user.api_tokens)
+    for token in tokens:
+        handler.db.delete(token)
+    handler.db.commit()
+    from gpulab_hub.workflows import deletion  # the spawner side, only when stopping
+
+    running = [n for n, sp in user.spawners.items() if sp.active]
+    await deletion.stop_servers(user)
+    handler.log.info(
+        "gpulab: the unapproved account %s: its sessions and %d tokens ended, %d projects stopped",
+        name,
+        len(tokens),
+        len(running),
+    )
 
 
 class DiscardHandler(_AccountAction):
