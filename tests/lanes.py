@@ -66,6 +66,12 @@ SLOW = (
     "tests/test_gpu_usage.py::test_processes_appending_at_once_lose_no_record",
     "tests/test_ssh_units.py::test_an_address_opens_at_most_ten_connections_not_logged_in_at_once",
     "tests/test_backup.py::test_the_database_is_copied_whole_while_the_hub_writes_to_it",
+    # 68,000 files made, backed up and restored (about 40 s on a 2-core machine)
+    "tests/test_backup_hostile.py::test_every_users_files_come_back_as_they_were",
+    "tests/test_backup_hostile.py::test_the_sparse_file_is_restored_sparse_with_its_data",
+    "tests/test_backup_hostile.py::test_the_backup_says_what_it_left_out_and_the_restore_which_links",
+    # reads the hub's configuration as `gpulab backup` does (2 s)
+    "tests/test_backup_hostile.py::test_a_project_over_the_admins_limit_is_named_and_the_rest_kept",
     "tests/test_state_versions.py::test_a_hub_start_meeting_a_newer_file_ends_with_the_sentence",
     "tests/test_state_versions.py::test_jupyterhubs_upgrade_db_runs_with_gpulabs_configuration",
     # hundreds of generated examples (hypothesis) of one policy

@@ -25,7 +25,7 @@ import pytest
 from filelock import FileLock
 from traitlets.config import Config
 
-from gpulab_hub.backup import MANIFEST, BackupError, make, restore
+from gpulab_hub.backup import MANIFEST, MEMBERS, BackupError, make, restore
 from gpulab_hub.backup import version as gpulab_version
 
 ENCRYPTED = "gAAAAABk-encrypted-value-as-the-hub-wrote-it=="
@@ -110,6 +110,13 @@ def members(archive: Path) -> dict[str, bytes | None]:
         return {m.name: tar.extractfile(m).read() if m.isreg() else None for m in tar.getmembers()}
 
 
+def listed(archive: Path) -> dict[str, dict]:
+    """The archive's member list (its last member, one JSON line each), by name."""
+    with tarfile.open(archive) as tar:
+        lines = tar.extractfile(MEMBERS).read().splitlines()
+    return {e["name"]: e for e in map(json.loads, lines) if "name" in e}
+
+
 def test_the_archive_holds_the_hubs_state_and_leaves_out_logs(tmp_path):
     home = make_home(tmp_path)
     out = tmp_path / "out" / "hub.tar.gz"
@@ -131,10 +138,13 @@ def test_the_archive_holds_the_hubs_state_and_leaves_out_logs(tmp_path):
             "hub/ssh/sessions.log", "hub/.sharing.json.123.tmp", "projects/.locks"}  # fmt: skip
     assert not left & set(got)
     manifest = json.loads(got[MANIFEST])
-    assert manifest["gpulab"] == gpulab_version() and manifest["format"] == 1
+    assert manifest["gpulab"] == gpulab_version() and manifest["format"] == 2
+    with tarfile.open(out) as tar:
+        assert tar.getnames()[0] == MANIFEST and tar.getnames()[-1] == MEMBERS
+    members_listed = listed(out)
     for name, data in got.items():
-        if data is not None and name != MANIFEST:
-            assert manifest["members"][name]["sha256"] == hashlib.sha256(data).hexdigest()
+        if data is not None and name not in (MANIFEST, MEMBERS):
+            assert members_listed[name]["sha256"] == hashlib.sha256(data).hexdigest()
     assert any("--projects" in line for line in made.left_out)
 
 

@@ -14,6 +14,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab_hub import egress, hubconfig, hubsettings, settings
+from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import base_spec_for, local_url
 from gpulab_hub.gpus import Inventory, keeper, reclaim
 from gpulab_hub.projects import objects
@@ -64,6 +65,8 @@ SAMPLES = {
     "GPULAB_LOGIN_ATTEMPTS": "9",
     "GPULAB_LOGIN_LOCKOUT_SECONDS": "60",
     "GPULAB_DELETED_FILES": "remove",
+    "GPULAB_BACKUP_PROJECT_FILES": "50000",
+    "GPULAB_BACKUP_PROJECT_MB": "2048",
     "GPULAB_SHARE_MAX_HOURS": "12",
     "GPULAB_PUBLIC_LINKS": "1",
     "GPULAB_REVOKE_WITHIN_S": "8",
@@ -166,6 +169,7 @@ def what_uses_the_settings(env: dict[str, str]) -> dict:
             cli.hub_port,
             cli.admin_password_file,
             egress.policy_of(cli, resolvers=()),  # the rules `gpulab up` sets
+            cli_backup.limits_of(cli),  # what one project may put in `gpulab backup`
         ),
     }
 

@@ -288,6 +288,19 @@ class Egress:
     allowed_networks: tuple[str, ...] = var("GPULAB_ALLOWED_NETWORKS", (), networks)
 
 
+@dataclass(frozen=True)
+class Backup:
+    """What one project folder may put in ``gpulab backup --projects`` (backup/,
+    docs/backup.md): what is over is left out, each entry named, one line per project."""
+
+    # entries (files, folders, links) of one project folder (0: no limit)
+    project_files: int = var("GPULAB_BACKUP_PROJECT_FILES", 1_000_000, whole(0, 999_999_999))
+    # MiB of one project folder's files, a sparse file counted by its data (0: no limit)
+    project_mb: int = var(
+        "GPULAB_BACKUP_PROJECT_MB", 0, whole(0, 999_999_999, "a whole number of MiB")
+    )
+
+
 # --- the layout: where things live (hubsettings.py derives it) -----------------------------
 
 # Files in ``records_dir`` (the hub's folder), each kept by one module.
@@ -381,6 +394,7 @@ class Settings:
     images: Images = field(default_factory=Images)
     gpus: Gpus = field(default_factory=Gpus)
     egress: Egress = field(default_factory=Egress)
+    backup: Backup = field(default_factory=Backup)
     layout: Layout | None = None  # from the traits (hubconfig.finish, hubsettings.py)
 
     def __post_init__(self) -> None:

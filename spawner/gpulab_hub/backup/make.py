@@ -20,9 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpulab_hub import blocking, hubfiles, hubsettings, jsonfile, stateversion
-from gpulab_hub.backup import CONFIG_D, DATABASE, FORMAT, HUB, MANIFEST, PROJECTS, BackupError
+from gpulab_hub.backup import (
+    CONFIG_D,
+    DATABASE,
+    FORMAT,
+    HUB,
+    MANIFEST,
+    MAX_LINE,
+    MAX_MANIFEST,
+    MEMBERS,
+    PROJECTS,
+    BackupError,
+)  # fmt: skip
 from gpulab_hub.backup import version as gpulab_version
-from gpulab_hub.backup.tree import Writer
+from gpulab_hub.backup.tree import Limits, Writer
 from gpulab_hub.projects import safefs
 from gpulab_hub.secrets import crypt
 from gpulab_hub.ssh import keys as ssh_keys
@@ -39,7 +50,9 @@ class Made:
     path: Path
     files: int
     bytes: int
-    left_out: tuple[str, ...]
+    left_out: tuple[str, ...]  # the report's sentences (the first tree.MAX_SAID)
+    left_out_count: int = 0  # every entry left out (each listed in the archive)
+    listing_bytes: int = 0  # the member list's size, before compression
 
 
 def default_name(now: float | None = None) -> str:
@@ -154,12 +167,13 @@ def make(
     where,
     projects: bool,
     environ,
+    limits: Limits | None = None,
     say=print,
 ) -> Made:
     """Write the archive of the hub at ``home`` (its GPULAB_HOME; ``hub_dir`` its own
     folder) to ``out``: ``config`` is the hub's (traitlets) configuration, ``where`` its
     layout (hubsettings: where projects and records live), ``environ`` its environment
-    (JUPYTERHUB_CRYPT_KEY)."""
+    (JUPYTERHUB_CRYPT_KEY), ``limits`` what one project may put in it."""
     started = time.monotonic()
     home, hub_dir = Path(home), Path(hub_dir)
     require_hub(home, hub_dir)
@@ -178,12 +192,16 @@ def make(
     tmp = work / "archive.tar.gz"
     try:
         fd = _open_private(tmp)
-        with os.fdopen(fd, "wb") as raw:
+        with os.fdopen(fd, "wb") as raw, _Listing(work / MEMBERS) as listing:
             with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=6) as tar:
-                w = Writer(tar, say)
+                w = Writer(tar, say, listing=listing.add, limits=limits or Limits())
+                manifest = json.dumps(_manifest(home, projects), indent=1).encode()
+                if len(manifest) > MAX_MANIFEST:  # never: it lists no members
+                    raise BackupError(f"The manifest is larger than {MAX_MANIFEST} bytes.")
+                w.add_bytes(MANIFEST, manifest, listed=False)
                 _add_state(w, config, where, home, hub_dir, work, projects, environ, say)
-                manifest = _manifest(w, home, projects)
-                w.add_bytes(MANIFEST, json.dumps(manifest, indent=1).encode())
+                listed = listing.close(w)
+                w.add_fd(MEMBERS, listed, os.fstat(listed), listed=False)
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, out)
@@ -193,20 +211,56 @@ def make(
     seconds = time.monotonic() - started
     say(f"Wrote {out} ({w.files} files, {w.bytes / (1 << 20):.1f} MiB before compression, "
         f"{out.stat().st_size / (1 << 20):.1f} MiB on disk) in {seconds:.0f} s.")  # fmt: skip
-    if w.left_out:
-        say(f"Left out ({len(w.left_out)}):")
-        for line in w.left_out[:20]:
+    if w.left_out_count:
+        said = w.over + w.left_out[:20]
+        say(f"Left out ({w.left_out_count}):")
+        for line in said:
             say(f"  {line}")
-        if len(w.left_out) > 20:
-            say(f"  ... and {len(w.left_out) - 20} more (all listed in the archive's {MANIFEST})")
+        more = w.left_out_count - w.over_count - len(w.left_out[:20])
+        if more > 0:
+            say(f"  ... and {more} more (each is named in the archive's {MEMBERS}: "
+                f"tar -xOzf <archive> {MEMBERS})")  # fmt: skip
     say("The archive holds the hub's keys: keep it where only you can read it (it is 0600).")
-    return Made(out, w.files, w.bytes, tuple(w.left_out))
+    return Made(out, w.files, w.bytes, tuple(w.over + w.left_out), w.left_out_count, listing.size)
+
+
+class _Listing:
+    """The member list, one JSON line per member or entry left out, written to a file
+    beside the archive as the walk goes (never kept in memory), then added last."""
+
+    def __init__(self, path: Path):
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.file = open(os.open(path, flags, 0o600), "w+b")  # noqa: SIM115 - in __exit__
+        self.size = 0
+        self.fd = -1
+
+    def add(self, entry: dict) -> None:
+        line = json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+        if len(line) > MAX_LINE:  # never for a name Linux allows 64 folders deep
+            name = str(entry.get("name") or entry.get("left_out"))[:200]
+            raise BackupError(f"{name!r} has a name too long to list ({len(line)} bytes).")
+        self.file.write(line)
+        self.size += len(line)
+
+    def close(self, w: Writer) -> int:
+        """The last line (what the list holds: a list cut short is refused), and the
+        list's descriptor, to be read from its start."""
+        self.add({"end": True, "files": w.files, "bytes": w.bytes, "left_out": w.left_out_count})
+        self.file.flush()
+        self.file.seek(0)
+        return self.file.fileno()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
 
 
 def _add_state(w: Writer, config, where, home, hub_dir, work, projects, environ, say) -> None:
     db = database_path(config, hub_dir)
     if db is None:
-        w.left_out.append(
+        w.leave_out(
             "the hub's database is not SQLite (JupyterHub.db_url): back it up with its "
             "server's own tools (pg_dump, mysqldump)"
         )
@@ -223,7 +277,7 @@ def _add_state(w: Writer, config, where, home, hub_dir, work, projects, environ,
     say(f"Adding the hub's records and keys from {hub_dir}...")
     w.add_tree(hub_dir, HUB, hostile=False, skip=_skip_hub, read_locked=_LockedReader(hub_dir))
     if environ.get(crypt.KEY_ENV):
-        w.left_out.append(
+        w.leave_out(
             f"the key of users' secrets: it is {crypt.KEY_ENV} in the hub's environment; "
             "set the same on the machine you restore to (secrets are in the archive, encrypted)"
         )
@@ -233,23 +287,21 @@ def _add_state(w: Writer, config, where, home, hub_dir, work, projects, environ,
         ("usage_file", where.usage_file),
     ):  # fmt: skip
         if not _inside(path, hub_dir):
-            w.left_out.append(f"{path} (ProjectSpawner.{name}) lies outside {hub_dir}: copy it")
+            w.leave_out(f"{path} (ProjectSpawner.{name}) lies outside {hub_dir}: copy it")
     if projects:
         say(f"Adding every project folder from {where.projects_root} (links kept as links)...")
-        w.add_tree(where.projects_root, PROJECTS, hostile=True, skip=_skip_locks)
+        w.add_tree(where.projects_root, PROJECTS, hostile=True, skip=_skip_locks, unit_depth=2)
         say(f"Adding deleted accounts' and projects' archives from {hub_dir / DELETED}...")
-        w.add_tree(hub_dir / DELETED, f"{HUB}/{DELETED}", hostile=True)
+        w.add_tree(hub_dir / DELETED, f"{HUB}/{DELETED}", hostile=True, unit_depth=1)
     else:
         say(f"Adding each project's Dockerfile from {where.projects_root}...")
         w.add_tree(where.projects_root, PROJECTS, hostile=True, skip=_skip_to_dockerfiles)
-        w.left_out.append(
-            "the files in project folders (only each Dockerfile): add --projects for them"
-        )
+        w.leave_out("the files in project folders (only each Dockerfile): add --projects for them")
         if (hub_dir / DELETED).is_dir():
-            w.left_out.append(f"deleted accounts' archives in {hub_dir / DELETED} (--projects)")
+            w.leave_out(f"deleted accounts' archives in {hub_dir / DELETED} (--projects)")
     w.add_tree(home / hubfiles.CONFIG_D, CONFIG_D, hostile=False)
     if where.data_root.is_dir():
-        w.left_out.append(f"the shared data folders in {where.data_root} (datasets, models)")
+        w.leave_out(f"the shared data folders in {where.data_root} (datasets, models)")
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -260,7 +312,7 @@ def _inside(path: Path, folder: Path) -> bool:
     return True
 
 
-def _manifest(w: Writer, home: Path, projects: bool) -> dict:
+def _manifest(home: Path, projects: bool) -> dict:
     return {
         "format": FORMAT,
         "gpulab": gpulab_version(),
@@ -275,6 +327,5 @@ def _manifest(w: Writer, home: Path, projects: bool) -> dict:
             PROJECTS: "project folders" if projects else "each project's Dockerfile",
             CONFIG_D: "the admin's jupyterhub_config.d",
         },
-        "members": w.members,
-        "left_out": w.left_out,
+        "members": MEMBERS,  # the member list, the archive's last member (one line each)
     }

@@ -1,18 +1,21 @@
 """``gpulab restore``: a hub's state from a ``gpulab backup`` archive, onto GPULAB_HOME.
 
-Before anything is written: the manifest is read (an archive of a newer gpulab or a
-newer layout is refused), every member is checked against it (listed, of the listed
-kind, sha256 and size), and no name may be absolute or hold ``..``. Members are then
-extracted with tarfile's ``data`` filter into a new private folder inside GPULAB_HOME
-(so no link already there is ever written through), and moved into place: ``hub``,
-``projects`` and ``jupyterhub_config.d``. A link of a user's that points outside the
-restored folders is left out (and named); project files keep their owners.
+The archive is read twice, as a stream (tarfile's ``r|gz``: no list of its members is
+kept in memory, whatever their number). The first pass checks it before anything is
+written: the manifest (an archive of a newer gpulab or a newer layout is refused), every
+member against the member list (the same names, in the same order, of the listed kind,
+sha256 and size; a sparse member's holes are never read), and no name may be absolute,
+hold ``..`` or lie outside the folders gpulab restores. The second pass writes the
+members, passed through tarfile's ``data`` filter, into a new private folder inside
+GPULAB_HOME (unpack.py: from descriptors, never through a link, any name Linux allows),
+which is then moved into place: ``hub``, ``projects`` and ``jupyterhub_config.d``. A link
+of a user's that points outside the restored folders is left out (and named); project
+files keep their owners.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
+import contextlib
 import json
 import os
 import shutil
@@ -20,16 +23,33 @@ import sqlite3
 import tarfile
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from gpulab_hub import hubfiles, stateversion
-from gpulab_hub.backup import CONFIG_D, DATABASE, FORMAT, HUB, MANIFEST, PROJECTS, BackupError
+from gpulab_hub.backup import (
+    CONFIG_D,
+    DATABASE,
+    FORMAT,
+    HUB,
+    MANIFEST,
+    MAX_LINE,
+    MAX_MANIFEST,
+    MEMBERS,
+    PROJECTS,
+    BackupError,
+    sparse,
+)  # fmt: skip
 from gpulab_hub.backup import version as gpulab_version
 from gpulab_hub.backup.make import DELETED
+from gpulab_hub.backup.tree import shown
+from gpulab_hub.backup.unpack import Unpacker
 
-MAX_MANIFEST = 256 << 20
+# Format 1 (older gpulab) listed every member in the manifest, which it wrote with no
+# bound; it is read whole up to this size (an older restore refused past 256 MiB).
+FORMAT_1_MAX_MANIFEST = 1 << 30
 CHUNK = 1 << 20
 TOPS = (HUB, PROJECTS, CONFIG_D)
 USER_TREES = (f"{PROJECTS}/", f"{HUB}/{DELETED}/")  # where links may be (users' own)
@@ -39,30 +59,44 @@ def destinations(home: Path, hub_dir: Path, projects_root: Path) -> dict[str, Pa
     return {HUB: hub_dir, PROJECTS: projects_root, CONFIG_D: home / hubfiles.CONFIG_D}
 
 
-def _open(archive: Path) -> tarfile.TarFile:
+@contextlib.contextmanager
+def _stream(archive: Path) -> Iterator[tarfile.TarFile]:
+    """The archive as a stream of members (read once, front to back)."""
     if not archive.is_file():
         raise BackupError(f"There is no archive {archive}.")
     try:
-        return tarfile.open(archive, "r:gz")
+        tar = tarfile.open(archive, "r|gz")
     except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
         raise BackupError(
             f"{archive} is not a gpulab backup: it is not a .tar.gz archive ({e})."
         ) from e
+    try:
+        yield tar
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+        raise BackupError(
+            f"{archive} is not a gpulab backup, or it is damaged or cut short ({e}); "
+            "nothing was restored."
+        ) from e
+    finally:
+        tar.close()
 
 
-def read_manifest(tar: tarfile.TarFile, archive: Path) -> dict:
+def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    """Each member once; tarfile's own list of them is emptied as it goes."""
+    while (m := tar.next()) is not None:
+        tar.members.clear()
+        yield m
+
+
+def read_manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, archive: Path) -> dict:
     """The archive's manifest, checked: a gpulab backup of a layout and version this
     gpulab reads."""
-    try:
-        member = tar.getmember(MANIFEST)
-    except KeyError:
-        raise BackupError(f"{archive} is not a gpulab backup: it has no {MANIFEST}.") from None
-    if not member.isreg() or member.size > MAX_MANIFEST:
+    if not member.isreg() or member.size > FORMAT_1_MAX_MANIFEST:
         raise BackupError(f"{archive}'s {MANIFEST} is not a manifest gpulab wrote.")
     try:
-        manifest = json.loads(tar.extractfile(member).read())
+        manifest = json.loads(tar.extractfile(member).read(FORMAT_1_MAX_MANIFEST + 1))
         theirs, fmt, members = manifest["gpulab"], manifest["format"], manifest["members"]
-        if not isinstance(fmt, int) or not isinstance(members, dict):
+        if not isinstance(fmt, int) or not isinstance(members, dict if fmt == 1 else str):
             raise TypeError("format or members of the wrong kind")
         their_version = Version(theirs)
     except (ValueError, KeyError, TypeError, InvalidVersion) as e:
@@ -73,6 +107,8 @@ def read_manifest(tar: tarfile.TarFile, archive: Path) -> dict:
             f"{archive} was written by gpulab {theirs}, which is newer than this gpulab "
             f"({mine}): restore it with gpulab {theirs} or later (update gpulab here first)."
         )
+    if fmt > 1 and member.size > MAX_MANIFEST:
+        raise BackupError(f"{archive}'s {MANIFEST} is not a manifest gpulab wrote.")
     try:
         stateversion.check_formats(manifest.get("state_formats", {}), str(archive))
     except stateversion.NewerState as e:
@@ -83,58 +119,143 @@ def read_manifest(tar: tarfile.TarFile, archive: Path) -> dict:
 
 
 def _unsafe(name: str) -> bool:
+    """Absolute, with ``..`` or an empty component: never restored. (A backslash is a
+    character of a name on Linux like any other.)"""
     parts = name.split("/")
-    return name.startswith("/") or "\\" in name or ".." in parts or "" in parts[:-1]
+    return name.startswith("/") or ".." in parts or "" in parts[:-1]
 
 
-def verify(tar: tarfile.TarFile, manifest: dict, archive: Path, say=print) -> list[tarfile.TarInfo]:
-    """Every member of the archive, each checked against the manifest (see the module's doc)."""
-    listed = manifest["members"]
-    seen, members, files = set(), [], 0
+def _line(entry: dict) -> bytes:
+    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+
+
+def _read_lines(f, what: str) -> Iterator[dict]:
+    """One JSON object per line of ``f``, each at most MAX_LINE bytes."""
+    while line := f.readline(MAX_LINE + 1):
+        if len(line) > MAX_LINE or not line.endswith(b"\n"):
+            raise ValueError(f"{what} has a line longer than {MAX_LINE} bytes")
+        entry = json.loads(line)
+        if not isinstance(entry, dict):
+            raise ValueError(f"{what} has a line that is not an object")
+        yield entry
+
+
+def unpack_checked(tar: tarfile.TarFile, archive: Path, stage: Path, say=print):
+    """Read the archive once: each member checked (its name and kind) and written below
+    ``stage`` (a new private folder), its sha256 taken as it is written; then the
+    members compared with the member list. -> (the manifest, links left out, the top
+    folders the archive has). BackupError where anything does not match: the caller
+    removes ``stage``, so nothing is restored."""
     refuse = "it was changed or damaged after gpulab wrote it; nothing was restored"
-    for m in tar:
-        if m.name == MANIFEST:
-            continue
-        if _unsafe(m.name) or m.name.split("/")[0] not in TOPS:
+    for top, mode in ((HUB, 0o700), (PROJECTS, 0o755), (CONFIG_D, 0o700), (".check", 0o700)):
+        (stage / top).mkdir(mode=mode)
+    os.chmod(stage / PROJECTS, 0o755)  # whatever the umask: containers' engine reaches it
+    seen_path, listed_path = stage / ".check" / "seen.jsonl", stage / ".check" / "listed.jsonl"
+    manifest, files, skipped, tops = None, 0, [], set()
+    keep = _keeper(stage, skipped)
+    root = os.open(stage, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    unpacker = Unpacker(root)
+    try:
+        with open(seen_path, "wb") as seen:
+            for m in _members(tar):
+                if m.name == MANIFEST and manifest is None:
+                    manifest = read_manifest(tar, m, archive)
+                    say(f"It is a backup of {manifest.get('home', '?')} made by gpulab "
+                        f"{manifest['gpulab']} at {manifest.get('created', '?')}.")  # fmt: skip
+                    say("Restoring the hub's folder and the project folders...")
+                    continue
+                if m.name == MEMBERS and manifest is not None and manifest["format"] > 1:
+                    with open(listed_path, "wb") as out:
+                        shutil.copyfileobj(tar.extractfile(m), out, CHUNK)
+                    continue
+                entry = _checked(m, archive, refuse)
+                tops.add(m.name.split("/")[0])
+                safe = keep(m)
+                if safe is not None:
+                    entry.update(unpacker.add(tar, safe))
+                files += m.isreg()
+                seen.write(_line(entry))
+        unpacker.close()
+    finally:
+        unpacker.release()
+        os.close(root)
+    if manifest is None:
+        raise BackupError(f"{archive} is not a gpulab backup: it has no {MANIFEST}.")
+    with open(seen_path, "rb") as seen, contextlib.ExitStack() as stack:
+        if manifest["format"] == 1:
+            listed = ({"name": n, **e} if isinstance(e, dict) else {"name": n}
+                      for n, e in manifest["members"].items())  # fmt: skip
+        elif listed_path.exists():
+            listed = _listed(stack.enter_context(open(listed_path, "rb")), archive, refuse)
+        else:
+            raise BackupError(f"{archive} lacks its {MEMBERS}: it is cut short; {refuse}.")
+        try:
+            _compare(_read_lines(seen, "the archive"), listed, archive, refuse)
+        except ValueError as e:
+            raise BackupError(f"{archive}'s {MEMBERS} is damaged ({e}); {refuse}.") from e
+    say(f"Checked the archive: {files} files match their sha256 sums in the manifest.")
+    return manifest, skipped, tops
+
+
+def _listed(f, archive: Path, refuse: str) -> Iterator[dict]:
+    """The member list's members (entries left out skipped); it must end with its last
+    line."""
+    ended = False
+    for entry in _read_lines(f, MEMBERS):
+        if ended:
+            raise ValueError("lines after its end")
+        if entry.get("end") is True:
+            ended = True
+        elif "left_out" not in entry:
+            yield entry
+    if not ended:
+        raise BackupError(f"{archive}'s {MEMBERS} is cut short: {refuse}.")
+
+
+def _checked(m: tarfile.TarInfo, archive: Path, refuse: str) -> dict:
+    """What the manifest must say of the member ``m`` (its name and kind; a file's
+    sha256 and size are added as it is written). BackupError for a name or kind gpulab
+    never restores."""
+    if _unsafe(m.name) or m.name.split("/")[0] not in TOPS:
+        raise BackupError(
+            f"{archive} holds {m.name[:200]!r}, a path outside the folders gpulab restores "
+            f"(an absolute path or one with '..'): {refuse}."
+        )
+    kind = "file" if m.isreg() else "folder" if m.isdir() else "link" if m.issym() else "other"
+    if kind == "other":
+        raise BackupError(
+            f"{archive} holds {m.name[:200]!r}, which is no file, folder or link (a hard "
+            f"link or a device): {refuse}."
+        )
+    if kind == "link" and not m.name.startswith(USER_TREES):
+        raise BackupError(f"{archive} holds a link {m.name[:200]!r} in the hub's folder: {refuse}.")
+    if m.sparse is not None and len(m.sparse) > sparse.MAX_EXTENTS:
+        raise BackupError(f"{archive}'s {m.name[:200]!r} has too many holes: {refuse}.")
+    return {"name": m.name, "type": kind}
+
+
+def _compare(seen: Iterator[dict], listed: Iterator[dict], archive: Path, refuse: str) -> None:
+    """The archive's members and the list, in the same order, the same."""
+    for got in seen:
+        want = next(listed, None)
+        name = got["name"]
+        if want is None or want.get("name") != name or want.get("type") != got["type"]:
             raise BackupError(
-                f"{archive} holds {m.name[:200]!r}, a path outside the folders gpulab restores "
-                f"(an absolute path or one with '..'): {refuse}."
+                f"{archive} holds {name[:200]!r}, not as its manifest lists: {refuse}."
             )
-        entry = listed.get(m.name)
-        kind = "file" if m.isreg() else "folder" if m.isdir() else "link" if m.issym() else "other"
-        if kind == "other":
+        if got["type"] == "file" and (
+            want.get("sha256") != got["sha256"] or want.get("size") != got["size"]
+            or want.get("sparse") != got.get("sparse")
+        ):  # fmt: skip
             raise BackupError(
-                f"{archive} holds {m.name[:200]!r}, which is no file, folder or link (a hard "
-                f"link or a device): {refuse}."
+                f"{archive}'s {name[:200]} does not match its sha256 in the manifest: {refuse}."
             )
-        if not isinstance(entry, dict) or entry.get("type") != kind:
-            raise BackupError(
-                f"{archive} holds {m.name[:200]!r}, not as its manifest lists: {refuse}."
-            )
-        if kind == "link" and not m.name.startswith(USER_TREES):
-            raise BackupError(
-                f"{archive} holds a link {m.name[:200]!r} in the hub's folder: {refuse}."
-            )
-        if kind == "file":
-            sha, f = hashlib.sha256(), tar.extractfile(m)
-            while chunk := f.read(CHUNK):
-                sha.update(chunk)
-            if sha.hexdigest() != entry.get("sha256") or m.size != entry.get("size"):
-                raise BackupError(
-                    f"{archive}'s {m.name[:200]} does not match its sha256 in the manifest: "
-                    f"{refuse}."
-                )
-            files += 1
-        seen.add(m.name)
-        members.append(m)
-    missing = sorted(set(listed) - seen)
+    missing = [want.get("name", "?") for want in listed]
     if missing:
         raise BackupError(
             f"{archive} lacks {len(missing)} of the files its manifest lists (first: "
-            f"{missing[0][:200]}): it is cut short or damaged; nothing was restored."
+            f"{str(missing[0])[:200]}): it is cut short or damaged; nothing was restored."
         )
-    say(f"Checked the archive: {files} files match their sha256 sums in the manifest.")
-    return members
 
 
 def _conflicts(dest: dict[str, Path]) -> list[str]:
@@ -179,26 +300,16 @@ def restore(
             "<name>.before-restore-<time>) and restore in its place."
         )
     say(f"Reading {archive}...")
-    with _open(archive) as tar:
-        try:
-            manifest = read_manifest(tar, archive)
-            say(f"It is a backup of {manifest.get('home', '?')} made by gpulab "
-                f"{manifest['gpulab']} at {manifest.get('created', '?')}.")  # fmt: skip
-            members = verify(tar, manifest, archive, say)
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-            raise BackupError(
-                f"{archive} is not a gpulab backup, or it is damaged or cut short ({e}); "
-                "nothing was restored."
-            ) from e
-        home.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        stage = home / f".gpulab-restore-{stamp}"
-        stage.mkdir(mode=0o700)
-        try:
-            skipped = _extract(tar, members, stage, say)
-            moved = _move_into_place(stage, dest, stamp, {m.name.split("/")[0] for m in members})
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+    home.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    stage = home / f".gpulab-restore-{stamp}"
+    stage.mkdir(mode=0o700)
+    try:
+        with _stream(archive) as tar:
+            manifest, skipped, tops = unpack_checked(tar, archive, stage, say)
+        moved = _move_into_place(stage, dest, stamp, tops)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     for line in moved:
         say(line)
     for line in skipped[:20]:
@@ -207,41 +318,40 @@ def restore(
     return manifest
 
 
-def _extract(tar: tarfile.TarFile, members, stage: Path, say) -> list[str]:
-    (stage / HUB).mkdir(mode=0o700)
-    (stage / PROJECTS).mkdir(mode=0o755)
-    os.chmod(stage / PROJECTS, 0o755)  # whatever the umask: containers' engine reaches it
-    (stage / CONFIG_D).mkdir(mode=0o700)
-    skipped: list[str] = []
+def _keeper(stage: Path, skipped: list[str]):
+    """What restore writes of a member: a link as tarfile's ``data`` filter lets it (one
+    of a user's that points outside is left out, named in ``skipped``; anything else it
+    refuses stops the restore); files and folders with the filter's rules for modes and
+    owners (below), folders keeping their modes, project files their owners."""
+    where = os.fspath(stage)
 
-    def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        users = member.name.startswith(USER_TREES)
+        owner = dict(uid=member.uid, gid=member.gid, uname="", gname="") if users else {}
+        if not member.issym():
+            # The data filter's rules for a file's or folder's mode and owner (Python's
+            # tarfile docs), applied here: the filter itself also resolves the whole name
+            # on disk, an lstat per folder per member (18 s for 68,000 names 15 folders
+            # deep), which _checked's name rules and the unpacker (no folder opened
+            # through a link) make needless.
+            mode = member.mode & 0o755  # no setuid, setgid, sticky, group or other write
+            if member.isreg():
+                mode = (mode if mode & 0o100 else mode & ~0o111) | 0o600
+            owner = owner or dict(uid=None, gid=None, uname=None, gname=None)
+            return member.replace(mode=mode, **owner, deep=False)
         try:
-            safe = tarfile.data_filter(member, path)
+            safe = tarfile.data_filter(member, where)
         except tarfile.FilterError as e:
-            if member.issym() and member.name.startswith(USER_TREES):
-                skipped.append(f"{member.name} (a link to {member.linkname[:200]!r}: {e})")
+            if users:
+                skipped.append(f"{shown(member.name)} (a link to {member.linkname[:200]!r}: {e})")
                 return None
             raise BackupError(
                 f"The archive's {member.name[:200]!r} cannot be restored safely ({e}); "
                 "nothing was restored."
             ) from e
-        keep_attrs = {}
-        if member.isdir():  # the data filter leaves folders to the umask: keep their modes
-            keep_attrs["mode"] = member.mode & 0o755
-        if member.name.startswith(USER_TREES):  # project files keep their owners
-            keep_attrs.update(uid=member.uid, gid=member.gid, uname="", gname="")
-        return safe.replace(**keep_attrs, deep=False) if keep_attrs else safe
+        return safe.replace(**owner, deep=False) if owner else safe
 
-    say("Restoring the hub's folder and the project folders...")
-    umask = os.umask(0o077)
-    try:
-        # extractall: folders get their modes last (a read-only folder still fills)
-        tar.extractall(stage, members=members, filter=keep, numeric_owner=True)
-    except (OSError, tarfile.TarError, gzip.BadGzipFile) as e:
-        raise BackupError(f"Could not restore the archive into {stage.parent}: {e}.") from e
-    finally:
-        os.umask(umask)
-    return skipped
+    return keep
 
 
 def _move_into_place(stage: Path, dest: dict[str, Path], stamp: str, tops: set[str]) -> list[str]:

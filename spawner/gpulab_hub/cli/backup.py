@@ -21,11 +21,23 @@ def _home(environ) -> tuple[Path, Path]:
     return Path(s.home), Path(s.hub_dir)
 
 
+def limits_of(s):
+    """What one project may put in a backup (tree.Limits), from the settings ``s``."""
+    from gpulab_hub.backup.tree import Limits
+
+    return Limits(
+        files=s.backup.project_files, bytes=s.backup.project_mb << 20,
+        files_name="GPULAB_BACKUP_PROJECT_FILES", bytes_name="GPULAB_BACKUP_PROJECT_MB",
+    )  # fmt: skip
+
+
 def cmd_backup(args, environ) -> int:
+    from gpulab_hub import settings
     from gpulab_hub.backup import make
 
     try:
         home, hub_dir = _home(environ)
+        limits = limits_of(settings.parse(environ))
         make.require_hub(home, hub_dir)
         try:
             config = hubsettings.read_config(hubsettings.config_file())
@@ -36,7 +48,7 @@ def cmd_backup(args, environ) -> int:
             ) from e
         make.make(
             args.output, home=home, hub_dir=hub_dir, config=config, where=where,
-            projects=args.projects, environ=environ,
+            projects=args.projects, environ=environ, limits=limits,
         )  # fmt: skip
     except (BackupError, ValueError) as e:
         print(f"gpulab backup: {e}", file=sys.stderr)
