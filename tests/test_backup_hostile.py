@@ -259,3 +259,25 @@ def test_an_older_gpulabs_archive_with_a_backslash_name_restores_now(tmp_path):
     archive = crafted(tmp_path, [(member("projects/m/p/back\\slash"), b"kept\n")])
     restore_to(archive, tmp_path / "new")
     assert (tmp_path / "new" / "projects" / "m" / "p" / "back\\slash").read_bytes() == b"kept\n"
+
+
+def test_a_path_longer_than_path_max_comes_back(tmp_path):
+    """20 folders of 255-byte names: a 5 KiB path, which no path-based call reaches."""
+    home = make_home(tmp_path)
+    project = home / "projects" / "mallory" / "deep"
+    project.mkdir(parents=True)
+    parts = [(f"{n:02d}" + "x" * (LONG - 2)).encode() for n in range(20)]
+    fd = os.open(project, os.O_RDONLY | os.O_DIRECTORY)
+    for part in parts:
+        os.mkdir(part, dir_fd=fd)
+        fd, old = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(old)
+    os.write(new := os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), b"deep\n")
+    os.close(new)
+    os.close(fd)
+    backup(home, tmp_path / "a.tar.gz", projects=True)
+    restore_to(tmp_path / "a.tar.gz", tmp_path / "new")
+    got = tree(tmp_path / "new" / "projects" / "mallory" / "deep")
+    bottom = b"/".join([*parts, b"bottom.txt"])
+    assert len(bottom) > 4096
+    assert got[bottom] == ("file", hashlib.sha256(b"deep\n").hexdigest(), 0o644)
