@@ -8,6 +8,7 @@ from gpulab_hub.projects.objects import (
     container_spec,
     data_folders,
     detect_isolation,
+    group_folder,
     userns_offset,
     valid_group,
 )
@@ -178,6 +179,16 @@ def test_everyones_data_readable_and_group_folders_when_the_admin_says_so(scope)
 )
 def test_group_folder_names_are_full_matches(name, ok):
     assert valid_group(name) is ok
+
+
+def test_keycloak_group_paths_keep_folders_of_their_own():
+    # Keycloak's "Full group path": two teams of one last name stay two folders, neither
+    # a plain group's nor inside another's
+    names = ["/staff/gpu-team", "/students/gpu-team", "/staff", "staff", "gpu-team"]
+    folders = [group_folder(n) for n in names]
+    assert folders == ["+staff+gpu-team", "+students+gpu-team", "+staff", "staff", "gpu-team"]
+    for bad in ("/staff/../x", "/staff//x", "/", "staff/gpu-team", "/a+b/c", "/" + "x" * 65):
+        assert group_folder(bad) is None, bad
 
 
 def test_userns_offset_from_docker_info():

@@ -127,8 +127,11 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         return self.notebook_uid + uid_off, self.notebook_gid + gid_off
 
     def _data_groups(self) -> tuple[str, ...]:
+        """The data folders of this user's groups that have one (objects.group_folder:
+        a Keycloak group path ``/staff/gpu-team`` is folder ``+staff+gpu-team``)."""
         mine = {g.name for g in self.user.groups}
-        return tuple(g for g in self.data_groups if g in mine and objects.valid_group(g))
+        folders = (objects.group_folder(g) for g in self.data_groups if g in mine)
+        return tuple(f for f in folders if f)
 
     def _ensure_data_folders(self, settings: objects.ContainerInputs) -> None:
         """Blocking: this project's data folders (hub-owned parents, never through a link)."""

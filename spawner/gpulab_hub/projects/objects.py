@@ -190,6 +190,23 @@ def valid_group(name: str) -> bool:
     return _GROUP.fullmatch(name) is not None and ".." not in name
 
 
+def group_folder(name: str) -> str | None:
+    """The data folder's name of the JupyterHub group ``name``; None where it has none.
+
+    A plain name is its own (``vision-lab``). A full group path, as Keycloak's group
+    mapper sends it (``/staff/gpu-team``), is its parts joined by ``+`` after a ``+``
+    (``+staff+gpu-team``): never a plain name's (they hold no ``+``) nor another path's,
+    so ``/staff/gpu-team`` and ``/students/gpu-team`` keep two folders, and a folder is
+    never inside another group's."""
+    if valid_group(name):
+        return name
+    parts = name.split("/")
+    if len(parts) > 1 and parts[0] == "" and all(valid_group(p) for p in parts[1:]):
+        folder = "+" + "+".join(parts[1:])
+        return folder if len(folder) <= 255 else None
+    return None
+
+
 def project_data_dir(s: ContainerInputs) -> str:
     """``<data_root>/projects/<owner>/<project>``: the project's data (scope "project"),
     named as its project folder ``<projects_root>/<owner>/<project>`` is."""
