@@ -1,11 +1,14 @@
 """GPULAB_AUTHENTICATOR=oidc against a real OpenID Connect provider: npm's certified
 ``oidc-provider`` (tests/oidc/provider.mjs), started here on a 127.0.0.1 port with one
-confidential client (the hub) and three people. A hub started with the ``oidc``
+confidential client (the hub) and a few people. A hub started with the ``oidc``
 authenticator sends people to the provider's sign-in form; alice lands on gpulab's home
 page with her provider groups as JupyterHub groups, which follow the provider at each
 login; bob (in no allowed group) is refused with a page that says so; a wrong password
-stays at the provider. Behind a TLS proxy, the redirect URI gpulab sends (OpenID Connect
-and GitHub) is the hub's public https one."""
+stays at the provider. Other people of the provider whose names fold to an account's
+(``Carol``, ``\u212aaren``) or who call themselves by it (another ``carol``) never get
+into it, nor become the admin; the admin, too, must be in an allowed group. Keycloak's
+full group paths stay distinct groups. Behind a TLS proxy, the redirect URI gpulab
+sends (OpenID Connect and GitHub) is the hub's public https one."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import time
 from html import unescape
 from pathlib import Path
 from types import SimpleNamespace
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import pytest
 import requests
@@ -27,12 +30,26 @@ import requests
 REPO = Path(__file__).resolve().parents[1]
 PROVIDER = REPO / "tests" / "oidc" / "provider.mjs"
 NODE_MODULES = REPO / ".venv" / "node" / "node_modules"
-ALLOWED = ("gpu-team", "vision")  # GPULAB_ALLOWED_GROUPS
+# GPULAB_ALLOWED_GROUPS, a Keycloak group by its full path among them
+ALLOWED = ("gpu-team", "vision", "/staff/gpu-team")
+KELVIN = "\u212aaren"  # KELVIN SIGN, then "aren": JupyterHub's lower() makes it "karen"
 ACCOUNTS = {
     "alice": {"password": "alice's provider password", "groups": ["gpu-team"]},
     "bob": {"password": "bob's provider password", "groups": ["other"]},
-    # the first admin (GPULAB_ADMIN), in no group: the admin may always log in
-    "carol": {"password": "carol's provider password", "groups": []},
+    # the first admin (GPULAB_ADMIN), in an allowed group like everyone else
+    "carol": {"password": "carol's provider password", "groups": ["vision"]},
+    # other people of the provider (each its own sub and password) named like carol
+    "Carol": {"password": "mallory's own password", "groups": []},
+    "carol.twin": {
+        "password": "the twin's own password",
+        "groups": ["gpu-team"],
+        "username": "carol",
+    },
+    "karen": {"password": "karen's provider password", "groups": ["gpu-team"]},
+    KELVIN: {"password": "the kelvin sign's own password", "groups": ["gpu-team"]},
+    # Keycloak's group mapper with "Full group path" on: two teams of one name
+    "dana": {"password": "dana's provider password", "groups": ["/staff/gpu-team"]},
+    "erin": {"password": "erin's provider password", "groups": ["/students/gpu-team"]},
 }
 
 PROVIDER_MISSING = shutil.which("node") is None or not (NODE_MODULES / "oidc-provider").is_dir()
@@ -216,8 +233,11 @@ def login(hub, name: str, password: str):
 
 
 def words(page: requests.Response) -> str:
-    """What a person reads on the page: its text without tags, entities or extra spaces."""
-    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", page.text)))
+    """What a person reads on the page: its text without tags, entities or extra spaces.
+    Read as UTF-8, as a browser does from the page's <meta charset> (JupyterHub's error
+    pages send no charset in their Content-Type)."""
+    text = page.content.decode("utf-8", "replace")
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", text)))
 
 
 def signed_in(hub, user) -> bool:
@@ -291,7 +311,7 @@ def test_someone_in_no_allowed_group_is_refused_with_a_page_that_says_so(oidc_hu
     assert landed.url.startswith(oidc_hub.url + "/hub/oauth_callback"), landed.url
     text = words(landed)
     assert "this gpulab does not let your account in" in text, text[:2000]
-    assert "You must be in one of these groups: gpu-team, vision." in text
+    assert "You must be in one of these groups: /staff/gpu-team, gpu-team, vision." in text
     # no session at the hub, and no JupyterHub user made for him
     assert not signed_in(oidc_hub, bob)
     landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
@@ -367,3 +387,94 @@ def test_sharing_ssh_keys_secrets_and_deletion_work_for_provider_logins(oidc_hub
     assert again.api("GET", "/hub/api/users/alice").json()["servers"] == {}
     assert "alice-laptop@laptop" not in again.http.get(f"{oidc_hub.url}/hub/gpulab/ssh").text
     assert "LAB_API_KEY" not in again.http.get(f"{oidc_hub.url}/hub/gpulab/secrets").text
+
+
+# --- one provider account, one gpulab account ------------------------------------------
+
+
+def is_admin(hub, user) -> bool:
+    """Whether the person's browser session is gpulab's admin: JupyterHub's Admin page."""
+    page = user.http.get(hub.url + "/hub/admin", allow_redirects=False, timeout=10)
+    return page.status_code == 200
+
+
+def test_a_provider_account_named_Carol_never_becomes_carol_the_admin(oidc_hub):
+    # another person at the provider, "Carol": own sub, own password, in no allowed group.
+    # Before, JupyterHub lower-cased her name and let the admin's name in whatever its
+    # groups: she was signed in as carol, admin=True, the admin page 200.
+    landed, mallory = login(oidc_hub, "Carol", ACCOUNTS["Carol"]["password"])
+    assert landed.status_code == 403, (landed.status_code, landed.url)
+    text = words(landed)
+    assert "as 'Carol', but gpulab takes a user name only as it is written in lower case" in (
+        text
+    ), text[:2000]
+    assert "Ask a gpulab admin" in text
+    assert not signed_in(oidc_hub, mallory) and not is_admin(oidc_hub, mallory)
+    # carol herself still signs in, and is the admin
+    landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
+    assert landed.status_code == 200 and is_admin(oidc_hub, carol)
+
+
+def test_another_account_calling_itself_carol_cannot_take_her_account(oidc_hub):
+    # carol signs in (her first login bound the account to her sub), then another account
+    # of the provider whose preferred_username is "carol" too, in an allowed group
+    landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
+    assert landed.status_code == 200
+    landed, twin = login(oidc_hub, "carol.twin", ACCOUNTS["carol.twin"]["password"])
+    assert landed.status_code == 403, (landed.status_code, landed.url)
+    text = words(landed)
+    assert (
+        "Another account of your organisation's login already signed in to gpulab as 'carol'"
+    ) in text, text[:2000]
+    assert not signed_in(oidc_hub, twin) and not is_admin(oidc_hub, twin)
+    # the real carol still signs in and is the admin, her account unchanged
+    landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
+    assert landed.status_code == 200 and is_admin(oidc_hub, carol)
+    carol.new_token()
+    me = carol.api("GET", "/hub/api/user").json()
+    assert me["name"] == "carol" and me["admin"] is True and me["groups"] == ["vision"], me
+
+
+def test_a_kelvin_sign_karen_cannot_sign_in_to_karens_account(oidc_hub):
+    landed, karen = login(oidc_hub, "karen", ACCOUNTS["karen"]["password"])
+    assert landed.status_code == 200
+    karen.new_token()
+    karen.make_project("karens-notes", "Notes of karen")
+    # before: "\u212aaren".lower() == "karen", and this browser was in karen's account
+    landed, other = login(oidc_hub, KELVIN, ACCOUNTS[KELVIN]["password"])
+    assert landed.status_code == 403, (landed.status_code, landed.url)
+    assert f"as '{KELVIN}', but gpulab takes a user name only as" in words(landed)
+    assert not signed_in(oidc_hub, other)
+    assert other.http.get(oidc_hub.url + "/hub/api/user", timeout=10).status_code == 403
+    # karen's account is hers alone, her project in it
+    assert karen.api("GET", "/hub/api/user").json()["name"] == "karen"
+    assert "Notes of karen" in karen.http.get(oidc_hub.url + "/hub/home", timeout=10).text
+
+
+def test_the_admin_must_be_in_an_allowed_group_too(oidc_hub, provider):
+    # before: the admin's name was let in whatever its groups
+    try:
+        provider.set_groups("carol", [])
+        landed, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
+        assert landed.status_code == 403, (landed.status_code, landed.url)
+        assert "You must be in one of these groups" in words(landed)
+        assert not signed_in(oidc_hub, carol) and not is_admin(oidc_hub, carol)
+    finally:
+        provider.set_groups("carol", ACCOUNTS["carol"]["groups"])
+
+
+def test_keycloak_full_group_paths_stay_two_groups(oidc_hub):
+    # /staff/gpu-team may log in; /students/gpu-team, another group of the same last
+    # name, may not (with "Full group path" off, both were "gpu-team": one group, its
+    # shares, budgets and data folder)
+    landed, dana = login(oidc_hub, "dana", ACCOUNTS["dana"]["password"])
+    assert landed.status_code == 200, (landed.status_code, landed.url)
+    dana.new_token()
+    assert dana.api("GET", "/hub/api/user").json()["groups"] == ["/staff/gpu-team"]
+    landed, erin = login(oidc_hub, "erin", ACCOUNTS["erin"]["password"])
+    assert landed.status_code == 403 and not signed_in(oidc_hub, erin)
+    # the group by its path, as GPU budgets read it ("group:/staff/gpu-team")
+    _, carol = login(oidc_hub, "carol", ACCOUNTS["carol"]["password"])
+    carol.new_token()
+    group = carol.api("GET", "/hub/api/groups/" + quote("/staff/gpu-team", safe=""))
+    assert group.status_code == 200 and group.json()["users"] == ["dana"], group.text

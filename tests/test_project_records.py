@@ -22,6 +22,7 @@ import pytest
 from jupyterhub import orm, scopes
 
 from gpulab_hub import hubsettings, jsonfile, records, ssh
+from gpulab_hub.accounts import identities
 from gpulab_hub.cluster import jobs as cluster_jobs
 from gpulab_hub.gpus import allocator
 from gpulab_hub.secrets.store import SecretStore
@@ -99,6 +100,13 @@ def _keys(hub: Hub, owner: str, project: str, plant: bool) -> bool:
         key = asyncssh.generate_private_key("ssh-ed25519", comment=f"{owner}@here")
         hub.keys.add(owner, key.export_public_key().decode())
     return bool(hub.keys.keys(owner))
+
+
+def _identities(hub: Hub, owner: str, project: str, plant: bool) -> bool:
+    store = identities.IdentityStore(hub.dir / identities.FILE_NAME)
+    if plant:
+        store.claim(owner, ("oidc https://sso.lab.test", f"sub-of-{owner}"))
+    return store.bound(owner) == ("oidc https://sso.lab.test", f"sub-of-{owner}")
 
 
 def _secrets(hub: Hub, owner: str, project: str, plant: bool) -> bool:
@@ -180,6 +188,7 @@ KEPT: dict[str, Callable[[Hub, str, str, bool], bool]] = {
     "SharingPolicyRecords": _policy,
     "PublicLinkRecords": _links,
     "SshKeyRecords": _keys,
+    "LoginIdentityRecords": _identities,
     "SecretChoiceRecords": _secrets,
     "JobsRecords": _jobs,
     "GpuHoldingRecords": _gpus,

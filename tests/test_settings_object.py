@@ -42,6 +42,7 @@ SAMPLES = {
     "GPULAB_IDLE_TIMEOUT": "600",
     "GPULAB_ADMIN": "root",
     "GPULAB_ADMIN_PASSWORD": "a long admin password",
+    "GPULAB_ADMIN_IDENTITY": "0b9a54c2-6c1e-4d1c-9f5e-2d1f0e7c4a11",
     "GPULAB_OPEN_SIGNUP": "1",
     "GPULAB_AUTHENTICATOR": "ldap",
     "GPULAB_LDAP_SERVER": "ldap.example.org",

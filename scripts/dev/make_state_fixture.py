@@ -6,7 +6,8 @@ Every store writes its own file in a fresh hub folder (``<out>/hub``, the defaul
 layout's names), through its own methods: a user's sharing settings, a public link,
 a share link's access time, a group share's role, two GPU holdings, two ended ones
 (the usage ledger), a start waiting for a GPU, a reclaim warning, a multi-node job, a
-user's secrets and their projects' choices, SSH keys, a project's last good image.
+user's secrets and their projects' choices, SSH keys, a project's last good image, two
+accounts' login identities.
 ``<out>/expected.json`` is what each store read back right after writing: a later
 gpulab must read the same (tests/test_state_versions.py). Run it once per release and
 commit the folder; never edit a fixture of a past release.
@@ -40,6 +41,8 @@ def key_text(seed: int) -> str:
 def write(hub: Path) -> None:
     """Write the state files under ``hub`` through the stores' own code."""
     from gpulab_hub import hubsettings, projects, stateversion
+    from gpulab_hub.accounts import identities
+    from gpulab_hub.accounts.identities import IdentityStore
     from gpulab_hub.cluster import jobs
     from gpulab_hub.cluster.multinode import TrainRequest
     from gpulab_hub.gpus import Device
@@ -133,6 +136,10 @@ def write(hub: Path) -> None:
     store.add("alice", key_text(1))
     store.add("alice", key_text(2))
     store.add("bob", key_text(3))
+
+    logins = IdentityStore(hub / identities.FILE_NAME)
+    logins.claim("alice", ("oidc https://sso.lab.example.org/realms/lab", "0b9a54c2-alice"))
+    logins.claim("bob", ("ldap", "entryUUID=5e2f3b14-8a1c-4d6e-9f00-bob"))
 
     project = projects.Project(hub.parent / "projects", "alice", "thesis", layout.state_root)
     image_state.record(project, "gpulab-project-alice-thesis:0123456789abcdef", failed=False)
@@ -234,6 +241,14 @@ def read_project_image(hub: Path):
     return {k: v for k, v in state.items() if k != "version"}
 
 
+def read_login_identities(hub: Path):
+    from gpulab_hub.accounts import identities
+
+    store = identities.IdentityStore(hub / identities.FILE_NAME)
+    with store.locked():
+        return store._read()
+
+
 READERS = {
     "sharing-policy": read_sharing_policy,
     "public-links": read_public_links,
@@ -247,6 +262,7 @@ READERS = {
     "secrets": read_secrets,
     "ssh-keys": read_ssh_keys,
     "project-image": read_project_image,
+    "login-identities": read_login_identities,
 }
 
 

@@ -34,7 +34,7 @@ from gpulab_hub import (
     tls,
     usagepage,
 )
-from gpulab_hub.accounts import providers
+from gpulab_hub.accounts import identities, providers
 from gpulab_hub.gpus import keeper
 from gpulab_hub.home import buildlog
 from gpulab_hub.projects import objects, title
@@ -246,6 +246,8 @@ def _hand_on(c, s: Settings) -> Settings:
     keeper, the SSH gateway: their environment)."""
     s = complete(c, s)
     c.JupyterHub.tornado_settings.update({settings.APP_KEY: s})
+    # Each account's provider identity, in the hub's records folder (accounts/identities.py).
+    c.BoundLogin.identities_file = str(s.layout.records_dir / identities.FILE_NAME)
     keeper.configure(c, s)
     ssh.configure_service(c, s)
     tls.configure_service(c, s)  # Caddy, with an https GPULAB_PUBLIC_URL

@@ -134,6 +134,9 @@ class Accounts:
 
     admin: str = var("GPULAB_ADMIN", "admin")
     admin_password: str = var("GPULAB_ADMIN_PASSWORD", "", secret=True)
+    # the lab's own logins: the provider's id of the admin's person (OpenID Connect sub,
+    # LDAP entryUUID=..., GitHub user id); empty: whoever first signs in as the admin
+    admin_identity: str = var("GPULAB_ADMIN_IDENTITY", "")
     open_signup: bool = var("GPULAB_OPEN_SIGNUP", False, flag)
     max_projects: int = var("GPULAB_MAX_PROJECTS", 10, whole(1, 100_000))
     password_min_length: int = var("GPULAB_PASSWORD_MIN_LENGTH", 10, whole(1, 1000))

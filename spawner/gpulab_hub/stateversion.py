@@ -121,6 +121,7 @@ KINDS: Mapping[str, Kind] = MappingProxyType(
             Kind("cluster-jobs", ("cluster-jobs.json",)),
             Kind("secrets", ("secrets/*.json",)),
             Kind("ssh-keys", ("ssh/keys/*.json",)),
+            Kind("login-identities", ("login-identities.json",)),
             Kind("project-image", ("projects/*/*/image.json",)),
             # Lines of format 1 carry no "version" (the ledger is written a line a holding).
             Kind("gpu-usage", ("gpu-usage.jsonl",), lines=True),

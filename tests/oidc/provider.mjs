@@ -9,6 +9,9 @@
 // ACCOUNTS_JSON is read again each time a password is checked or claims are asked, so a
 // test changes someone's groups between two logins by rewriting it:
 //   {"alice": {"password": "...", "groups": ["gpu-team"]}, ...}
+// Each account's key is its `sub` (and its sign-in name); its `preferred_username` is
+// the key too, or its "username" where it has one (two accounts may call themselves
+// alike, as at providers where people choose their own names).
 import { generateKeyPairSync, randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { createServer } from "node:http";
@@ -66,7 +69,7 @@ const provider = new Provider(issuer, {
         const who = accounts()[sub] ?? {};
         return {
           sub,
-          preferred_username: sub,
+          preferred_username: who.username ?? sub,
           name: sub,
           email: `${sub}@lab.test`,
           email_verified: true,

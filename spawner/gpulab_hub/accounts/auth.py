@@ -30,6 +30,7 @@ from nativeauthenticator.orm import UserInfo
 from traitlets import List, Unicode, default
 
 from gpulab_hub import accounts
+from gpulab_hub.accounts import identities
 
 # Sane defaults of NativeAuthenticator's own settings (its traits default to "off").
 MIN_PASSWORD_LENGTH = 10
@@ -249,10 +250,11 @@ def group_name(dn: str) -> str:
     return value.strip() if eq else ""
 
 
-class GpulabOIDC(GpulabHub):
+class GpulabOIDC(identities.OIDCIdentity, GpulabHub):
     """An OpenID Connect provider's endpoints from its discovery document, read once
     when the hub makes its authenticator (GPULAB_OIDC_ISSUER); an endpoint the admin
-    set (``c.GenericOAuthenticator.token_url = ...``) stays theirs."""
+    set (``c.GenericOAuthenticator.token_url = ...``) stays theirs. Each account is
+    bound to one issuer and ``sub`` (identities.py)."""
 
     oidc_issuer = Unicode(
         "",
@@ -275,6 +277,14 @@ class GpulabOIDC(GpulabHub):
                     setattr(self, trait, ends[key])
 
 
+class GpulabLDAP(identities.LDAPIdentity, GpulabHub):
+    """LDAP logins, each account bound to one directory entry (identities.py)."""
+
+
+class GpulabGitHub(identities.GitHubIdentity, GpulabHub):
+    """GitHub logins, each account bound to one GitHub user id (identities.py)."""
+
+
 def with_gpulab(cls: type, mixin: type = GpulabHub) -> type:
     """``cls`` (any JupyterHub authenticator class) with :class:`GpulabHub` mixed in."""
     if issubclass(cls, mixin):
@@ -285,9 +295,9 @@ def with_gpulab(cls: type, mixin: type = GpulabHub) -> type:
 # The lab's own logins (GPULAB_AUTHENTICATOR, accounts/providers.py), made on first use
 # so the hub imports ldapauthenticator and oauthenticator only where they are chosen.
 _PROVIDERS = {
-    "GpulabLDAPAuthenticator": "ldapauthenticator.LDAPAuthenticator",
-    "GpulabGenericOAuthenticator": "oauthenticator.generic.GenericOAuthenticator",
-    "GpulabGitHubOAuthenticator": "oauthenticator.github.GitHubOAuthenticator",
+    "GpulabLDAPAuthenticator": ("ldapauthenticator.LDAPAuthenticator", GpulabLDAP),
+    "GpulabGenericOAuthenticator": ("oauthenticator.generic.GenericOAuthenticator", GpulabOIDC),
+    "GpulabGitHubOAuthenticator": ("oauthenticator.github.GitHubOAuthenticator", GpulabGitHub),
 }
 
 
@@ -296,8 +306,8 @@ def __getattr__(name: str):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from traitlets import import_item
 
-    base = _PROVIDERS[name]
-    cls = with_gpulab(import_item(base), GpulabOIDC if "generic" in base else GpulabHub)
+    base, mixin = _PROVIDERS[name]
+    cls = with_gpulab(import_item(base), mixin)
     globals()[name] = cls
     return cls
 

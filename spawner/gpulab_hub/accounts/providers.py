@@ -73,6 +73,8 @@ def configure(c, s: Settings) -> None:
     login = s.login
     c.JupyterHub.authenticator_class = CLASSES[login.authenticator]
     c.Authenticator.admin_users = {s.accounts.admin}
+    # the lab's own logins: the admin's name is the admin's person's only (identities.py)
+    c.BoundLogin.admin_identity = s.accounts.admin_identity
     # Each provider's traits, whichever is chosen (another class's are never read).
     _ldap(c, login)
     _oidc(c, login)

@@ -9,6 +9,7 @@ tests/test_project_records.py fails for a store that is not.
 from __future__ import annotations
 
 from gpulab_hub import records
+from gpulab_hub.accounts.records import LoginIdentityRecords
 from gpulab_hub.cluster.records import JobsRecords
 from gpulab_hub.gpus.records import GpuHoldingRecords
 from gpulab_hub.secrets.records import SecretChoiceRecords
@@ -24,6 +25,7 @@ REGISTRY: tuple[type[records.ProjectRecords], ...] = (
     SharingPolicyRecords,
     PublicLinkRecords,
     SshKeyRecords,
+    LoginIdentityRecords,
     SecretChoiceRecords,
     JobsRecords,
     GpuHoldingRecords,
