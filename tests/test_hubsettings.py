@@ -85,3 +85,31 @@ def test_hub_pages_read_the_running_hubs_configuration(tmp_path):
     assert first.sharing_policy == tmp_path / "records" / "sharing.json"
     assert first.doctor_report == tmp_path / "records" / "doctor-last.json"
     assert hubsettings.of_handler(Page()) is first  # built once per hub
+
+
+def test_the_keeper_grants_with_the_spawners_gpu_policy():
+    """The keeper's allocator policy (the layout's allocation_policy) is the one the
+    spawner grants with, for defaults and for an admin's gpu_* lines alike."""
+    from traitlets.config import Config
+
+    from gpulab_hub.gpus import keeper
+    from gpulab_hub.gpus import spawner as gpu_spawner
+
+    c = Config()
+    assert keeper.policy_of(hubsettings.from_config(c).allocation_policy) == (
+        gpu_spawner.policy_of(hubsettings.spawner_of(c))
+    )
+    c.ProjectSpawner.gpu_policy = "shared"
+    c.ProjectSpawner.gpu_shared_cap = 3
+    c.ProjectSpawner.gpu_max_per_user = 1
+    c.ProjectSpawner.gpu_max_per_project = 2
+    c.ProjectSpawner.gpu_allowed_types = ["NVIDIA H200"]
+    c.ProjectSpawner.gpu_allow_mig = False
+    sp = hubsettings.spawner_of(c)
+    policy = keeper.policy_of(hubsettings.from_spawner(sp).allocation_policy)
+    assert policy == gpu_spawner.policy_of(sp)
+    assert (policy.mode, policy.max_per_user, policy.allowed_types) == (
+        "shared",
+        1,
+        ("NVIDIA H200",),
+    )

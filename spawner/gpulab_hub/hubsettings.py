@@ -67,8 +67,6 @@ def spawner_of(config, spawner_class=None):
 
 def from_spawner(sp) -> Layout:
     """The layout of a spawner made by :func:`spawner_of`."""
-    from gpulab_hub.gpus import spawner as gpu_spawner  # lazy: it imports this module
-
     return Layout(
         records_dir=Path(sp.records_dir),
         projects_root=Path(sp.projects_root),
@@ -85,20 +83,30 @@ def from_spawner(sp) -> Layout:
         usage_window=float(sp.gpu_usage_window),
         budget_hours=tuple(sorted(sp.gpu_budget_hours.items())),
         driver_dir=str(sp.driver_dir),
-        allocation_policy=_changed(gpu_spawner.policy_of(sp)),
+        allocation_policy=_changed(sp),
     )
 
 
-def _changed(policy) -> tuple[tuple[str, object], ...]:
-    """The fields of ``policy`` (an allocator.Policy) that its defaults do not give."""
-    import dataclasses
+# allocator.Policy's fields and the ProjectSpawner traits that set them (gpus.spawner's
+# policy_of reads the same traits; tests/test_hubsettings.py checks both agree)
+POLICY_TRAITS = (
+    ("mode", "gpu_policy"),
+    ("shared_cap", "gpu_shared_cap"),
+    ("max_per_user", "gpu_max_per_user"),
+    ("max_per_project", "gpu_max_per_project"),
+    ("allowed_types", "gpu_allowed_types"),
+    ("allow_mig", "gpu_allow_mig"),
+)
 
-    default = type(policy)()
-    return tuple(
-        (f.name, getattr(policy, f.name))
-        for f in dataclasses.fields(policy)
-        if getattr(policy, f.name) != getattr(default, f.name)
-    )
+
+def _changed(sp) -> tuple[tuple[str, object], ...]:
+    """The allocator.Policy fields whose traits ``sp`` sets to other than their defaults."""
+    out = []
+    for field, trait in POLICY_TRAITS:
+        value, default = getattr(sp, trait), sp.trait_defaults(trait)
+        if value != default:
+            out.append((field, tuple(value) if isinstance(value, list) else value))
+    return tuple(out)
 
 
 def from_config(config, spawner_class=None) -> Layout:

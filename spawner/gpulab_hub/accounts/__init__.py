@@ -124,10 +124,8 @@ async def end_access(handler, name: str) -> None:
     for token in tokens:
         handler.db.delete(token)
     handler.db.commit()
-    from gpulab_hub.workflows import deletion  # the spawner side, only when stopping
-
     running = [n for n, sp in user.spawners.items() if sp.active]
-    await deletion.stop_servers(user)
+    await handler.authenticator.stop_servers(user)  # auth.GpulabHub's: these routes are its
     handler.log.info(
         "gpulab: the unapproved account %s: its sessions and %d tokens ended, %d projects stopped",
         name,

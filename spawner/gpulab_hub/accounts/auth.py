@@ -241,6 +241,13 @@ class GpulabHub(Authenticator):
         await deletion.delete_user(self, user)
         return await maybe_future(super().delete_user(user))
 
+    async def stop_servers(self, user) -> None:
+        """Stop every project of ``user`` (a JupyterHub User), as the hub's stop API
+        does: an unapproved account's end (accounts.end_access)."""
+        from gpulab_hub.workflows import deletion  # the spawner side only when stopping
+
+        await deletion.stop_servers(user)
+
 
 def group_name(dn: str) -> str:
     """The group's name in a DN (``cn=gpu-team,ou=groups,dc=lab`` -> ``gpu-team``);

@@ -14,7 +14,7 @@ from pathlib import Path
 import docker.errors
 from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
-from gpulab_hub import gpus
+from gpulab_hub import gpus, hubsettings
 from gpulab_hub.gpus import allocator, reclaim, usage, utilmeter, wsl
 from gpulab_hub.hubsettings import default_layout
 from gpulab_hub.projects import objects
@@ -210,14 +210,9 @@ def cached_inventory() -> gpus.Inventory:
 
 
 def policy_of(s: GpuTraits) -> allocator.Policy:
-    return allocator.Policy(
-        mode=s.gpu_policy,
-        shared_cap=s.gpu_shared_cap,
-        max_per_user=s.gpu_max_per_user,
-        max_per_project=s.gpu_max_per_project,
-        allowed_types=tuple(s.gpu_allowed_types),
-        allow_mig=s.gpu_allow_mig,
-    )
+    """The allocator's policy from the gpu_* traits (hubsettings.POLICY_TRAITS names them)."""
+    fields = {f: getattr(s, t) for f, t in hubsettings.POLICY_TRAITS}
+    return allocator.Policy(**{**fields, "allowed_types": tuple(fields["allowed_types"])})
 
 
 # Docker states of a container that no longer runs (and will not, unless started again)
