@@ -59,6 +59,8 @@ def test_defaults_give_a_working_single_machine_hub(monkeypatch):
             "cookie_secret_file": "/srv/gpulab/hub/jupyterhub_cookie_secret",
             "pid_file": "/srv/gpulab/hub/jupyterhub.pid",
             "cleanup_servers": False,
+            # one origin (127.0.0.1): no __Host- cookies (accounts.host_only_cookies)
+            "cookie_host_prefix_enabled": False,
             # Where each page finds projects and records is not given here: the pages read
             # the hub's configuration (hubsettings.py), admin's own lines included.
             "extra_handlers": [
