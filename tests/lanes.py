@@ -59,6 +59,7 @@ SLOW = (
     "tests/test_cluster_batch_node.py",  # the node scripts run under bash, a recording docker
     "tests/test_cluster_multinode_units.py::test_a_failing_node_says_so_and_term_removes_the_container",
     "tests/test_compose.py",  # Debian's docker-compose reads compose.yml (1 s a run)
+    "tests/test_auth_oidc_state.py",  # npm's oidc-provider (node) and the hub in-process
     # many processes, threads or connections at once
     "tests/test_faults_gpu_booking.py::test_spawns_never_double_book",
     "tests/test_allocator.py::test_processes_never_double_book",

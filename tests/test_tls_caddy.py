@@ -278,31 +278,45 @@ def whoami(page, hub_url: str) -> str:
     return r.json()["name"] if r.ok else f"{r.status} {r.text()[:200]}"
 
 
+@pytest.fixture(scope="module")
+def mallorys_site(tls_hub, admin, docker_engine):
+    """Mallory and her victim, approved and signed in; Mallory's project running, where
+    she plants pages (:func:`plant`). Stopped when the module ends."""
+    mallory, victim = (tls_user(tls_hub, admin, n) for n in (MALLORY, VICTIM))
+    server = mallory.start_project(SITE)
+    yield mallory, victim, server
+    mallory.stop_project(SITE)
+
+
+def plant(docker_engine, name: str, html: str) -> None:
+    """What Mallory can do in her own container (a Dockerfile RUN line does it as well):
+    a page ``name`` in jupyter_server's static files (served without login) and in
+    /tmp/www, for a web server on a port of hers."""
+    script = (
+        "import base64, jupyter_server, pathlib, sys; "
+        "page = base64.b64decode(sys.argv[1]); "
+        "static = pathlib.Path(jupyter_server.__file__).parent / 'static'; "
+        "www = pathlib.Path('/tmp/www'); www.mkdir(exist_ok=True); "
+        f"[(d / '{name}').write_bytes(page) for d in (static, www)]; print('planted')"
+    )
+    page64 = base64.b64encode(html.encode()).decode()
+    planted = in_container(docker_engine, MALLORY, SITE, f'python -c "{script}" {page64}')
+    assert planted.strip().endswith("planted"), planted
+
+
 def test_a_page_on_a_users_origin_cannot_sign_a_visitor_in_as_its_author(
-    tls_hub, admin, docker_engine, tmp_path
+    tls_hub, mallorys_site, docker_engine, tmp_path
 ):
     """The attack of issue 32: Mallory's project serves a page (from her image's
     jupyter_server static/, which needs no login, and from a web server in her project
     through the port proxy) whose script plants her hub cookies in the visitor's browser
     for the hub's name. The victim, signed in, opens it, then saves a secret."""
-    mallory, victim = (tls_user(tls_hub, admin, n) for n in (MALLORY, VICTIM))
-    server = mallory.start_project(SITE)
+    mallory, victim, server = mallorys_site
     mine = {c.name: c.value for c in mallory.http.cookies if c.name.startswith(("jupyterhub-",
             "__Host-jupyterhub-hub"))}  # fmt: skip
     assert any("hub-login" in n for n in mine), mine
     html = TOSS.replace("COOKIES", json.dumps(mine)).replace("HUB_NAME", "lab.localhost")
-    # What she can do in her own container (a Dockerfile RUN line does it as well): a
-    # page in jupyter_server's static files, and a web server on a port of hers.
-    plant = (
-        "import base64, jupyter_server, pathlib, sys; "
-        "page = base64.b64decode(sys.argv[1]); "
-        "static = pathlib.Path(jupyter_server.__file__).parent / 'static'; "
-        "www = pathlib.Path('/tmp/www'); www.mkdir(exist_ok=True); "
-        "[(d / 'toss.html').write_bytes(page) for d in (static, www)]; print('planted')"
-    )
-    page64 = base64.b64encode(html.encode()).decode()
-    planted = in_container(docker_engine, MALLORY, SITE, f'python -c "{plant}" {page64}')
-    assert planted.strip().endswith("planted"), planted
+    plant(docker_engine, "toss.html", html)
     serve = f"cd /tmp/www && exec python -m http.server {PORT_IN_PROJECT}"
     in_container(docker_engine, MALLORY, SITE, serve, detach=True)
     share_by_link(mallory, SITE, victim, "collaborator")  # the port proxy needs execute
@@ -348,4 +362,63 @@ def test_a_page_on_a_users_origin_cannot_sign_a_visitor_in_as_its_author(
     theirs = victim.http.get(tls_hub.url + "/hub/gpulab/secrets", timeout=30).text
     hers = mallory.http.get(tls_hub.url + "/hub/gpulab/secrets", timeout=30).text
     assert "TOSSED_KEY" in theirs and "TOSSED_KEY" not in hers
-    mallory.stop_project(SITE)
+
+
+# Mallory's own login form, posted by her page at once, after it planted her XSRF cookie
+# and a session id for the hub's name: JupyterHub 6.1 binds a signed-out visitor's XSRF
+# token to those two cookies and to the address and User-Agent, which she shares or copies.
+LOGIN_CSRF = """<!doctype html><html><head><title>posting</title></head><body>
+<form id="f" method="post" action="HUB_URL/hub/login"><input name="username" value="USER">
+<input name="password" value="PASSWORD"><input name="_xsrf" value="XSRF"></form><script>
+for (const [name, value] of Object.entries(COOKIES)) {
+  document.cookie = `${name}=${value}; Domain=HUB_NAME; Path=/hub/; Secure; SameSite=Lax`;
+}
+document.getElementById("f").submit();
+</script></body></html>
+"""
+BROWSER = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/1.0"
+
+
+def test_a_page_on_a_users_origin_cannot_post_its_authors_login_form(
+    tls_hub, mallorys_site, docker_engine, tmp_path
+):
+    """Login CSRF (issue 32): a signed-out visitor opens Mallory's page, which plants
+    her ``_xsrf`` and ``jupyterhub-session-id`` for the hub's name and posts the hub's
+    login form with her name and password. The hub refuses the form (Chromium says
+    ``Sec-Fetch-Site: same-site``) and the visitor is signed in as nobody."""
+    from gpulab_hub.accounts import crosssite
+
+    mallory, _, server = mallorys_site
+    # her own login page, asked as the victim's browser would (same address, same
+    # User-Agent): the XSRF cookie and token of a session id she chose
+    session = base64.b16encode(os.urandom(16)).decode().lower()
+    asked = requests.get(tls_hub.url + "/hub/login", verify=ca_of(tls_hub), timeout=30,
+                         headers={"User-Agent": BROWSER},
+                         cookies={"jupyterhub-session-id": session})  # fmt: skip
+    xsrf = asked.cookies.get("_xsrf")
+    assert xsrf and f'value="{xsrf}"' in asked.text, asked.text[-2000:]
+    cookies = {"_xsrf": xsrf, "jupyterhub-session-id": session}
+    html = LOGIN_CSRF.replace("HUB_URL", tls_hub.url).replace("HUB_NAME", "lab.localhost")
+    html = html.replace("USER", MALLORY).replace("PASSWORD", mallory.password)
+    html = html.replace("XSRF", xsrf).replace("COOKIES", json.dumps(cookies))
+    plant(docker_engine, "login.html", html)
+    env = {**os.environ, "HOME": nss_home(tmp_path / "visitor", ca_of(tls_hub))}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, env=env)
+        try:
+            page = browser.new_context(user_agent=BROWSER).new_page()
+            page.set_default_timeout(60_000)
+            login = tls_hub.url + "/hub/login"
+            with page.expect_response(lambda r: r.url.startswith(login)) as posted:
+                page.goto(f"{server['url']}static/login.html")
+            answer = posted.value
+            sent = answer.request.all_headers()
+            page.wait_for_load_state()
+            words = " ".join(page.locator("body").inner_text().split())
+            signed_in_as = whoami(page, tls_hub.url)
+            print(f"\nthe form's POST: {answer.status}; now signed in as: {signed_in_as}")
+            assert answer.request.method == "POST" and sent["sec-fetch-site"] == "same-site"
+            assert signed_in_as != MALLORY
+            assert answer.status == 403 and crosssite.REFUSED in words, (answer.status, words)
+        finally:
+            browser.close()

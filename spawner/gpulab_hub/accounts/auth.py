@@ -30,7 +30,7 @@ from nativeauthenticator.orm import UserInfo
 from traitlets import List, Unicode, default
 
 from gpulab_hub import accounts
-from gpulab_hub.accounts import identities
+from gpulab_hub.accounts import crosssite, identities
 
 # Sane defaults of NativeAuthenticator's own settings (its traits default to "off").
 MIN_PASSWORD_LENGTH = 10
@@ -44,12 +44,23 @@ class LoginHandler(native.LoginHandler):
     """NativeAuthenticator 1.3's login page, mended for JupyterHub 6.
 
     Its POST uses ``self.statsd`` (removed from JupyterHub) and its ``_render``
-    rejects the ``sync`` argument JupyterHub passes when rendering errors; the
-    page and the password check are NativeAuthenticator's own.
+    rejects the ``sync`` argument JupyterHub passes when a POST's refusal (an expired
+    form, one from another origin) is shown as the login page with its words: rendered
+    at once then, as JupyterHub's error pages must be. The page and the password check
+    are NativeAuthenticator's own.
     """
 
-    def _render(self, login_error=None, username=None, **kwargs):
-        return super()._render(login_error=login_error, username=username)
+    _sync = False  # the page being rendered is an error page's (written at once)
+
+    def _render(self, login_error=None, username=None, sync=False, **kwargs):
+        self._sync = sync
+        try:
+            return super()._render(login_error=login_error, username=username)
+        finally:
+            self._sync = False
+
+    def render_template(self, name, sync=False, **ns):
+        return super().render_template(name, sync=sync or self._sync, **ns)
 
     async def post(self):
         data = {arg: self.get_argument(arg, strip=False) for arg in self.request.body_arguments}
@@ -210,7 +221,8 @@ class GpulabHub(Authenticator):
     )
 
     def get_handlers(self, app):
-        return [*self.gpulab_routes, *super().get_handlers(app)]
+        # pages of other origins post none of them; OAuth state host-only (crosssite.py)
+        return crosssite.guarded([*self.gpulab_routes, *super().get_handlers(app)])
 
     async def authenticate(self, handler, data):
         """The authenticator's answer; with ``manage_groups``, its groups are the
@@ -417,7 +429,8 @@ class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
             r"/authorize/([^/]*)": accounts.ToggleAuthorizationHandler,
             r"/discard/([^/]*)": accounts.DiscardHandler,
         }
-        return [(route, mine.get(route, handler)) for route, handler in super().get_handlers(app)]
+        routes = [(route, mine.get(route, handler)) for route, handler in super().get_handlers(app)]
+        return crosssite.guarded(routes)
 
     def seconds_locked(self, username: str) -> float:
         """How long ``username`` must wait before the next login try (0: not locked)."""
