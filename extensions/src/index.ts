@@ -3,7 +3,8 @@
  * the server extension under /api/gpulab/v1/ (works in any JupyterLab 4), and
  * sharing of gpulab projects under JupyterHub (share.ts), and the notice that a
  * project runs its last good image (image.ts), and jobs: the Jobs panel, Run as
- * job, their end and the idle notice (jobsplugin.ts).
+ * job, their end and the idle notice (jobsplugin.ts); and a cell run while its
+ * notebook's kernel is still starting runs once it has started (firstrun.ts).
  */
 import {
   ILayoutRestorer,
@@ -16,6 +17,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 
 import accessEnded from './accessended';
 import { fetchInfo } from './api';
+import firstRun from './firstrun';
 import { DEFAULT_THRESHOLDS, IThresholds } from './format';
 import imageState from './image';
 import { GpuModel } from './model';
@@ -122,4 +124,13 @@ const plugin: JupyterFrontEndPlugin<GpuModel> = {
   }
 };
 
-export default [plugin, sharing, imageState, jobs, accessEnded, reclaimWarning, runtime];
+export default [
+  plugin,
+  sharing,
+  imageState,
+  jobs,
+  accessEnded,
+  reclaimWarning,
+  runtime,
+  firstRun
+];
