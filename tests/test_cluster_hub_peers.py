@@ -24,6 +24,7 @@ from cluster_kit import wait_for
 from conftest import PREFIX
 from test_hub_peers import TOKEN, running
 
+from gpulab_hub import egress, settings
 from gpulab_hub.cluster import nodefirewall
 from gpulab_jupyter import hubpeers
 
@@ -122,7 +123,11 @@ def test_a_build_step_cannot_reach_a_node_as_the_hub(shared_cluster, probe_image
         )  # fmt: skip
         return done.stdout
 
+    # The nodes sit on the LAN, which builds reach only where the admin allows it
+    # (egress.py): allowed here, so that the node's own rule is what keeps them off.
+    allowing = settings.parse({"GPULAB_ALLOWED_NETWORKS": f"{address}/32"})
     try:
+        egress.ensure(egress.policy_of(allowing), bridge)
         nodefirewall.remove([address])
         before = step()
         assert "project answer" in before, before  # the hole, as it was
@@ -132,6 +137,8 @@ def test_a_build_step_cannot_reach_a_node_as_the_hub(shared_cluster, probe_image
         assert "project answer" not in after and after.startswith("no connection"), after
         print(f"rule set in {time.monotonic() - started:.2f} s; the step saw: {after.strip()}")
     finally:
+        egress.ensure(egress.default_policy(), bridge)
+        egress.forget(bridge)
         nodefirewall.remove([address])
         docker_engine.call("remove_network", net["Id"])
         node_docker(kit, node, "rm", "-f", NAME, check=False)
