@@ -13,12 +13,20 @@ file browser shows the Dockerfile:
 4. ``failure``: a start whose Dockerfile ends in a step that fails at once, until the
    page shows why (the build log's last lines).
 
+And a cell's **first output** (benchmarks/first_output.py): ``--rounds`` times, a start of
+the stopped project (its image cached) from the start page's button to the printed line
+of a new notebook's first cell, split into its parts (spawn, proxy, lab, notebook, run);
+in the same run, alternating with it, the anchor: a plain ``jupyter lab`` (its own venv,
+the images' JupyterLab, no hub, no container, the same browser) from the command that
+starts it to the same printed line.
+
 Not part of `make test`. Needs root, a Docker engine, Debian's chromium and the
 package index reachable from builds.
 
-    .venv/bin/python benchmarks/first_hour.py [--package six==1.17.0 --module six]
+    .venv/bin/python benchmarks/first_hour.py [--package six==1.17.0 --module six] [--rounds 5]
 
-Last line: ``first_hour first=<s> pip_line=<s> unchanged=<s> failure=<s>``.
+Last line: ``first_hour first=<s> pip_line=<s> unchanged=<s> failure=<s>
+first_output_p50=<s> first_output_p95=<s> plain_p50=<s> first_output_ratio=<p50 / plain p50>``.
 """
 
 from __future__ import annotations
@@ -29,13 +37,16 @@ import shlex
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
+import first_output
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, sync_playwright
 from spawn import BenchError, Hub, say
 
 from gpulab_hub import host
+from gpulab_hub.images import base
 
 PREFIX = "gpulabbench-fh"
 PROJECT = "first-hour"
@@ -117,7 +128,48 @@ def until_reason(page: Page, base: str, user: str) -> float:
     return time.perf_counter() - t0
 
 
-def measure(hub: Hub, args) -> dict[str, float]:
+def gpulab_round(page: Page, hub: Hub, user: str, n: int) -> first_output.Measure:
+    """One stopped project's start from its start page, to a new notebook's output."""
+    m = first_output.Measure()
+    page.goto(f"{hub.url}/hub/spawn/{user}/{PROJECT}")
+    button = page.get_by_role("button", name=re.compile(r"^Start ")).first
+    button.wait_for()
+    hub.running.add(PROJECT)
+    clicked = time.time()
+    button.click()
+    page.wait_for_url(f"**/user/{user}/{PROJECT}/**", timeout=READY_TIMEOUT_MS)
+    first_output.after_navigation(page, clicked, m)
+    first_output.new_notebook_output(page, n, m)
+    return m
+
+
+def first_outputs(page: Page, hub: Hub, user: str, args, tmp: Path) -> dict[str, float]:
+    """``--rounds`` gpulab rounds and as many plain ones, alternating (the machine's
+    load falls on both alike)."""
+    plain = first_output.PlainLab(tmp, base.JUPYTERLAB_VERSION, metadata.version("ipykernel"))
+    say("installing the anchor's plain JupyterLab (its own venv)")
+    plain.install()
+    ours: list[first_output.Measure] = []
+    theirs: list[first_output.Measure] = []
+    for n in range(1, args.rounds + 1):
+        ours.append(gpulab_round(page, hub, user, n))
+        hub.stop(PROJECT)
+        theirs.append(first_output.plain_round(page, plain, n))
+        say(f"round {n}: gpulab {ours[-1].total:.2f} s, plain JupyterLab {theirs[-1].total:.2f} s")
+    say(first_output.line("gpulab, click to first output", ours))
+    say(first_output.line("plain jupyter lab, command to first output", theirs))
+    say(first_output.slowest("gpulab", ours[-1]))
+    say(first_output.slowest("plain jupyter lab", theirs[-1]))
+    a, b = first_output.summary(ours), first_output.summary(theirs)
+    return {
+        "first_output_p50": a["p50"],
+        "first_output_p95": a["p95"],
+        "plain_p50": b["p50"],
+        "first_output_ratio": a["p50"] / b["p50"],
+    }
+
+
+def measure(hub: Hub, args, tmp: Path) -> dict[str, float]:
     user = hub.make_user()
     dockerfile = hub.home / "projects" / user.name / PROJECT / "Dockerfile"
     out: dict[str, float] = {}
@@ -131,22 +183,29 @@ def measure(hub: Hub, args) -> dict[str, float]:
             say(f"first start of a new project: {out['first']:.1f} s")
             hub.stop(PROJECT)
 
-            add_managed_line(dockerfile, pip_line(args.package, args.module))
-            hub.running.add(PROJECT)
-            out["pip_line"] = until_lab(page, hub.url, user.name)
-            say(f"start after one pip line ({args.package}): {out['pip_line']:.1f} s")
-            hub.stop(PROJECT)
+            if not args.only_output:
+                add_managed_line(dockerfile, pip_line(args.package, args.module))
+                hub.running.add(PROJECT)
+                out["pip_line"] = until_lab(page, hub.url, user.name)
+                say(f"start after one pip line ({args.package}): {out['pip_line']:.1f} s")
+                hub.stop(PROJECT)
 
             hub.running.add(PROJECT)
             out["unchanged"] = until_lab(page, hub.url, user.name)
             say(f"start with the Dockerfile unchanged: {out['unchanged']:.1f} s")
             hub.stop(PROJECT)
 
-            dockerfile.write_text(dockerfile.read_text() + "RUN false\n")
-            out["failure"] = until_reason(page, hub.url, user.name)
-            say(f"start to the reason of a failed build: {out['failure']:.1f} s")
+            if args.rounds:
+                out.update(first_outputs(page, hub, user.name, args, tmp))
+
+            if not args.only_output:
+                dockerfile.write_text(dockerfile.read_text() + "RUN false\n")
+                out["failure"] = until_reason(page, hub.url, user.name)
+                say(f"start to the reason of a failed build: {out['failure']:.1f} s")
         except PlaywrightError as e:
-            raise BenchError(f"the browser did not get there: {e}") from e
+            shot = Path(tempfile.gettempdir()) / "gpulab-first-hour-failed.png"
+            page.screenshot(path=shot)
+            raise BenchError(f"the browser did not get there (screenshot {shot}): {e}") from e
         finally:
             browser.close()
     return out
@@ -156,6 +215,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--package", default="six==1.17.0", help="pip requirement of the line")
     ap.add_argument("--module", default="six", help="module the line imports to verify it")
+    ap.add_argument("--rounds", type=int, default=5, help="first-output rounds per side (0: none)")
+    ap.add_argument(
+        "--only-output", action="store_true", help="skip pip_line and failure (first output only)"
+    )
     args = ap.parse_args(argv)
     dk = host.Docker()
     cleanup(dk)
@@ -174,7 +237,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             hub.start_gpulab()
             say(f"hub up in {time.perf_counter() - t0:.0f} s")
-            res = measure(hub, args)
+            res = measure(hub, args, Path(tmp))
         except BenchError as e:
             say(f"first_hour: {e}\n--- hub log ---\n{hub.log_tail()}")
             return 1
@@ -184,10 +247,7 @@ def main(argv=None) -> int:
             except BenchError as e:
                 say(f"first_hour: {e}")
             cleanup(dk)
-    say(
-        "first_hour "
-        + " ".join(f"{k}={res[k]:.1f}" for k in ("first", "pip_line", "unchanged", "failure"))
-    )
+    say("first_hour " + " ".join(f"{k}={v:.2f}" for k, v in res.items()))
     return 0
 
 

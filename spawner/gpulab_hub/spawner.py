@@ -22,7 +22,7 @@ from dockerspawner import DockerSpawner
 from traitlets import TraitError, default, validate
 
 from gpulab_contract import environment
-from gpulab_hub import blocking, host, images
+from gpulab_hub import blocking, host, images, serverready
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuTraits
@@ -476,10 +476,28 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         await self._reserve_gpus(opts)
         self._emit(80, "Starting the project's container")
         try:
-            return await super().start()
+            ip, port = await super().start()
         except Exception:
             await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
             raise
+        self._emit(90, "Starting JupyterLab")
+        await self._until_answers(ip, port)
+        return ip, port
+
+    async def _until_answers(self, ip: str, port: int) -> None:
+        """Until the started server answers, polled often (serverready.py), so that
+        JupyterHub's own wait, with its back-off, finds it up at its first look. A
+        container that exits meanwhile, or a server that stays silent for
+        ``http_timeout``, is left to JupyterHub's wait and its error."""
+        if self.internal_ssl:
+            return
+        url = f"http://{ip or '127.0.0.1'}:{port}{self.server.base_url}api"
+        deadline = time.monotonic() + self.http_timeout
+        while time.monotonic() < deadline:
+            if await serverready.answers(url, timeout=min(1.0, deadline - time.monotonic())):
+                return
+            if await self.poll() is not None:
+                return
 
     async def _reserve_gpus(self, opts: dict) -> None:
         inv = await self._run(gpu_spawner.cached_inventory)
