@@ -574,9 +574,15 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         return {g.name: [u.name for u in g.users] for g in found}
 
     async def stop(self, now=False):
-        await self._run(waiting.cancel, self, self.user.name, self.project.name)
-        await super().stop(now=now)
-        await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+        """Out of the GPU queue, the container stopped, its GPUs released: the container
+        stops whatever the GPU records do (their helpers log and never raise)."""
+        try:
+            await self._run(waiting.cancel, self, self.user.name, self.project.name)
+        finally:
+            try:
+                await super().stop(now=now)
+            finally:
+                await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
 
     async def poll(self):
         status = await super().poll()

@@ -14,7 +14,7 @@ from pathlib import Path
 import docker.errors
 from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
-from gpulab_hub import gpus, hubsettings
+from gpulab_hub import blocking, gpus, hubsettings
 from gpulab_hub.gpus import allocator, reclaim, usage, utilmeter, wsl
 from gpulab_hub.hubsettings import default_layout
 from gpulab_hub.projects import objects
@@ -448,7 +448,8 @@ def release(
         with store.locked():
             held = store.holdings()
             freed = store.release(owner, project)
-    except (allocator.AllocationError, OSError, docker.errors.DockerException) as e:
+    except (allocator.AllocationError, OSError, docker.errors.DockerException, blocking.Busy) as e:
+        # (the record says they are held until a later look finds the container gone)
         _log(s).error("GPUs of %s/%s not released: %s", owner, project, e)
         return []
     record_usage(s, owner, project, {u: held[u] for u in freed})
@@ -480,7 +481,7 @@ def record_usage(s: GpuTraits, owner: str, project: str, held: allocator.Held) -
             if h.key == (owner, project)
         ]
         ledger_of(s).append(records)
-    except (usage.UsageError, OSError, ValueError) as e:
+    except (usage.UsageError, OSError, ValueError, blocking.Busy) as e:
         _log(s).error("GPU usage of %s/%s not recorded: %s", owner, project, e)
 
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import gpus
+from gpulab_hub import blocking, gpus
 from gpulab_hub.gpus import allocator, queue, usage
 from gpulab_hub.gpus import spawner as gpu_spawner
 
@@ -151,7 +151,7 @@ def leave(s, docker_call, prefix: str, owner: str, project: str) -> None:
     granted (if anything) given back."""
     try:
         queue_of(s).cancel(owner, project)
-    except (queue.QueueError, OSError) as e:
+    except (queue.QueueError, OSError, blocking.Busy) as e:
         s_log(s).error("GPU queue: %s/%s not taken out of the queue: %s", owner, project, e)
     gpu_spawner.release(s, owner, project, docker_call, prefix)
 
@@ -162,7 +162,7 @@ def cancel(s, owner: str, project: str) -> bool:
         return False
     try:
         return queue_of(s).cancel(owner, project)
-    except (queue.QueueError, OSError) as e:
+    except (queue.QueueError, OSError, blocking.Busy) as e:
         s_log(s).error("GPU queue: %s/%s not taken out of the queue: %s", owner, project, e)
         return False
 
