@@ -548,21 +548,27 @@ def test_sinfo_submitted_ids_and_refusals():
     )
 
 
-def test_the_client_runs_argument_lists_with_only_slurms_environment(monkeypatch):
+def test_the_client_runs_argument_lists_with_only_slurms_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("JUPYTERHUB_CRYPT_KEY", "hub-secret")
     seen = []
+    # Slurm's commands where the client looks for them (a machine without Slurm too):
+    # stand-ins that are never run, the runner below answers.
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\nexit 99\n")
+    (bin_dir / "sbatch").chmod(0o755)
 
     def run(argv, **kw):
         seen.append((argv, kw))
         return subprocess.CompletedProcess(argv, 0, stdout="77;lab\n", stderr="")
 
-    client = Slurm(conf="/etc/slurm-lab/slurm.conf", path="/usr/bin:/bin", run=run)
+    client = Slurm(conf="/etc/slurm-lab/slurm.conf", path=str(bin_dir), run=run)
     assert client.submit("#!/bin/bash\ntrue\n", ["--parsable", "--mem=64M"]) == 77
     (argv, kw) = seen[0]
-    assert argv == ["/usr/bin/sbatch", "--parsable", "--mem=64M"]
+    assert argv == [str(bin_dir / "sbatch"), "--parsable", "--mem=64M"]
     assert kw["input"] == "#!/bin/bash\ntrue\n"
     assert kw["env"] == {
-        "PATH": "/usr/bin:/bin",
+        "PATH": str(bin_dir),
         "LC_ALL": "C.UTF-8",
         "SLURM_CONF": "/etc/slurm-lab/slurm.conf",
     }

@@ -387,8 +387,10 @@ def site(tmp_path):
     fake = FakeSlurm()
     log_dir = tmp_path / "cluster-jobs"
     log_dir.mkdir()
+    client = Slurm(run=fake)
+    client.command = lambda name: f"/usr/bin/{name}"  # found or not here: the fake answers
     s = jobs.Site(
-        cluster="lab", slurm=Slurm(run=fake), network=NET, limits=LIMITS, log_dir=log_dir,
+        cluster="lab", slurm=client, network=NET, limits=LIMITS, log_dir=log_dir,
         mem_mb=1024, cpus=2, gpus=batch.SlurmGpus(type="h200"),
     )  # fmt: skip
     return s, fake, jobs.record_of(tmp_path / "records")

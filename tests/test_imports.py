@@ -32,7 +32,7 @@ LAYERS = {
     },
     "capabilities": {
         "images", "gpus", "cluster", "sharing", "secrets", "ssh", "tls", "accounts", "host",
-        "culling",
+        "culling", "serverready",
     },
     "workflows": {"workflows", "backup"},
     "surfaces": {"spawner", "home", "usagepage", "doctor", "cli", "admin", "hubconfig"},
