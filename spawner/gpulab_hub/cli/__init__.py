@@ -94,10 +94,31 @@ def base_spec_for(s: settings.Settings, inv) -> baseimage.BaseSpec:
     )
 
 
+UP_LOCK = "gpulab-up.lock"
+
+
 def cmd_up(args, environ) -> int:
+    """Start gpulab, one ``gpulab up`` of a hub at a time: set-up takes minutes (the
+    Docker engine, the firewall, the base image) before the hub writes its PID file, so
+    a second one started meanwhile is refused instead of starting a second hub."""
+    from filelock import FileLock, Timeout
+
     s = settings.parse(environ)
     hub_dir = s.hub_dir  # the hub process's own files: database, log, PID file
     hub_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(str(hub_dir / UP_LOCK), timeout=0):
+            return _up(args, environ, s, hub_dir)
+    except Timeout:
+        print(
+            f"Another `gpulab up` of this hub ({hub_dir}) is under way: wait for it to "
+            "say where gpulab runs (`gpulab status` tells), or stop it.",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _up(args, environ, s: settings.Settings, hub_dir: Path) -> int:
     where = hubsettings.load(hubsettings.config_file())
     host.ensure_data_root(where.data_root)
     where.projects_root.mkdir(parents=True, exist_ok=True)
