@@ -459,6 +459,10 @@ async def test_a_kernel_gets_the_secrets_of_who_started_or_restarted_it_and_no_o
         assert environ(started[0])["HF_TOKEN"] == VALUE + "2"
     finally:
         await km.shutdown_all(now=True)
+        # Its zmq context ends here, on this test's loop: left to the garbage collector,
+        # MultiKernelManager.__del__ ended it in whatever test ran then, and its
+        # Context.term waited there for ever (a whole run hung in test_serverready.py).
+        km.context.destroy(linger=0)
 
 
 def test_a_terminal_gets_the_secrets_of_who_opened_it():
