@@ -3,10 +3,8 @@
  * the server extension under /api/gpulab/v1/ (works in any JupyterLab 4), and
  * sharing of gpulab projects under JupyterHub (share.ts), and the notice that a
  * project runs its last good image (image.ts), and jobs: the Jobs panel, Run as
- * job, their end and the idle notice (jobsplugin.ts); and cells run on the server's
- * side, a cell run while its notebook's kernel is still starting once it has started
- * (firstrun.ts, serverexec.ts), with the status bar's "running while you were away"
- * (cellsstatus.ts).
+ * job, their end and the idle notice (jobsplugin.ts); and a cell run while its
+ * notebook's kernel is still starting runs once it has started (firstrun.ts).
  */
 import {
   ILayoutRestorer,
@@ -18,7 +16,6 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import accessEnded from './accessended';
-import cellsStatus from './cellsstatus';
 import { fetchInfo } from './api';
 import firstRun from './firstrun';
 import { DEFAULT_THRESHOLDS, IThresholds } from './format';
@@ -135,6 +132,5 @@ export default [
   accessEnded,
   reclaimWarning,
   runtime,
-  firstRun,
-  cellsStatus
+  firstRun
 ];
