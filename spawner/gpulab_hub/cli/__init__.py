@@ -12,7 +12,17 @@ from urllib.parse import urlparse
 
 import requests
 
-from gpulab_hub import egress, host, hubconfig, hubfiles, hubsettings, pidfile, settings, tls
+from gpulab_hub import (
+    blocking,
+    egress,
+    host,
+    hubconfig,
+    hubfiles,
+    hubsettings,
+    pidfile,
+    settings,
+    tls,
+)
 from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import cluster as cli_cluster
 from gpulab_hub.cli import gpus as cli_gpus
@@ -101,21 +111,23 @@ def cmd_up(args, environ) -> int:
     """Start gpulab, one ``gpulab up`` of a hub at a time: set-up takes minutes (the
     Docker engine, the firewall, the base image) before the hub writes its PID file, so
     a second one started meanwhile is refused instead of starting a second hub."""
-    from filelock import FileLock, Timeout
-
     s = settings.parse(environ)
     hub_dir = s.hub_dir  # the hub process's own files: database, log, PID file
     hub_dir.mkdir(parents=True, exist_ok=True)
+    lock = blocking.file_lock(hub_dir / UP_LOCK, "gpulab up of this hub", timeout=0)
     try:
-        with FileLock(str(hub_dir / UP_LOCK), timeout=0):
-            return _up(args, environ, s, hub_dir)
-    except Timeout:
+        lock.acquire()
+    except blocking.Busy:
         print(
             f"Another `gpulab up` of this hub ({hub_dir}) is under way: wait for it to "
             "say where gpulab runs (`gpulab status` tells), or stop it.",
             file=sys.stderr,
         )
         return 1
+    try:
+        return _up(args, environ, s, hub_dir)
+    finally:
+        lock.release()
 
 
 def _up(args, environ, s: settings.Settings, hub_dir: Path) -> int:
