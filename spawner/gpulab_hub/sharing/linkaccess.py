@@ -20,6 +20,13 @@ revoke. Scopes a person already held otherwise (shared by name, or through a lin
 lasting until revoked) are never taken away by a link's end; sharing by name
 makes a person's access last until revoked; a share deleted and made again is
 not touched by what was recorded of the old one.
+
+A damaged record fails closed. gpulab can then no longer tell which access ends with
+a link, so the record it starts again holds one ``lost:`` entry: the next sweep ends
+every share made before the damage was found (the owners share again by name; a link
+still valid can be accepted again). The same holds for a record that goes missing
+while the hub runs (the hub makes it at its first sweep). Links made to last until
+revoked were lost with the record: their access now ends with the link, never later.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from gpulab_hub import blocking, jsonfile, stateversion
 
 FILE_NAME = "link-access.json"  # in the hub's records folder
 LINK, REVOKED = "link", "revoked"
+LOST = "lost:"  # a record damaged (or gone) at that time: every share made before ends
 # The choices on the Share page, in the owner's words; the first is the default.
 LASTS = {LINK: "access ends when the link expires", REVOKED: "access lasts until I revoke it"}
 DEFAULT_LASTS = LINK
@@ -76,8 +84,10 @@ class LinkAccess(jsonfile.LockedRecord):
     section = "links"
     what = "The link access record"
     on_damage = (
-        "links made before last until revoked, and access accepted through earlier links "
-        "lasts until its owner revokes it on the project's Share page"
+        "gpulab can no longer tell which access ends with a link, so every share made "
+        "before now ends within GPULAB_REVOKE_WITHIN_S (owners share again on the project's "
+        "Share page; a link still valid can be accepted again), and links made to last until "
+        "revoked end when they expire"
     )
 
     def _parse(self, section) -> dict:
@@ -97,9 +107,36 @@ class LinkAccess(jsonfile.LockedRecord):
                     raise TypeError(f"{key} does not say when its scopes end")
                 for v in scopes.values():
                     datetime.fromisoformat(v["until"])  # ValueError if not a time
+            elif key.startswith(LOST):
+                if not isinstance(rec.get("at"), str):
+                    raise TypeError(f"{key} does not say when the record was lost")
+                datetime.fromisoformat(rec["at"])  # ValueError if not a time
             else:
                 raise ValueError(f"{key!r} is not a record gpulab makes")
         return section
+
+    def _recover(self) -> dict:
+        """What a damaged record is replaced with: every share made until now ends."""
+        at = iso(utcnow(with_tz=False))
+        return {f"{LOST}{at}": {"at": at}}
+
+    def _missing(self) -> dict:
+        """No record: a first start, or (once the hub made it) a record that is gone."""
+        if _Hub.made is None or Path(_Hub.made) != self.path:
+            return {}
+        records = self._recover()
+        self._write(records)
+        self.log.error(
+            "%s %s is missing though the hub made it; gpulab started a new one: %s.",
+            self.what, self.path, self.on_damage,
+        )  # fmt: skip
+        return records
+
+    def ensure(self) -> None:
+        """Make the record if there is none yet (blocking: blocking.run(RECORDS, ...))."""
+        with self.locked():
+            if not self.path.exists():
+                self._write(self._read())
 
     # --- the whole record, for pages (read off the event loop, used on it) ----------
     def snapshot(self) -> dict:
@@ -242,6 +279,9 @@ class LinkAccess(jsonfile.LockedRecord):
         ended = 0
         kept = {}
         for key, rec in records.items():
+            if key.startswith(LOST):
+                ended += self._end_all(db, _at(rec["at"]))
+                continue
             if key.startswith("code:"):
                 code = db.get(orm.ShareCode, rec["id"])
                 if code is not None and code_key(code) == key:
@@ -263,6 +303,28 @@ class LinkAccess(jsonfile.LockedRecord):
                 kept[key] = {**rec, "scopes": left}
         changes = {k: kept.get(k) for k in records if kept.get(k) != records[k]}
         return changes, ended
+
+    def _end_all(self, db, until: datetime) -> int:
+        """The record was lost at ``until``: end every share made by then (which of them
+        a link bounded is not known any more). How many shares ended."""
+        gone = [
+            s
+            for s in db.query(orm.Share)
+            if s.created_at is None or s.created_at.replace(tzinfo=None) <= until
+        ]
+        names = []
+        for share in gone:
+            kind, name = _target_of(share)
+            names.append(f"{kind} {name} on {share.owner.name}/{share.spawner.name}")
+            db.delete(share)
+        db.commit()
+        self.log.error(
+            "gpulab: %s was lost at %s UTC, so gpulab cannot tell which access ends with a "
+            "link: it ended all %d shares made before (%s). Owners share again on the "
+            "project's Share page.",
+            self.named, iso(until), len(names), "; ".join(names) or "none",
+        )  # fmt: skip
+        return len(names)
 
     @staticmethod
     def _share(db, rec: dict):
@@ -295,6 +357,7 @@ class _Hub:
     """The hub process's record and sweeper (see :func:`install`)."""
 
     store: LinkAccess | None = None
+    made: Path | None = None  # the record this hub made (or found) at its first sweep
     every_s: float = 15.0
     sweeper = None
     original_exchange = None
@@ -334,6 +397,9 @@ async def _sweep_now() -> None:
         return
     db = JupyterHub.instance().db
     try:
+        if _Hub.made != _Hub.store.path:
+            await blocking.run(blocking.RECORDS, _Hub.store.ensure)
+            _Hub.made = _Hub.store.path
         await _Hub.store.sweep_async(db)
     except (jsonfile.RecordError, blocking.Busy) as e:
         LOG.error("Link-bound access not ended: %s", e)
@@ -362,6 +428,10 @@ def install(hub_dir: str | Path, revoke_within_s: int) -> None:
     link-bound access within ``revoke_within_s`` of its link's end (the hub sweeps
     every half of it; project servers take the other half)."""
     _Hub.store = store_in(hub_dir)
+    _Hub.made = None
+    if _Hub.sweeper is not None:  # a hub configured again in this process (tests)
+        _Hub.sweeper.stop()
+        _Hub.sweeper = None
     _Hub.every_s = max(1.0, revoke_within_s / 2)
     if _Hub.original_exchange is None:
         _Hub.original_exchange = orm.ShareCode.exchange
