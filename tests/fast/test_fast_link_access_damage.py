@@ -45,7 +45,8 @@ def gone(path):
 
 
 @pytest.fixture
-async def hub(tmp_path):
+async def inproc(tmp_path):
+    """The in-process hub (named so: `hub` is the suite's hub started by `gpulab up`)."""
     hub = await page_hub(tmp_path / "gpulab", GPULAB_REVOKE_WITHIN_S=str(REVOKE_WITHIN_S))
     yield hub
     await hub.stop()
@@ -74,7 +75,8 @@ async def wait_for(hub, code: int, within: float):
 
 
 @pytest.mark.parametrize("damage", [truncated, wrong_types, gone])
-async def test_damaged_link_access_record_ends_the_access_it_bounded(hub, damage, caplog):
+async def test_damaged_link_access_record_ends_the_access_it_bounded(inproc, damage, caplog):
+    hub = inproc
     caplog.set_level(logging.INFO)
     secret = await asyncio.to_thread(make_link, hub)
     accepted = await hub.post_form(f"/hub/accept-share?code={secret}", GUEST, {"code": secret})
