@@ -7,16 +7,19 @@ once the lock is free (or the hub says in words why it did not)."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import re
 import subprocess
 import sys
 import time
+from urllib.parse import urlencode
 
 import pytest
 from jupyterhub import orm
 from pagehub import page_hub
 
-from gpulab_hub.sharing import groupshares, roles
+from gpulab_hub.sharing import groupshares, linkaccess, roles
 
 OWNER, PROJECT, GROUP, MEMBER = "alice", "vision", "lab", "carol"
 SHARES = f"/hub/api/shares/{OWNER}/{PROJECT}"
@@ -132,3 +135,85 @@ async def test_a_group_share_made_and_revoked_while_its_record_is_locked(inproc)
     finally:
         held.release()
     assert await wait_recorded(record, name, False)  # and the next start makes no role
+
+
+GUEST = "bob"
+RUNTIME = f"/hub/gpulab/runtime/{OWNER}/{PROJECT}"  # a collaborator's page
+
+
+def make_link(hub) -> str:
+    spawner = hub._project(OWNER, PROJECT, "").orm_spawner
+    hub.user(GUEST)
+    _, secret = orm.ShareCode.new(
+        hub.db,
+        spawner,
+        scopes=roles.share_scopes("collaborator", OWNER, PROJECT),
+        expires_in=3600,
+    )
+    return secret
+
+
+async def offer(hub, secret: str):
+    """Bob opens the link's page (its offer, read before the record is held); what
+    pressing its Accept button then sends."""
+    page = await hub.get(f"/hub/accept-share?code={secret}", GUEST)
+    assert page.code == 200, page.text[:300]
+    xsrf = html.unescape(re.search(r'name="_xsrf" value="([^"]+)"', page.body)[1])
+    cookie = re.search(r"_xsrf=([^;]+)", page.headers.get("Set-Cookie", ""))
+    jar = hub.cookies(GUEST) + (f"; _xsrf={cookie[1]}" if cookie else "")
+    body = urlencode({"code": secret, "_xsrf": xsrf})
+    return lambda: hub.fetch(
+        "/hub/accept-share", None, method="POST", headers={"Cookie": jar}, body=body
+    )
+
+
+async def health_behind(hub, pending) -> float:
+    """Seconds from a moment after ``pending`` went out until /hub/health answered."""
+    started = time.monotonic()
+    await asyncio.sleep(1)  # the acceptance is waiting for the record by now
+    assert not pending.done()
+    health = await hub.get("/hub/health", None)
+    assert health.code == 200
+    return time.monotonic() - started - 1
+
+
+async def test_a_link_accepted_while_its_record_is_locked(inproc):
+    """Bob presses Accept on alice's link while another process holds the link-access
+    record: the hub answers others at once; bob's acceptance completes once the lock is
+    free, with the record of when his access ends."""
+    hub = inproc
+    secret = await asyncio.to_thread(make_link, hub)
+    press = await offer(hub, secret)
+    record = linkaccess.hub_store().path
+    held = Held(record.with_name(record.name + ".lock"))
+    try:
+        accept = asyncio.ensure_future(press())
+        took = await health_behind(hub, accept)
+        assert took < 1.0, f"/hub/health waited {took:.1f} s behind an acceptance's record"
+    finally:
+        held.release()
+    accepted = await accept
+    assert accepted.code == 302, accepted.text[:300]
+    assert (await hub.get(RUNTIME, GUEST)).code == 200
+    grants = json.loads(record.read_text())["links"]
+    assert any(k.startswith(f"grant:{OWNER}/{PROJECT}:user:{GUEST}") for k in grants), grants
+
+
+async def test_a_link_accepted_while_its_record_stays_locked_gives_nothing(inproc):
+    """The record stays held past the hub's bound (10 s): bob is told so in words and
+    has no access (none that would outlast the link)."""
+    hub = inproc
+    secret = await asyncio.to_thread(make_link, hub)
+    press = await offer(hub, secret)
+    record = linkaccess.hub_store().path
+    held = Held(record.with_name(record.name + ".lock"))
+    try:
+        accept = asyncio.ensure_future(press())
+        took = await health_behind(hub, accept)
+        assert took < 1.0, f"/hub/health waited {took:.1f} s behind an acceptance's record"
+        refused = await accept
+    finally:
+        held.release()
+    assert refused.code == 503, refused.text[:300]
+    assert "The link access record is busy" in refused.text, refused.text[:600]
+    assert (await hub.get(RUNTIME, GUEST)).code == 404

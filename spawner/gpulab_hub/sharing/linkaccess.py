@@ -11,9 +11,11 @@ access it gives lasts, chosen on the Share page:
 
 gpulab records, in the hub's folder (``link-access.json``), the links made to
 last until revoked, and for each person who accepted a ``link`` link the scopes
-that link gave them and when they end. Every acceptance goes through
-``orm.ShareCode.exchange`` (JupyterHub's accept page and API alike), which
-:func:`install` wraps; the hub then takes away, every ``GPULAB_REVOKE_WITHIN_S``/2
+that link gave them and when they end. JupyterHub 6.1 accepts a link on its accept
+page only (``POST /hub/accept-share``: its REST API has no acceptance), whose route
+gpulab's own handler takes (accept.py), accepting through :func:`accept_async`:
+JupyterHub's ``ShareCode.exchange``, then the record, written on the records pool;
+the hub then takes away, every ``GPULAB_REVOKE_WITHIN_S``/2
 seconds, the scopes whose time is up (``orm.Share.revoke``), and the project
 server ends the person's access within ``GPULAB_REVOKE_WITHIN_S`` as for any
 revoke. Scopes a person already held otherwise (shared by name, or through a link
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from jupyterhub.utils import utcnow
 from sqlalchemy import event, inspect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
+from tornado.web import HTTPError
 
 from gpulab_hub import blocking, jsonfile, stateversion
 
@@ -74,6 +78,36 @@ def grant_key(owner: str, project: str, kind: str, name: str) -> str:
 
 def _target_of(share) -> tuple[str, str]:
     return ("group", share.group.name) if share.group is not None else ("user", share.user.name)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """An acceptance of a link, in plain values (read from the database on the loop)."""
+
+    owner: str
+    project: str
+    kind: str  # "user" or "group"
+    name: str
+    share_created: str  # iso()
+    code_key: str
+    expires_at: datetime  # naive UTC
+    given: frozenset[str]  # the link's scopes the share now holds
+    before: frozenset[str]  # the share's scopes before
+
+    @classmethod
+    def of(cls, code: orm.ShareCode, share: orm.Share, before: set[str]) -> Accepted:
+        kind, name = _target_of(share)
+        return cls(
+            owner=code.owner.name,
+            project=code.spawner.name,
+            kind=kind,
+            name=name,
+            share_created=iso(share.created_at),
+            code_key=code_key(code),
+            expires_at=code.expires_at.replace(tzinfo=None),
+            given=frozenset(set(code.scopes) & set(share.scopes)),
+            before=frozenset(before),
+        )
 
 
 class LinkAccess(jsonfile.LockedRecord):
@@ -183,33 +217,36 @@ class LinkAccess(jsonfile.LockedRecord):
     # --- people -------------------------------------------------------------------
     def accepted(self, code: orm.ShareCode, share: orm.Share, before: set[str]) -> None:
         """``share`` was just granted by accepting ``code``; ``before``: its scopes
-        before (its share's, if it existed)."""
-        owner, project = code.owner.name, code.spawner.name
-        kind, name = _target_of(share)
-        key = grant_key(owner, project, kind, name)
-        lasts = self.lasts_of(code)
+        before (its share's, if it existed). Blocking (the database read here)."""
+        self.accepted_plain(Accepted.of(code, share, before))
+
+    def accepted_plain(self, a: Accepted) -> None:
+        """:meth:`accepted` from plain values (:meth:`Accepted.of`, read on the event
+        loop), so that it runs on the records pool."""
+        key = grant_key(a.owner, a.project, a.kind, a.name)
         with self.locked():
             records = self._read()
+            lasts = lasts_in(records, a.code_key)
             rec = records.get(key)
-            if rec is not None and rec["share_created"] != iso(share.created_at):
+            if rec is not None and rec["share_created"] != a.share_created:
                 rec = None  # of a share that was deleted since
             bound = dict(rec["scopes"]) if rec else {}
-            given = set(code.scopes) & set(share.scopes)
-            for scope in sorted(given):
+            ends = {"until": iso(a.expires_at), "code": a.code_key}
+            for scope in sorted(a.given):
                 if lasts == REVOKED:
                     bound.pop(scope, None)  # held until revoked now
                 elif scope in bound:
-                    if _at(bound[scope]["until"]) < code.expires_at:
-                        bound[scope] = {"until": iso(code.expires_at), "code": code_key(code)}
-                elif scope not in before:
-                    bound[scope] = {"until": iso(code.expires_at), "code": code_key(code)}
+                    if _at(bound[scope]["until"]) < a.expires_at:
+                        bound[scope] = ends
+                elif scope not in a.before:
+                    bound[scope] = ends
             if bound:
                 records[key] = {
-                    "owner": owner,
-                    "project": project,
-                    "kind": kind,
-                    "name": name,
-                    "share_created": iso(share.created_at),
+                    "owner": a.owner,
+                    "project": a.project,
+                    "kind": a.kind,
+                    "name": a.name,
+                    "share_created": a.share_created,
                     "scopes": bound,
                 }
             else:
@@ -360,33 +397,60 @@ class _Hub:
     made: Path | None = None  # the record this hub made (or found) at its first sweep
     every_s: float = 15.0
     sweeper = None
-    original_exchange = None
+    listening = False  # the sweeper starts after the hub's first commit
 
 
 def store_in(hub_dir: str | Path) -> LinkAccess:
     return LinkAccess(Path(hub_dir) / FILE_NAME)
 
 
-def _exchange(code, share_with):
-    """``orm.ShareCode.exchange``, recording how long the access it gives lasts."""
+def _take_back(db, spawner, share_with, share, before: set[str]) -> None:
+    """Never let a link give access for longer than it says: what it gave, taken back."""
+    added = sorted(set(share.scopes) - before)
+    if added:
+        orm.Share.revoke(db, spawner, share_with, scopes=added)
+
+
+def accept(code: orm.ShareCode, share_with) -> orm.Share:
+    """Accept the link ``code`` for ``share_with`` (a user or a group): JupyterHub's own
+    ``ShareCode.exchange``, and the record of when the access it gives ends. Blocking
+    (the record's lock); the hub's accept page awaits :func:`accept_async` instead."""
+    db = inspect(code).session
+    old = orm.Share.find(db, code.spawner, share_with)
+    before = set(old.scopes) if old is not None else set()
+    share = code.exchange(share_with)
+    if _Hub.store is not None:
+        try:
+            _Hub.store.accepted(code, share, before)
+        except (jsonfile.RecordError, blocking.Busy, OSError):
+            _take_back(db, code.spawner, share_with, share, before)
+            LOG.exception("gpulab: could not record how long a link's access lasts")
+            raise
+    return share
+
+
+async def accept_async(code: orm.ShareCode, share_with) -> orm.Share:
+    """:func:`accept` for the hub's accept page: the database on the event loop, the
+    record on the records pool (its lock never held on the loop). If the record cannot
+    be written the access is taken back and the person told why (blocking.Busy: 503,
+    in words; a record that cannot be read: 503 with what to do)."""
     db = inspect(code).session
     spawner = code.spawner
     old = orm.Share.find(db, spawner, share_with)
     before = set(old.scopes) if old is not None else set()
-    share = _Hub.original_exchange(code, share_with)
-    if _Hub.store is not None:
-        try:
-            # JupyterHub calls this synchronously, on its event loop, and goes on to tell
-            # the person they have access: the record of when it ends must exist first.
-            with blocking.allowed("recording how long an accepted link's access lasts"):
-                _Hub.store.accepted(code, share, before)
-        except (jsonfile.RecordError, OSError):
-            # Never let a link give access for longer than it says: take back what it gave.
-            added = sorted(set(share.scopes) - before)
-            if added:
-                orm.Share.revoke(db, spawner, share_with, scopes=added)
-            LOG.exception("gpulab: could not record how long a link's access lasts")
+    share = code.exchange(share_with)
+    if _Hub.store is None:
+        return share
+    try:
+        await blocking.run(
+            blocking.RECORDS, _Hub.store.accepted_plain, Accepted.of(code, share, before)
+        )
+    except (jsonfile.RecordError, blocking.Busy, OSError) as e:
+        _take_back(db, spawner, share_with, share, before)
+        LOG.error("gpulab: could not record how long a link's access lasts: %s", e)
+        if isinstance(e, blocking.Busy):
             raise
+        raise HTTPError(503, "%s", f"The link was not accepted: {e} Then accept it again.") from e
     return share
 
 
@@ -433,9 +497,8 @@ def install(hub_dir: str | Path, revoke_within_s: int) -> None:
         _Hub.sweeper.stop()
         _Hub.sweeper = None
     _Hub.every_s = max(1.0, revoke_within_s / 2)
-    if _Hub.original_exchange is None:
-        _Hub.original_exchange = orm.ShareCode.exchange
-        orm.ShareCode.exchange = _exchange
+    if not _Hub.listening:
+        _Hub.listening = True
         event.listen(Session, "after_commit", _start_sweeping)
 
 
