@@ -211,9 +211,6 @@ class LinkAccess(jsonfile.LockedRecord):
             records[key] = {"lasts": lasts, "id": code_id}
             self._write(records)
 
-    def lasts_of(self, code: orm.ShareCode) -> str:
-        return lasts_in(self.snapshot(), code_key(code))
-
     # --- people -------------------------------------------------------------------
     def accepted(self, code: orm.ShareCode, share: orm.Share, before: set[str]) -> None:
         """``share`` was just granted by accepting ``code``; ``before``: its scopes
