@@ -154,11 +154,14 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
     # GitHub organisations (GPULAB_AUTHENTICATOR, accounts/providers.py).
     providers.configure(c, s)
     # gpulab's routes that replace JupyterHub's (the home page, the spawn page: home/; the
-    # activity API: sharing/activity.py) come first, whatever the authenticator
-    # (accounts/auth.py GpulabHub; finish mixes it into one the admin names).
+    # activity API: sharing/activity.py; accepting a link: sharing/accept.py) come first,
+    # whatever the authenticator (accounts/auth.py GpulabHub; finish mixes it into one
+    # the admin names).
     from gpulab_hub.sharing import activity
 
-    c.GpulabHub.gpulab_routes = home.front_handlers() + activity.hub_handlers()
+    c.GpulabHub.gpulab_routes = (
+        home.front_handlers() + activity.hub_handlers() + accept.hub_handlers()
+    )
     c.NativeAuthenticator.open_signup = a.open_signup
     c.GpulabAuthenticator.first_admin = a.admin
     c.GpulabAuthenticator.first_admin_password = a.admin_password
