@@ -34,7 +34,8 @@ from gpulab_hub.settings import (
 
 __all__ = [
     "DELETED", "DOCTOR_REPORT", "GROUP_SHARE_ROLES", "PUBLIC_LINKS", "QUEUE", "SECRETS",
-    "SHARING_POLICY", "USAGE", "Layout", "config_file", "default_layout", "from_config",
+    "SHARING_POLICY", "USAGE", "Layout", "config_file", "db_url_of", "default_layout",
+    "from_config",
     "from_spawner", "load", "of_handler", "read_config", "spawner_of",
 ]  # fmt: skip
 
@@ -65,6 +66,17 @@ def spawner_of(config, spawner_class=None):
     return spawner_class(config=config)
 
 
+def db_url_of(config) -> str:
+    """The hub's database (``JupyterHub.db_url`` in the hub's configuration, else
+    JupyterHub's own default, a SQLite file in the folder the hub runs in)."""
+    url = config.JupyterHub.get("db_url") if "JupyterHub" in config else None
+    if isinstance(url, str) and url:
+        return url
+    from jupyterhub.app import JupyterHub
+
+    return JupyterHub.class_traits()["db_url"].default()
+
+
 def from_spawner(sp) -> Layout:
     """The layout of a spawner made by :func:`spawner_of`."""
     return Layout(
@@ -81,6 +93,7 @@ def from_spawner(sp) -> Layout:
         queue_file=Path(sp.queue_file),
         usage_file=Path(sp.usage_file),
         usage_window=float(sp.gpu_usage_window),
+        db_url=db_url_of(sp.config),
         budget_hours=tuple(sorted(sp.gpu_budget_hours.items())),
         driver_dir=str(sp.driver_dir),
         allocation_policy=_changed(sp),

@@ -313,11 +313,17 @@ PUBLIC_LINKS = "public-links.json"
 DOCTOR_REPORT = "doctor-last.json"
 DELETED = "deleted"
 SECRETS = "secrets"  # one file per user (secrets/store.py)
+DATABASE = "jupyterhub.sqlite"  # the hub's database (JupyterHub's tables and gpulab's)
 
 
 # Files beside the GPU allocation record, unless the traits say otherwise.
 QUEUE = "gpu-queue.json"  # starts waiting for a GPU
 USAGE = "gpu-usage.jsonl"  # ended GPU holdings
+
+
+def sqlite_url(path: Path) -> str:
+    """The SQLAlchemy URL of the SQLite database file ``path``."""
+    return f"sqlite:///{path}"
 
 
 @dataclass(frozen=True)
@@ -337,6 +343,9 @@ class Layout:
     queue_file: Path | None = None  # None: QUEUE beside allocations_file
     usage_file: Path | None = None  # None: USAGE beside allocations_file
     usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
+    # the hub's database (JupyterHub.db_url), where gpulab's tables live (db/); "": the
+    # SQLite file DATABASE in records_dir
+    db_url: str = ""
     budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
     driver_dir: str = Gpus.driver_dir  # ProjectSpawner.driver_dir (GPULAB_DRIVER_DIR's)
     # how GPUs are granted: the allocator.Policy fields the ProjectSpawner gpu_* traits set
@@ -347,6 +356,8 @@ class Layout:
         for name, file in (("queue_file", QUEUE), ("usage_file", USAGE)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, Path(self.allocations_file).parent / file)
+        if not self.db_url:
+            object.__setattr__(self, "db_url", sqlite_url(Path(self.records_dir) / DATABASE))
 
     @property
     def sharing_policy(self) -> Path:
