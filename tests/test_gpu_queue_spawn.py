@@ -21,6 +21,7 @@ import pytest
 from faults_kit import PREFIX, RecordedDocker, inventory
 
 from gpulab_hub import blocking
+from gpulab_hub.db import migrate
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.queue import QueueStore
@@ -33,7 +34,9 @@ def host(tmp_path, monkeypatch):
     """Two GPUs, the hub's three GPU files in a fresh folder, no spawn under way."""
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(2))
     gpu_spawner.forget_pending()
-    yield SimpleNamespace(dir=tmp_path, docker=RecordedDocker())
+    db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"  # the hub's database, upgraded
+    migrate.upgrade(db_url)
+    yield SimpleNamespace(dir=tmp_path, docker=RecordedDocker(), db_url=db_url)
     gpu_spawner.forget_pending()
 
 
@@ -41,7 +44,7 @@ def spawner(host, owner: str, project: str, admin: bool = False, **settings) -> 
     sp = ProjectSpawner(
         allocations_file=str(host.dir / "gpu-allocations.json"),
         queue_file=str(host.dir / "gpu-queue.json"),
-        usage_file=str(host.dir / "gpu-usage.jsonl"),
+        records_dir=str(host.dir),  # the hub's database: jupyterhub.sqlite there
         gpu_isolation="runtime",
         prefix=PREFIX,
         **settings,
@@ -107,7 +110,7 @@ async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_re
     assert "carol" not in said(dave)[-1] and "fit" not in said(dave)[-1]
 
     # alice's holding is in the usage ledger: her project, her GPU, from, to
-    (rec,) = list(UsageLedger(host.dir / "gpu-usage.jsonl").records())
+    (rec,) = await off(UsageLedger(host.db_url).records)
     assert (rec.owner, rec.project, rec.uuid) == ("alice", "train", "GPU-0000-fault")
     assert rec.label == "GPU 0 (NVIDIA H100 80GB HBM3)"
     assert rec.start <= rec.end <= time.time()
@@ -225,11 +228,11 @@ async def test_many_starts_at_once_never_share_a_gpu_and_all_are_served(host):
         await asyncio.sleep(0.05)
     assert sorted(served) == sorted(sp.user.name for sp in sps)
     assert await off(QueueStore(host.dir / "gpu-queue.json").entries) == []
-    assert len(list(UsageLedger(host.dir / "gpu-usage.jsonl").records())) == 8
+    assert len(await off(UsageLedger(host.db_url).records)) == 8
 
 
 async def test_fair_share_serves_the_user_with_less_recent_gpu_time_first(host):
-    ledger = UsageLedger(host.dir / "gpu-usage.jsonl")
+    ledger = UsageLedger(host.db_url)
     from gpulab_hub.gpus.usage import Record
 
     now = time.time()

@@ -35,7 +35,7 @@ from gpulab_hub import (
     usagepage,
 )
 from gpulab_hub.accounts import identities, providers
-from gpulab_hub.gpus import keeper
+from gpulab_hub.gpus import keeper, usage
 from gpulab_hub.home import buildlog
 from gpulab_hub.projects import objects, title
 from gpulab_hub.settings import Settings
@@ -239,7 +239,10 @@ def complete(c, s: Settings) -> Settings:
         reclaim_grace=float(sp.gpu_reclaim_grace),
         idle_release=float(sp.gpu_idle_release),
     )
-    return dataclasses.replace(s, gpus=gpus, layout=hubsettings.from_spawner(sp))
+    layout = hubsettings.from_spawner(sp)
+    # fair share and budgets read the whole window: the usage kept must cover it
+    usage.check_retention(layout.usage_retention, layout.usage_window)
+    return dataclasses.replace(s, gpus=gpus, layout=layout)
 
 
 def _hand_on(c, s: Settings) -> Settings:
@@ -286,9 +289,12 @@ def upgrade_database(s: Settings):
     read by anything but JupyterHub (the ``gpulab`` command)."""
     from gpulab_hub.db import engine as db_engine
     from gpulab_hub.db import migrate
+    from gpulab_hub.gpus import usagefile
 
     try:
-        done = migrate.at_start(s.layout.db_url)
+        done = migrate.at_start(
+            s.layout.db_url, imports=[usagefile.LedgerImport(s.layout.usage_file)]
+        )
     except db_engine.DatabaseError as e:
         print(f"gpulab: {e}", file=sys.stderr, flush=True)
         raise

@@ -67,14 +67,11 @@ def spawner_of(config, spawner_class=None):
 
 
 def db_url_of(config) -> str:
-    """The hub's database (``JupyterHub.db_url`` in the hub's configuration, else
-    JupyterHub's own default, a SQLite file in the folder the hub runs in)."""
+    """The hub's database, ``JupyterHub.db_url`` in the hub's configuration (gpulab's
+    sets it: hubconfig.apply); "" where it is not set (the layout then has the SQLite
+    file in its records folder, where gpulab's configuration puts it)."""
     url = config.JupyterHub.get("db_url") if "JupyterHub" in config else None
-    if isinstance(url, str) and url:
-        return url
-    from jupyterhub.app import JupyterHub
-
-    return JupyterHub.class_traits()["db_url"].default()
+    return url if isinstance(url, str) else ""
 
 
 def from_spawner(sp) -> Layout:
@@ -93,6 +90,7 @@ def from_spawner(sp) -> Layout:
         queue_file=Path(sp.queue_file),
         usage_file=Path(sp.usage_file),
         usage_window=float(sp.gpu_usage_window),
+        usage_retention=float(sp.gpu_usage_retention_days) * 24 * 3600.0,
         db_url=db_url_of(sp.config),
         budget_hours=tuple(sorted(sp.gpu_budget_hours.items())),
         driver_dir=str(sp.driver_dir),

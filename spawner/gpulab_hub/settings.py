@@ -120,6 +120,7 @@ def var(name: str, default: Any, parse: Callable[[str, str], Any] = text, *, sec
 
 # Defaults of traits that other parts read too (the traits take them from here).
 GPU_USAGE_WINDOW_S = 7 * 24 * 3600.0  # ProjectSpawner.gpu_usage_window: a week
+GPU_USAGE_RETENTION_DAYS = 90.0  # ProjectSpawner.gpu_usage_retention_days
 
 PORT = whole(1, 65535, "a port number")
 SECONDS = whole(0, 999_999_999, "a whole number of seconds")
@@ -343,6 +344,8 @@ class Layout:
     queue_file: Path | None = None  # None: QUEUE beside allocations_file
     usage_file: Path | None = None  # None: USAGE beside allocations_file
     usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
+    # seconds a usage record is kept after its holding ended (gpu_usage_retention_days)
+    usage_retention: float = GPU_USAGE_RETENTION_DAYS * 24 * 3600.0
     # the hub's database (JupyterHub.db_url), where gpulab's tables live (db/); "": the
     # SQLite file DATABASE in records_dir
     db_url: str = ""

@@ -9,12 +9,17 @@ import sys
 from gpulab_hub import hubsettings
 from gpulab_hub.db import engine as db_engine
 from gpulab_hub.db import migrate
+from gpulab_hub.gpus import usagefile
 
 
 def cmd_upgrade_db(args, environ) -> int:
     where = hubsettings.load(hubsettings.config_file())
     try:
-        done = migrate.upgrade(where.db_url, backup=not args.no_backup)
+        done = migrate.upgrade(
+            where.db_url,
+            backup=not args.no_backup,
+            imports=[usagefile.LedgerImport(where.usage_file)],
+        )
     except db_engine.DatabaseError as e:
         print(f"gpulab: {e}", file=sys.stderr)
         return 1

@@ -5,7 +5,8 @@
 rolled back if it raises). Both are blocking work: the guard (``blocking.off_loop``)
 refuses them on the event loop's thread under ``GPULAB_LOOP_GUARD=strict``.
 
-SQLite: each connection turns foreign keys on (so ON DELETE CASCADE holds), waits up to
+SQLite: a connection never makes a missing database file (the upgrade does); each
+connection turns foreign keys on (so ON DELETE CASCADE holds), waits up to
 ``blocking.LOCK_TIMEOUT`` for another writer, and opens its transactions itself
 (``BEGIN``), so a migration's DDL and the rows written with it commit together — the
 pysqlite driver would otherwise commit DDL as it goes.
@@ -14,8 +15,10 @@ pysqlite driver would otherwise commit DDL as it goes.
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -48,10 +51,18 @@ def shown(url: str) -> str:
 
 def make(url: str, immediate: bool = False) -> sa.Engine:
     """A new engine for ``url``; ``immediate``: SQLite transactions take the write lock
-    as they begin (``BEGIN IMMEDIATE``: a migration, so two never interleave)."""
+    as they begin (``BEGIN IMMEDIATE``: a migration, so two never interleave), and the
+    file is made if missing. Otherwise a missing SQLite file is an error, never made
+    empty: only the upgrade makes the database (with its tables)."""
     kwargs: dict = {"pool_pre_ping": True}
     if is_sqlite(url):
         kwargs["connect_args"] = {"timeout": blocking.LOCK_TIMEOUT, "check_same_thread": False}
+        path = sqlite_file(url)
+        if path is not None and not immediate:
+            where = Path(path).absolute().as_uri() + "?mode=rw"
+            kwargs["creator"] = lambda: sqlite3.connect(
+                where, uri=True, timeout=blocking.LOCK_TIMEOUT, check_same_thread=False
+            )
     engine = sa.create_engine(url, **kwargs)
     if is_sqlite(url):
         begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"

@@ -125,8 +125,16 @@ def _jupyterhub_tables(url: str) -> None:
     them, stamped with its revision)."""
     from jupyterhub import orm
 
-    factory = orm.new_session_factory(url)
-    factory.kw["bind"].dispose()
+    # Outside a JupyterHub process, JupyterHub's Alembic environment sets logging up from
+    # its own alembic.ini (the root logger's handlers and level): keep this process's.
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        factory = orm.new_session_factory(url)
+        factory.kw["bind"].dispose()
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def backup_sqlite(path: str | Path, clock=time.time) -> Path:
