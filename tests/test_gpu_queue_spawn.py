@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from types import SimpleNamespace
 
@@ -301,3 +302,50 @@ async def test_the_waiting_words_say_how_long_an_idle_holder_has_been_idle(host)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_twenty_waiting_starts_share_one_serve_a_tick_and_never_hold_the_docker_pool(
+    host, monkeypatch
+):
+    """Review item 1: each waiting start once served the whole queue every second on the
+    Docker pool (both locks, the ledger read twice). Now the queue is served once a tick
+    for the hub, its record work on the records pool; only the container listing is
+    Docker's."""
+    await spawner(host, "alice", "a")._reserve_gpus({"gpus": 2})  # the host is full
+    serves, threads = [], {"serve": set(), "see": set(), "live": set()}
+    real_serve, real_see, real_live = waiting.serve, waiting.see, gpu_spawner.Liveness
+
+    def serve(*args, **kw):
+        serves.append(time.monotonic())
+        threads["serve"].add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_serve(*args, **kw)
+
+    def see(*args, **kw):
+        threads["see"].add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_see(*args, **kw)
+
+    def live(*args, **kw):
+        threads["live"].add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_live(*args, **kw)
+
+    monkeypatch.setattr(waiting, "serve", serve)
+    monkeypatch.setattr(waiting, "see", see)
+    monkeypatch.setattr(gpu_spawner, "Liveness", live)
+    sps = [spawner(host, f"w{i}", "p") for i in range(20)]
+    tasks = [asyncio.create_task(sp._reserve_gpus({"gpus": 1})) for sp in sps]
+    await until(lambda: all(any(m.startswith("waiting") for m in said(sp)) for sp in sps), 60)
+    serves.clear()
+    started = time.monotonic()
+    await asyncio.sleep(4 * waiting.TICK)
+    took = time.monotonic() - started
+    # one serve a tick (and one more at most for a tick under way), not one per waiter
+    assert len(serves) <= took / waiting.TICK + 2, (len(serves), took)
+    assert threads["serve"] == threads["see"] == {"gpulab-records"}
+    assert threads["live"] == {"gpulab-docker"}  # only the container listing is Docker's
+    # the two GPUs freed still go to two waiting starts within a few ticks
+    await off(gpu_spawner.release, sps[0], "alice", "a")
+    await until(lambda: sum(t.done() for t in tasks) == 2, 10)
+    assert all(t.exception() is None for t in tasks if t.done())
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
