@@ -109,10 +109,22 @@ def test_a_hub_start_upgrades_gpulabs_tables_after_a_backup_and_a_restart_change
         assert con.execute("SELECT name FROM users").fetchall() == [("alice",)]
     assert f"The database was backed up first to {backups[0]}." in log
     assert "DatabaseError" not in log, log  # (services stopped mid-import print tracebacks)
+    # the fixture's usage ledger file was imported, every record, and kept as the backup
+    ledger = hub / "gpu-usage.jsonl"
+    assert not ledger.exists() and (hub / "gpu-usage.jsonl.imported").is_file()
+    assert f"Imported 2 GPU usage record(s) from {ledger}" in log
+    with sqlite3.connect(db) as con:
+        got = con.execute("SELECT owner, project, uuid FROM gpulab_usage ORDER BY started")
+        assert got.fetchall() == [
+            ("bob", "vision", "GPU-00000001"),
+            ("alice", "thesis", "GPU-00000000"),
+        ]
 
     log = _start_and_stop(hub, env, tmp_path / "second.log")
     assert sorted(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*")) == backups
-    assert "backed up first" not in log
+    assert "backed up first" not in log and "Imported" not in log
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT count(*) FROM gpulab_usage").fetchone() == (2,)
     with sqlite3.connect(db) as con:
         assert ("alice",) in con.execute("SELECT name FROM users").fetchall()
 
