@@ -349,3 +349,35 @@ async def test_twenty_waiting_starts_share_one_serve_a_tick_and_never_hold_the_d
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_stop_does_its_record_work_on_the_records_pool_and_records_the_usage(
+    host, monkeypatch
+):
+    """The queue's cancel and the GPUs' release (the usage ledger's row) of a stop run on
+    the records pool; the container's own stop stays DockerSpawner's."""
+    from dockerspawner import DockerSpawner
+
+    sp = spawner(host, "alice", "train")
+    await sp._reserve_gpus({"gpus": 1})
+    seen: dict[str, str] = {}
+    real_cancel, real_release = waiting.cancel, gpu_spawner.release
+
+    def where(name, fn):
+        def call(*args, **kw):
+            seen[name] = threading.current_thread().name.rsplit("_", 1)[0]
+            return fn(*args, **kw)
+
+        return call
+
+    async def container_stop(self, now=False):
+        seen["container"] = "stopped"
+
+    monkeypatch.setattr(waiting, "cancel", where("cancel", real_cancel))
+    monkeypatch.setattr(gpu_spawner, "release", where("release", real_release))
+    monkeypatch.setattr(DockerSpawner, "stop", container_stop)
+    await sp.stop()
+    assert seen == {"cancel": "gpulab-records", "release": "gpulab-records", "container": "stopped"}
+    (rec,) = await off(UsageLedger(host.db_url).records)
+    assert (rec.owner, rec.project) == ("alice", "train")
+    assert holdings(host) == {}
