@@ -477,8 +477,10 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         self._emit(80, "Starting the project's container")
         try:
             ip, port = await super().start()
-        except Exception:
-            await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+        except Exception:  # the GPUs back (records pool: the usage ledger's row)
+            await blocking.run(
+                blocking.RECORDS, gpu_spawner.release, self, self.user.name, self.project.name
+            )
             raise
         self._emit(90, "Starting JupyterLab")
         await self._until_answers(ip, port)
@@ -557,20 +559,25 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
 
     async def stop(self, now=False):
         """Out of the GPU queue, the container stopped, its GPUs released: the container
-        stops whatever the GPU records do (their helpers log and never raise)."""
+        stops whatever the GPU records do (their helpers log and never raise). The queue,
+        the allocation record and the usage ledger (the hub's database) on the records
+        pool; only the container's stop on the Docker pool."""
+        owner, project = self.user.name, self.project.name
         try:
-            await self._run(waiting.cancel, self, self.user.name, self.project.name)
+            await blocking.run(blocking.RECORDS, waiting.cancel, self, owner, project)
         finally:
             try:
                 await super().stop(now=now)
             finally:
-                await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+                await blocking.run(blocking.RECORDS, gpu_spawner.release, self, owner, project)
 
     async def poll(self):
         status = await super().poll()
         if status is not None:
-            # the container died or is gone: its GPUs are free again
-            await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+            # the container died or is gone: its GPUs are free again (records pool)
+            await blocking.run(
+                blocking.RECORDS, gpu_spawner.release, self, self.user.name, self.project.name
+            )
         return status
 
     def _check_display_name(self) -> None:
