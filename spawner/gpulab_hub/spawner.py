@@ -27,7 +27,7 @@ from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuTraits
 from gpulab_hub.home import buildlog
-from gpulab_hub.images import builds, confine
+from gpulab_hub.images import builds, confine, prebuild
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.images.startfail import MIN_FAILURE_S, SpawnError, build_failed
 from gpulab_hub.projects import (
@@ -39,6 +39,7 @@ from gpulab_hub.projects import (
     options,
     project_name,
     safe_owner,
+    stacks,
 )
 from gpulab_hub.projects.safefs import ensure_project
 from gpulab_hub.projects.title import title
@@ -204,12 +205,26 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             self._emit(progress, f"Building image: step {step}/{total}: {line.strip()[:200]}")
 
     def _render_dockerfile(self, project: Project) -> str:
+        return self.new_project_dockerfile(
+            options.stack_of(self.user_options),
+            title(self) if self.orm_spawner else options.one_line(project.name),
+        )
+
+    def torch_index(self) -> str:
+        """Blocking (the GPU inventory): where the torch starting points' CPU PyTorch
+        comes from on this host ("" for none: PyPI's CUDA build; stacks.torch_index)."""
+        has_gpu = bool(gpu_spawner.cached_inventory().devices)
+        return stacks.torch_index(self.starting_point_torch, has_gpu, self.cpu_torch_index)
+
+    def new_project_dockerfile(self, stack: str, display_name: str) -> str:
+        """Blocking: the Dockerfile a new project of the starting point ``stack`` gets
+        (the one rendering: a project's first start, the background builds' prebuild.py)."""
         return images.render(
             self.images_dir,
             self.project_template,
             base_image=self.base_image,
-            display_name=title(self) if self.orm_spawner else options.one_line(project.name),
-            stack_lines=options.stack_lines(self.user_options),
+            display_name=display_name,
+            stack_lines=stacks.lines(stack, self.torch_index()),
         )
 
     def _plan_image(self, use_last_good: bool) -> projectimage.Plan:
@@ -273,6 +288,9 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         try:
             if plan.context is None:
                 return plan.tag
+            # the starting point being built in the background now, where this is its
+            # project's first build: the same work, so this start waits and reuses it
+            await prebuild.wait_for(plan.context.dockerfile, self._emit)
             pool = builds.pool(self.build_threads, self.build_max_per_user)
             return await pool.run(self.user.name, self._emit, self._build_image, plan)
         finally:

@@ -21,6 +21,7 @@ from gpulab_hub import blocking, hubsettings
 from gpulab_hub.accounts import USERNAME_PATTERN
 from gpulab_hub.admin import facts
 from gpulab_hub.home import facts as home_facts
+from gpulab_hub.images import prebuild
 from gpulab_hub.sharing.received import server_state
 
 ACTIONS = ("stop", "delete", "approve")
@@ -174,6 +175,7 @@ class AdminHandler(BaseHandler):
             projects=projects,
             records=records,
             builds=builds,
+            starting_points=prebuild.states(),
             cpu_only=cpu_only,
             said=said,
             error=error,

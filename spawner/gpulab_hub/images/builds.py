@@ -30,9 +30,17 @@ class BuildPool:
         self.slots = asyncio.Semaphore(self.threads)
         self.users: dict[str, asyncio.Semaphore] = {}
         self.running = 0
+        self.asked = 0  # users' builds asked for and not yet ended (waiting or running)
 
     async def run(self, user: str, emit: Callable[[int, str], None], fn, *args):
         """``fn(*args)`` on a build thread once ``user`` and the hub have a slot."""
+        self.asked += 1
+        try:
+            return await self._run(user, emit, fn, *args)
+        finally:
+            self.asked -= 1
+
+    async def _run(self, user: str, emit: Callable[[int, str], None], fn, *args):
         mine = self.users.setdefault(user, asyncio.Semaphore(self.per_user))
         if mine.locked():
             emit(
@@ -75,3 +83,9 @@ def pool(threads: int, per_user: int) -> BuildPool:
         if _pool is None:
             _pool = BuildPool(threads, per_user)
         return _pool
+
+
+def busy() -> bool:
+    """Whether a user's build runs or waits for a slot now (the background builds of
+    the starting points, images/prebuild.py, start none while one does)."""
+    return _pool is not None and _pool.asked > 0

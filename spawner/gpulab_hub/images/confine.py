@@ -51,10 +51,16 @@ class BuildLimits:
     disk: int = 20 << 30  # bytes the build may add (its layers and the running step)
     log_bytes: int = 4 << 20  # head + tail of the build log that are kept
     logs_kept: int = 10  # build logs kept per project
+    # relative CPU weight of each step (Docker's default 1024; 2, the least, for the
+    # starting points' background builds: any other work gets the CPUs first)
+    cpu_shares: int | None = None
 
     def container_limits(self) -> dict:
         """docker-py's ``container_limits`` of each step."""
-        return {"memory": int(self.memory), "memswap": int(self.memory)} if self.memory else {}
+        out = {"memory": int(self.memory), "memswap": int(self.memory)} if self.memory else {}
+        if self.cpu_shares:
+            out["cpushares"] = int(self.cpu_shares)
+        return out
 
     def engine_params(self, cgroup_driver: str) -> dict:
         """Build API parameters docker-py does not pass (host.APIClient.build): the CPU
