@@ -227,3 +227,22 @@ def test_each_cpu_torch_stack_passes_hadolint(stack, tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_admin_names_the_starting_points_built_in_the_background():
+    from traitlets import TraitError
+    from traitlets.config import Config
+
+    from gpulab_hub import hubconfig, hubsettings
+
+    def prebuilt(value: str | None) -> list[str]:
+        c = Config()
+        hubconfig.apply(c, {} if value is None else {"GPULAB_PREBUILD": value}, "/i")
+        return list(hubsettings.spawner_of(c).prebuild_stacks)
+
+    every = [s.name for s in stacks.STACKS]
+    assert prebuilt(None) == prebuilt("all") == every  # `make up`: all of them
+    assert prebuilt("none") == []
+    assert prebuilt("pytorch,minimal") == ["pytorch", "minimal"]
+    with pytest.raises(TraitError, match="no starting point 'tensorflow'"):
+        prebuilt("minimal,tensorflow")
