@@ -3,6 +3,11 @@ own that builds two of them after `gpulab up` (GPULAB_PREBUILD=data-science,pyto
 Data science's pip step takes tens of seconds, a window to start a project in while it
 builds; the session hub builds none: a CI machine's minutes).
 
+Its new projects' Dockerfile (the site's own template, set in jupyterhub_config.d) is
+gpulab's with one line more after FROM, a LABEL unique to this run: no layer another
+test built (test_browser_stacks.py's Data science project, an earlier run) fits below it,
+so the starting points' steps run here, whatever the engine's cache held before.
+
 What the admin and a user notice: the admin page's "Starting points" say where each is
 (waiting, building step N of M, ready); a user who creates a Data science project while
 that starting point is being built is told so on the spawn page and then gets its layers; a
@@ -17,6 +22,8 @@ import html
 import re
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 from conftest import PREFIX, hub_env, print_container_logs, start_hub
@@ -35,6 +42,7 @@ ROW = re.compile(
 @pytest.fixture(scope="module")
 def prehub(docker_engine, tmp_path_factory, request):
     home = tmp_path_factory.mktemp("gpulab-prebuild-home")
+    own_template(home, f"gpulab test run {uuid.uuid4().hex}")
     points = "data-science,pytorch"
     env = hub_env(home, GPULAB_CONTAINER_PREFIX=PREFIX + "pre", GPULAB_PREBUILD=points)
     h = start_hub(home, env)
@@ -44,6 +52,23 @@ def prehub(docker_engine, tmp_path_factory, request):
         print_container_logs(docker_engine)
     down = h.gpulab("down")
     assert down.returncode == 0, down.stderr
+
+
+def own_template(home: Path, marker: str) -> None:
+    """A site template of new projects' Dockerfile: gpulab's, with a LABEL ``marker``
+    right after FROM (a site's lines in $GPULAB_HOME/jupyterhub_config.d)."""
+    folder = home / "templates"
+    folder.mkdir(mode=0o755)
+    text = (Path(__file__).parents[1] / "images" / "project.Dockerfile.j2").read_text()
+    start = "FROM {{ base_image }}\n"
+    assert text.count(start) == 1, text
+    (folder / "project.Dockerfile.j2").write_text(
+        text.replace(start, f'{start}LABEL gpulab.test.run="{marker}"\n')
+    )
+    site = home / "jupyterhub_config.d"
+    site.mkdir(mode=0o755)
+    (site / "50-template.py").write_text(f"c.ProjectSpawner.images_dir = {str(folder)!r}\n")
+    (site / "50-template.py").chmod(0o644)
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +102,12 @@ def build_log(user: HubUser, project: str) -> str:
     return html.unescape(m.group(1))
 
 
+def step_of(words: str) -> int:
+    """N of the admin page's "Building: step N of M (...)", 0 before its first step."""
+    m = re.match(r"Building: step (\d+) of \d+", words)
+    return int(m.group(1)) if m else 0
+
+
 def run_steps(log: str) -> list[tuple[str, bool]]:
     """Each RUN step of a build log (Docker's classic builder): (its line, taken from
     the cache)."""
@@ -106,9 +137,10 @@ def test_the_starting_points_build_after_the_start_and_a_new_project_waits_for_i
         for name, shown in points.items():
             if not seen[name] or seen[name][-1] != shown:
                 seen[name].append(shown)
-        state, words = points["data-science"]
-        if state == "building" and "step 2 of" in words and "start" not in started:
+        point = points["data-science"]
+        if point[0] == "building" and step_of(point[1]) >= 3 and "start" not in started:
             # a user makes a Data science project while that starting point's pip runs
+            # (step 3: after FROM and the LABEL)
             create(owner, "tables", "data-science")
             r = owner.api("POST", f"/hub/api/users/{USER}/servers/tables", json={})
             assert r.status_code in (201, 202), r.text
@@ -129,6 +161,9 @@ def test_the_starting_points_build_after_the_start_and_a_new_project_waits_for_i
     building = [w for s, w in seen["data-science"] if s == "building"]
     assert any(re.fullmatch(r"Building: step \d+ of \d+ \(.+\)\.", w) for w in building), seen
     assert "start" in started, "the Data science starting point was never seen building"
+    # the background build ran the starting point's pip, not found it in a cache
+    ran = run_steps((prehub.home / "hub" / "starting-points" / "data-science.log").read_text())
+    assert ran and not any(cached for _, cached in ran), ran
 
     owner.wait_ready("tables", timeout=600)
     reader.join(timeout=60)
