@@ -10,6 +10,8 @@ and within process, memory and CPU limits (docs/security.md).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import re
 import time
 from datetime import UTC, datetime
@@ -267,16 +269,20 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             logs_kept=self.build_logs_kept,
         )
 
-    def _build_image(self, plan: projectimage.Plan) -> str:
-        """Blocking (build pool): build the planned image."""
+    def _build_image(self, plan: projectimage.Plan, quick: bool = False) -> str:
+        """Blocking (build pool): build the planned image (``quick``: in the quick lane,
+        stopped past ``build_quick_s``: builds.py)."""
         self._build_step, self._last_line_at = (0, 1), 0.0
+        limits = self.build_limits()
+        if quick:
+            limits = dataclasses.replace(limits, quick_s=self.build_quick_s)
         return projectimage.build_planned(
             self._docker,
             self.project,
             plan,
             Path(self.projects_root) / ".locks",
             self._on_build_line,
-            self.build_limits(),
+            limits,
             repo=self.image_repo,
             network=self.network_name,
         )
@@ -291,8 +297,10 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             # the starting point being built in the background now, where this is its
             # project's first build: the same work, so this start waits and reuses it
             await prebuild.wait_for(plan.context.dockerfile, self._emit)
-            pool = builds.pool(self.build_threads, self.build_max_per_user)
-            return await pool.run(self.user.name, self._emit, self._build_image, plan)
+            pool = builds.pool(self.build_threads, self.build_max_per_user, self.build_quick_s)
+            who = options.one_line(title(self) if self.orm_spawner else self.name)[:60]
+            build = functools.partial(self._build_image, plan)
+            return await pool.run(self.user.name, who, self._emit, build)
         finally:
             plan.close()
 

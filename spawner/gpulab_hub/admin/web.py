@@ -26,7 +26,12 @@ from gpulab_hub.sharing.received import server_state
 
 ACTIONS = ("stop", "delete", "approve")
 STOP_WAIT_S = 60.0  # how long an action waits for a project to stop
-BUILDING = ("Building image", "Waiting for a build slot", "Waiting for your other image build")
+BUILDING = (
+    "Building image",
+    "Waiting for a build slot",
+    "Waiting for your other image build",
+    "Your other image build",  # the quick lane's first words (images/builds.py)
+)
 REFUSED = "Only admins may see the admin overview and use its actions."
 
 

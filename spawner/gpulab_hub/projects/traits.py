@@ -211,6 +211,18 @@ class ProjectTraits(HasTraits):
         build wait for it, and say so); starts that need no build never wait.
         Default: 1. Example: ``c.ProjectSpawner.build_max_per_user = 2``""",
     )
+    build_quick_s = Float(
+        120,
+        config=True,
+        help="""How long a rebuild may run beside the same user's other builds, in
+        seconds. A start whose build would wait for the user's own build
+        (``build_max_per_user``) runs at once in a lane of its own, one per user: a
+        rebuild that takes all but its last steps from Docker's cache (a line that
+        %gpu_install appended) ends within seconds. Past this time its running step is
+        stopped and the build waits for the user's slot, then goes on from the steps it
+        finished. It still takes one of the hub's ``build_threads``. 0 turns the lane
+        off. Default: 120. Example: ``c.ProjectSpawner.build_quick_s = 60``""",
+    )
     build_mem_limit = Int(
         None,
         allow_none=True,
