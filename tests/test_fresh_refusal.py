@@ -44,13 +44,16 @@ class Hub:
 
 
 class Provider:
-    """JupyterHub's identity provider as FreshRefusal sees it: the cached answer."""
+    """JupyterHub's identity provider as FreshRefusal sees it: the cached answer, kept on
+    the request once read (HubAuth's ``_cached_hub_user``)."""
 
     def __init__(self, hub):
         self.hub_auth = hub
 
     async def get_user(self, handler):
-        model = self.hub_auth.cache.get(token_cache_key(SESSION, TOKEN))
+        if not hasattr(handler, "_cached_hub_user"):
+            handler._cached_hub_user = self.hub_auth.cache.get(token_cache_key(SESSION, TOKEN))
+        model = handler._cached_hub_user
         if model and self.hub_auth.check_scopes(self.hub_auth.access_scopes, model):
             return model["name"]
         return None

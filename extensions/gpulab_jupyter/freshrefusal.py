@@ -10,7 +10,8 @@ project with you" until the old answer expired.
 authorizer runs: app.py) asks the hub again, bypassing the cache, before it refuses
 someone, at most once every ``ASK_AGAIN_S`` seconds per token, and keeps the fresh
 answer in the cache. An access that was granted again works on the next request; a
-revoked one stays refused (the fresh answer says so too).
+revoked one stays refused (the fresh answer says so too). The request that asked is
+answered with the fresh answer too: JupyterHub keeps its first answer on the request.
 
 A page load (a browser's top-level navigation: the project opened after accepting a
 link, from the home page, a reload) is asked about on its own allowance,
@@ -77,9 +78,13 @@ class FreshRefusal:
         hub_auth.cache[key] = fresh
         if not fresh or not hub_auth.check_scopes(hub_auth.access_scopes, fresh):
             return None
-        # JupyterHub set a refusal on this request (handler.redirect raises 403): the
-        # fresh answer lets the person in, so ask again with it.
+        # JupyterHub set a refusal on this request (handler.redirect raises 403) and
+        # keeps its first answer on the request (HubAuth's ``_cached_hub_user``): the
+        # fresh answer lets the person in, so ask again with it, this request included.
+        # (Before, only the next request got in: the page opened by accepting a new
+        # link said "alice stopped sharing this project with you".)
         handler.__dict__.pop("redirect", None)
+        handler.__dict__.pop("_cached_hub_user", None)
         return await super().get_user(handler)
 
     def _may_ask_again(self, key: str, every_s: float) -> bool:
