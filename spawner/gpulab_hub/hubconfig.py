@@ -158,11 +158,16 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
     # gpulab's routes that replace JupyterHub's (the home page, the spawn page: home/; the
     # activity API: sharing/activity.py; accepting a link: sharing/accept.py) come first,
     # whatever the authenticator (accounts/auth.py GpulabHub; finish mixes it into one
-    # the admin names).
+    # the admin names). JupyterHub's API deletes a user only when the request names them
+    # again (admin/userdelete.py): one click on JupyterHub's admin page deletes nobody.
+    from gpulab_hub.admin import userdelete
     from gpulab_hub.sharing import activity
 
     c.GpulabHub.gpulab_routes = (
-        home.front_handlers() + activity.hub_handlers() + accept.hub_handlers()
+        home.front_handlers()
+        + activity.hub_handlers()
+        + accept.hub_handlers()
+        + userdelete.hub_handlers()
     )
     c.NativeAuthenticator.open_signup = a.open_signup
     c.GpulabAuthenticator.first_admin = a.admin

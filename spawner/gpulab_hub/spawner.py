@@ -326,10 +326,12 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         except ProjectError:
             return ""
         good = projectimage.last_good(project, repo=self.image_repo)
+        failed = projectimage.last_build_failed(project)
+        changed = bool(good and failed) and projectimage.changed_since_failure(
+            self._docker, project, self.image_repo, allowed=tuple(self.allowed_base_images)
+        )
         return options.form(
-            good.describe() if good else None,
-            projectimage.last_build_failed(project),
-            self.gpu_choices(),
+            good.describe() if good else None, failed, self.gpu_choices(), changed
         )
 
     def gpu_choices(self) -> options.GpuChoices | None:
