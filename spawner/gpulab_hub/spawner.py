@@ -304,9 +304,7 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         changed = bool(good and failed) and projectimage.changed_since_failure(
             self._docker, project, self.image_repo, allowed=tuple(self.allowed_base_images)
         )
-        return options.form(
-            good.describe() if good else None, failed, self.gpu_choices(), changed
-        )
+        return options.form(good.describe() if good else None, failed, self.gpu_choices(), changed)
 
     def gpu_choices(self) -> options.GpuChoices | None:
         inv = gpu_spawner.cached_inventory()
@@ -429,7 +427,7 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             self._refuse_default_project()
             self._refuse_unapplied_settings()
             opts = options.validate(self.user_options)
-            self._check_display_name()
+            options.refuse_unchecked_display_name(self.orm_spawner, self.name, self.user.db)
             self._emit(2, f"Preparing project {project_name(self.name)}")
             try:
                 self.image = await self._prepare_image(opts.get("use_last_good", False))
@@ -581,18 +579,6 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
                 blocking.RECORDS, gpu_spawner.release, self, self.user.name, self.project.name
             )
         return status
-
-    def _check_display_name(self) -> None:
-        """Refuse (and forget) a display name JupyterHub stored unchecked (a rename)."""
-        orm_spawner = self.orm_spawner
-        if orm_spawner is None or not orm_spawner.display_name:
-            return
-        try:
-            options.check_display_name(orm_spawner.display_name)
-        except options.OptionsError:
-            orm_spawner.display_name = self.name
-            self.user.db.commit()
-            raise
 
     async def delete_forever(self):
         """The project (or its user) is deleted: its folder, records, shares and GPUs

@@ -169,7 +169,8 @@ def _last_good_fields(description: str, changed: bool) -> str:
   <input class="form-check-input" type="radio" name="image_choice" value="rebuild"
          id="gpulab-rebuild"{" checked" if changed else ""}>
   <label class="form-check-label" for="gpulab-rebuild">Build the Dockerfile again{
-      " with its changes" if changed else ""}</label>
+        " with its changes" if changed else ""
+    }</label>
 </div>"""
     if changed:
         note = """
@@ -237,3 +238,16 @@ def from_form(formdata: dict[str, list[str]], spawner=None) -> dict:
         # a form without hardware fields (a host without GPUs) keeps the project's choice
         opts.update(remembered(spawner))
     return validate(opts)
+
+
+def refuse_unchecked_display_name(orm_spawner, name: str, db) -> None:
+    """Refuse (and forget: back to ``name``) a display name JupyterHub stored unchecked
+    on ``orm_spawner`` (a rename); ``db`` is JupyterHub's session, on its thread."""
+    if orm_spawner is None or not orm_spawner.display_name:
+        return
+    try:
+        check_display_name(orm_spawner.display_name)
+    except OptionsError:
+        orm_spawner.display_name = name
+        db.commit()
+        raise
