@@ -70,10 +70,12 @@ FROM system
 # The hub's files live apart from GPULAB_HOME (often /srv/gpulab, mounted over).
 WORKDIR /opt/gpulab/app
 # gpulab-hub's dependencies (from its pyproject.toml; gpulab-contract, from this checkout,
-# comes below) in a layer of their own: a change to gpulab's code rebuilds from there.
+# comes below), PostgreSQL's driver among them (its "postgresql" extra: compose.yml's
+# database), in a layer of their own: a change to gpulab's code rebuilds from there.
 COPY spawner/pyproject.toml /tmp/gpulab-hub-pyproject.toml
 RUN python -c "import tomllib; p = tomllib.load(open('/tmp/gpulab-hub-pyproject.toml', 'rb')); \
-print('\n'.join(d for d in p['project']['dependencies'] if not d.startswith('gpulab-')))" \
+d = p['project']['dependencies'] + p['project']['optional-dependencies']['postgresql']; \
+print('\n'.join(x for x in d if not x.startswith('gpulab-')))" \
       > /tmp/gpulab-hub-requirements.txt \
  && pip install --no-cache-dir -r /tmp/gpulab-hub-requirements.txt \
  && rm /tmp/gpulab-hub-requirements.txt /tmp/gpulab-hub-pyproject.toml
@@ -92,7 +94,8 @@ COPY jupyterhub_config.py ./
 RUN pip install --no-cache-dir ./contract ./spawner \
  && python -c "import gpulab_hub.spawner, gpulab_hub.accounts.auth, gpulab_hub.sharing.public, \
 gpulab_hub.doctor.cuda, gpulab_hub.images.base, gpulab_contract.arch, nbconvert, \
-gpulab_hub.ssh.keys, gpulab_hub.ssh.web, gpulab_hub.ssh.hubapi, gpulab_hub.home.web, gpulab_hub.cli"
+gpulab_hub.ssh.keys, gpulab_hub.ssh.web, gpulab_hub.ssh.hubapi, gpulab_hub.home.web, gpulab_hub.cli, \
+psycopg"
 
 # 8000: the proxy (browsers); 2222: the SSH gateway into projects (GPULAB_SSH_PORT).
 EXPOSE 8000 2222

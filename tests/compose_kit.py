@@ -57,6 +57,8 @@ class Deployment:
         self.project = f"{PREFIX}compose"
         self.container = f"{PREFIX}-compose-hub"
         self.image = f"{PREFIX}/hub:compose"
+        self.db_container = f"{PREFIX}-compose-db"
+        self.db_image = f"{PREFIX}/db:compose"
         self.container_prefix = f"{PREFIX}cmp"
         self.network = f"{PREFIX}-compose-net"
         self.home = workdir / "home"
@@ -97,7 +99,8 @@ class Deployment:
         if Path(torch).is_file():  # a wheel on disk: at the same path inside the hub
             hub["volumes"] = [f"{torch}:{torch}:ro"]
         self.override = workdir / "compose.test.yml"
-        self.override.write_text(yaml.safe_dump({"services": {"hub": hub}}))
+        db = {"image": self.db_image, "container_name": self.db_container}
+        self.override.write_text(yaml.safe_dump({"services": {"hub": hub, "db": db}}))
 
     def compose(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
         exe = shutil.which("docker-compose")
@@ -128,6 +131,19 @@ class Deployment:
             time.sleep(1)
         raise AssertionError(f"the hub did not answer at {self.url} within {timeout} s")
 
+    def psql(self, dk: host.Docker, query: str) -> list[str]:
+        """What the database server answers ``query`` (psql in the db container, on
+        its socket, as the hub connects): one line a row."""
+        run = dk.call(
+            "exec_create",
+            self.db_container,
+            ["psql", "-h", "/run/gpulab-db", "-U", "gpulab", "-d", "gpulab", "-Atc", query],
+        )
+        out = dk.call("exec_start", run["Id"]).decode()
+        code = dk.call("exec_inspect", run["Id"])["ExitCode"]
+        assert code == 0, out
+        return out.splitlines()
+
     def logs(self) -> str:
         done = self.compose("logs", "--no-color", "--tail", "80", timeout=60)
         return done.stdout + done.stderr
@@ -136,7 +152,7 @@ class Deployment:
         """``docker-compose down``, then every object the deployment made: project
         containers, the project images built meanwhile, the hub image, the network
         and its firewall rules."""
-        self.compose("down", "--remove-orphans", timeout=300)
+        self.compose("down", "--remove-orphans", "--volumes", timeout=300)
         for c in dk.call("containers", all=True, filters={"name": self.container_prefix}):
             if c["Names"][0].lstrip("/").startswith(self.container_prefix + "-"):
                 dk.call("remove_container", c["Id"], force=True, v=True)
@@ -155,10 +171,17 @@ class Deployment:
         left = [
             c["Names"][0]
             for c in dk.call("containers", all=True, filters={"name": PREFIX})
-            if c["Names"][0].lstrip("/").startswith((self.container, self.container_prefix + "-"))
+            if c["Names"][0]
+            .lstrip("/")
+            .startswith((self.container, self.db_container, self.container_prefix + "-"))
         ]
         tags = [t for img in dk.call("images") for t in img.get("RepoTags") or []]
-        left += [t for t in tags if t == self.image]
+        left += [t for t in tags if t in (self.image, self.db_image)]
+        left += [
+            v["Name"]
+            for v in dk.call("volumes").get("Volumes") or []
+            if v["Name"].startswith(f"{self.project}_")
+        ]
         left += [n["Name"] for n in dk.call("networks", names=[self.network])]
         labelled = dk.call(
             "containers", all=True, filters={"label": f"com.docker.compose.project={self.project}"}

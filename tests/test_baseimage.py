@@ -109,7 +109,7 @@ def test_context_trusts_host_certificates_and_carries_wheels(tmp_path):
     )
 
 
-@pytest.mark.parametrize("template", ["project.Dockerfile.j2", "hub.Dockerfile"])
+@pytest.mark.parametrize("template", ["project.Dockerfile.j2", "hub.Dockerfile", "db.Dockerfile"])
 def test_project_and_hub_dockerfiles_pass_hadolint(template, tmp_path):
     from gpulab_hub import images
 

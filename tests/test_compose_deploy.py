@@ -23,6 +23,7 @@ from compose_kit import Deployment, host_ca_certificates, image_ids
 from hubclient import HubUser, localhost_names
 
 from gpulab_hub import host
+from gpulab_hub.db import migrate
 
 pytestmark = [pytest.mark.docker]
 
@@ -171,3 +172,31 @@ def test_a_project_starts_installs_and_is_shared(deployment, docker_engine):
     print(f"compose: shared and opened by {GUEST} in {time.monotonic() - restarted:.0f} s")
     admin.stop_project(PROJECT)
     print(f"compose: walk done in {time.monotonic() - walk:.0f} s")
+
+
+def test_the_hubs_state_is_in_postgresql_and_outlasts_a_restart(deployment, docker_engine):
+    """JupyterHub's tables and gpulab's in the db service's PostgreSQL (no SQLite file
+    beside the hub), which has no network; the walk's accounts and share still there
+    after the hub's container restarts."""
+    db = docker_engine.call("inspect_container", deployment.db_container)
+    assert db["State"]["Running"] and db["HostConfig"]["NetworkMode"] == "none"
+    assert not (deployment.home / "hub" / "jupyterhub.sqlite").exists()
+    users = deployment.psql(docker_engine, "SELECT name FROM users ORDER BY name")
+    assert {"admin", GUEST} <= set(users), users
+    (version,) = deployment.psql(docker_engine, "SELECT version_num FROM gpulab_alembic_version")
+    assert version == migrate.head()
+    shared = deployment.psql(
+        docker_engine,
+        "SELECT u.name FROM shares s JOIN users u ON u.id = s.user_id "
+        "JOIN spawners sp ON sp.id = s.spawner_id WHERE sp.name = 'deploy'",
+    )
+    assert shared == [GUEST], shared
+
+    deployment.must("restart", "hub", timeout=300)
+    deployment.wait_ready(docker_engine)
+    admin = HubUser(deployment.url, "admin", ADMIN_PASSWORD)
+    assert admin.login().status_code == 302  # the password hash, read back from PostgreSQL
+    admin.new_token()
+    listed = admin.api("GET", f"/hub/api/shares/admin/{PROJECT}")
+    assert listed.status_code == 200, listed.text
+    assert [s["user"]["name"] for s in listed.json()["items"] if s.get("user")] == [GUEST]

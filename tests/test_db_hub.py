@@ -10,11 +10,15 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pg_kit
+import pytest
+import sqlalchemy as sa
 from conftest import free_port
 from jupyterhub import orm
 
@@ -141,3 +145,58 @@ def test_gpulab_upgrade_db_upgrades_by_hand_and_then_finds_nothing_to_do(tmp_pat
     assert again.returncode == 0, again.stderr
     assert "up to date" in again.stdout
     assert len(list(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*"))) == 1
+
+
+SECRET = "db-passw0rd-5150"
+
+
+@pytest.fixture(scope="module")
+def pg_server():
+    # a folder the postgres account reaches (pytest's own is root's alone)
+    folder = Path(tempfile.mkdtemp(prefix="gpulab-test-pg-"))
+    try:
+        with pg_kit.server(folder) as url:
+            yield url
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_hub_on_postgresql_keeps_every_table_there_and_a_restart_changes_nothing(
+    tmp_path, pg_server
+):
+    """GPULAB_DB_URL: JupyterHub's tables and gpulab's in one PostgreSQL database, none
+    in a SQLite file; the usage ledger file imported there once; a second start (and
+    `gpulab upgrade-db`) finds it up to date."""
+    # a password in the URL, as production has one (the tests' server trusts 127.0.0.1)
+    url = pg_kit.fresh_database(pg_server).replace("postgres@", f"postgres:{SECRET}@", 1)
+    assert SECRET in url
+    hub = _older_hub(tmp_path)
+    (hub / "jupyterhub.sqlite").unlink()  # the fixture's SQLite database is not this hub's
+    env = {**_env(hub.parent, tmp_path), "GPULAB_DB_URL": url}
+
+    log = _start_and_stop(hub, env, tmp_path / "first.log")
+    assert not (hub / "jupyterhub.sqlite").exists(), "a SQLite database was made beside"
+    assert not list(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*"))
+    assert "DatabaseError" not in log, log
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            version = conn.execute(sa.text(f"SELECT version_num FROM {tables.VERSION_TABLE}"))
+            assert version.scalar_one() == migrate.head()
+            users = {r[0] for r in conn.execute(sa.text("SELECT name FROM users"))}
+            assert "admin" in users, users  # the first admin, JupyterHub's row
+            got = conn.execute(sa.text("SELECT owner, project FROM gpulab_usage ORDER BY started"))
+            assert got.fetchall() == [("bob", "vision"), ("alice", "thesis")]
+        assert (hub / "gpu-usage.jsonl.imported").is_file()
+
+        log = _start_and_stop(hub, env, tmp_path / "second.log")
+        assert "Imported" not in log and "DatabaseError" not in log, log
+        again = subprocess.run([GPULAB, "upgrade-db"], env=env, capture_output=True, text=True)
+        assert again.returncode == 0, again.stderr
+        assert "up to date" in again.stdout
+        for words in (again.stdout, again.stderr, log):
+            assert SECRET not in words  # the hub and the command show the URL without it
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM gpulab_usage")).scalar_one() == 2
+    finally:
+        engine.dispose()

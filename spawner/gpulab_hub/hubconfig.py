@@ -82,7 +82,7 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
     c.JupyterHub.hub_port = s.hub_port
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
     # JupyterHub's tables and gpulab's (db/): the layout's db_url reads it back
-    c.JupyterHub.db_url = settings.sqlite_url(hub_dir / settings.DATABASE)
+    c.JupyterHub.db_url = s.database_url
     c.JupyterHub.cookie_secret_file = str(hub_dir / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(hub_dir / "jupyterhub.pid")
     # Project containers keep running across hub restarts; `gpulab down` stops them.

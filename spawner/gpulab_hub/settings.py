@@ -166,6 +166,32 @@ def url_or_empty(name: str, value: str) -> str:
     return value
 
 
+DATABASE_BACKENDS = {"sqlite": ("", "pysqlite"), "postgresql": ("", "psycopg", "psycopg2")}
+
+
+def database_url(name: str, value: str) -> str:
+    """The hub's database as SQLAlchemy names it: SQLite (``sqlite:///<file>``) or
+    PostgreSQL (``postgresql+psycopg://user:password@host/db``, or its socket:
+    ``postgresql+psycopg://user@/db?host=/run/postgresql``); "" where unset."""
+    if not value:
+        return value
+    import sqlalchemy as sa
+
+    try:
+        url = sa.make_url(value)
+    except sa.exc.ArgumentError:
+        raise SettingError(
+            f"{name} is not a database URL (like postgresql+psycopg://gpulab@db/gpulab)."
+        ) from None
+    drivers = DATABASE_BACKENDS.get(url.get_backend_name())
+    if drivers is None or (url.drivername.partition("+")[2] not in drivers):
+        raise SettingError(
+            f"{name} names a database gpulab does not run on ({url.drivername}): use "
+            "sqlite:///<file> or postgresql+psycopg://..."
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class Login:
     """Who may log in, and how (accounts/providers.py, docs/authentication.md)."""
@@ -404,6 +430,9 @@ class Settings:
     hub_connect_ip: str = var("GPULAB_HUB_CONNECT_IP", "")
     prefix: str = var("GPULAB_CONTAINER_PREFIX", "gpulab")
     idle_timeout_s: int = var("GPULAB_IDLE_TIMEOUT", 7200, SECONDS)  # 0: never
+    # the hub's database (JupyterHub's tables and gpulab's); "": SQLite in the hub folder.
+    # Secret: a PostgreSQL URL may hold the password.
+    db_url: str = var("GPULAB_DB_URL", "", database_url, secret=True)
     accounts: Accounts = field(default_factory=Accounts)
     login: Login = field(default_factory=Login)
     sharing: Sharing = field(default_factory=Sharing)
@@ -427,6 +456,11 @@ class Settings:
     def hub_dir(self) -> Path:
         """The hub's own folder (database, cookie secret, logs, keys): $GPULAB_HOME/hub."""
         return self.home / "hub"
+
+    @property
+    def database_url(self) -> str:
+        """The hub's database: GPULAB_DB_URL, else the SQLite file in the hub folder."""
+        return self.db_url or sqlite_url(self.hub_dir / DATABASE)
 
     @property
     def admin_password_file(self) -> Path:
