@@ -7,11 +7,12 @@ ARG BASE=debian:bookworm-slim
 FROM ${BASE} AS system
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Python, Node (for JupyterHub's proxy), iptables (gpulab's firewall chain).
+# Python, Node (for JupyterHub's proxy), iptables (gpulab's firewall chain), PostgreSQL's
+# client tools (`gpulab backup` and `restore` of compose.yml's database: pg_dump).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      python3 python3-venv nodejs npm ca-certificates iptables \
+      python3 python3-venv nodejs npm ca-certificates iptables postgresql-client \
  && rm -rf /var/lib/apt/lists/*
 
 # Extra CA certificates (a TLS-intercepting proxy's): every *.crt the admin put in

@@ -1,7 +1,8 @@
 """``gpulab backup``: one archive of a running hub's state (see the package's doc).
 
 The database is copied with SQLite's online backup API (a consistent copy while the hub
-writes to it); each record file is read under its store's lock (``<name>.lock`` beside
+writes to it), or dumped with pg_dump where it is PostgreSQL (database.py); each record
+file is read under its store's lock (``<name>.lock`` beside
 it: jsonfile.LockedRecord and the GPU usage log; the SSH keys folder's one lock). The
 archive is written to a temporary file (0600: it holds keys) and renamed into place.
 """
@@ -31,6 +32,7 @@ from gpulab_hub.backup import (
     MEMBERS,
     PROJECTS,
     BackupError,
+    database,
 )  # fmt: skip
 from gpulab_hub.backup import version as gpulab_version
 from gpulab_hub.backup.tree import Limits, Writer
@@ -259,10 +261,23 @@ class _Listing:
 
 def _add_state(w: Writer, config, where, home, hub_dir, work, projects, environ, say) -> None:
     db = database_path(config, hub_dir)
-    if db is None:
+    url = config.JupyterHub.get("db_url") if "JupyterHub" in config else None
+    if db is None and database.postgresql(url):
+        say(
+            f"Dumping the hub's database {database.shown(url)} with pg_dump (one snapshot: "
+            "the hub keeps running)..."
+        )
+        copy = work / database.DUMP
+        database.dump(url, copy)
+        fd = os.open(copy, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            w.add_fd(f"{HUB}/{database.DUMP}", fd, os.fstat(fd))
+        finally:
+            os.close(fd)
+    elif db is None:
         w.leave_out(
-            "the hub's database is not SQLite (JupyterHub.db_url): back it up with its "
-            "server's own tools (pg_dump, mysqldump)"
+            "the hub's database is neither SQLite nor PostgreSQL (JupyterHub.db_url): back "
+            "it up with its server's own tools (mysqldump)"
         )
     else:
         say(f"Copying the hub's database {db} (SQLite's online backup: the hub keeps running)...")

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
+from sqlalchemy import exc as sa_errors
 
 from gpulab_hub import hubfiles, stateversion
 from gpulab_hub.backup import (
@@ -40,6 +41,7 @@ from gpulab_hub.backup import (
     MEMBERS,
     PROJECTS,
     BackupError,
+    database,
     sparse,
 )  # fmt: skip
 from gpulab_hub.backup import version as gpulab_version
@@ -258,11 +260,13 @@ def _compare(seen: Iterator[dict], listed: Iterator[dict], archive: Path, refuse
         )
 
 
-def _conflicts(dest: dict[str, Path]) -> list[str]:
+def _conflicts(dest: dict[str, Path], db_url: str) -> list[str]:
     """What a restore would replace that holds a hub's state (refused without --force)."""
     found = []
     if (dest[HUB] / DATABASE).exists():
         found.append(f"a hub database ({dest[HUB] / DATABASE})")
+    if db_url and database.has_hub(db_url):
+        found.append(f"a hub database ({database.shown(db_url)})")
     projects = dest[PROJECTS]
     if projects.is_dir() and any(not e.name.startswith(".") for e in os.scandir(projects)):
         found.append(f"project folders ({projects})")
@@ -292,7 +296,8 @@ def restore(
         raise BackupError(
             f"A hub runs on {home} ({running}): stop it with `gpulab down` before you restore."
         )
-    found = _conflicts(dest)
+    db_url = _database_url(environ)
+    found = _conflicts(dest, db_url)
     if found and not force:
         raise BackupError(
             f"{home} already has a hub's state: {', '.join(found)}. Restore onto a new "
@@ -307,15 +312,49 @@ def restore(
     try:
         with _stream(archive) as tar:
             manifest, skipped, tops = unpack_checked(tar, archive, stage, say)
-        moved = _move_into_place(stage, dest, stamp, tops)
+        moved = _database_into_place(stage, db_url, home, stamp, bool(found))
+        moved += _move_into_place(stage, dest, stamp, tops)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     for line in moved:
         say(line)
     for line in skipped[:20]:
         say(f"  left out: {line}")
-    _summary(dest, manifest, environ, say)
+    _summary(dest, manifest, environ, say, db_url)
     return manifest
+
+
+def _database_url(environ) -> str:
+    """The restoring hub's PostgreSQL database (its GPULAB_DB_URL), "" for SQLite."""
+    from gpulab_hub import settings
+
+    url = settings.parse(environ).db_url
+    if url and not database.postgresql(url):
+        return ""  # a SQLite file named by URL: restored as a file (its folder's)
+    return url
+
+
+def _database_into_place(stage: Path, db_url: str, home: Path, stamp: str, force: bool) -> list:
+    """A PostgreSQL dump in the archive, into the hub's PostgreSQL database (before any
+    file is moved into place); an archive of the other kind than the hub's is refused."""
+    dumped = stage / HUB / database.DUMP
+    if dumped.exists() and not db_url:
+        raise BackupError(
+            "This archive holds the hub's database as a PostgreSQL dump: set GPULAB_DB_URL "
+            "to the new hub's (empty) PostgreSQL database, then restore; nothing was restored."
+        )
+    if not dumped.exists():
+        if db_url and (stage / HUB / DATABASE).exists():
+            raise BackupError(
+                "This archive holds a SQLite hub database, and GPULAB_DB_URL names "
+                f"PostgreSQL ({database.shown(db_url)}): restore without GPULAB_DB_URL (the "
+                "hub then uses SQLite); nothing was restored."
+            )
+        return []
+    aside = home / f"database.before-restore-{stamp}.pgdump" if force else None
+    said = database.restore(db_url, dumped, aside=aside)
+    dumped.unlink()  # the database has it; no copy of its hashes beside the hub
+    return said
 
 
 def _keeper(stage: Path, skipped: list[str]):
@@ -373,17 +412,22 @@ def _move_into_place(stage: Path, dest: dict[str, Path], stamp: str, tops: set[s
     return said
 
 
-def _summary(dest: dict[str, Path], manifest: dict, environ, say) -> None:
+def _summary(dest: dict[str, Path], manifest: dict, environ, say, db_url: str = "") -> None:
     hub = dest[HUB]
     try:
-        db = sqlite3.connect(f"file:{hub / DATABASE}?mode=ro", uri=True)
-        try:
-            (users,) = db.execute("SELECT count(*) FROM users").fetchone()
-            (servers,) = db.execute("SELECT count(*) FROM spawners WHERE name != ''").fetchone()
-        finally:
-            db.close()
+        if db_url:
+            users, servers = database.counts(db_url)
+        else:
+            db = sqlite3.connect(f"file:{hub / DATABASE}?mode=ro", uri=True)
+            try:
+                (users,) = db.execute("SELECT count(*) FROM users").fetchone()
+                (servers,) = db.execute(
+                    "SELECT count(*) FROM spawners WHERE name != ''"
+                ).fetchone()
+            finally:
+                db.close()
         say(f"The restored hub has {users} accounts and {servers} projects.")
-    except sqlite3.Error as e:
+    except (sqlite3.Error, sa_errors.SQLAlchemyError) as e:
         say(f"The restored database could not be read ({e}); `gpulab up` will say more.")
     if not (hub / "crypt-key").exists() and not environ.get("JUPYTERHUB_CRYPT_KEY"):
         say(
