@@ -194,7 +194,7 @@ async def test_a_link_accepted_while_its_record_is_locked(inproc):
     try:
         accept = asyncio.ensure_future(press())
         took = await health_behind(hub, accept)
-        assert took < BEHIND_A_LOCK, f"/hub/health waited {took:.1f} s behind an acceptance's record"
+        assert took < BEHIND_A_LOCK, f"/hub/health waited {took:.1f} s behind an acceptance"
     finally:
         held.release()
     accepted = await accept
@@ -215,7 +215,7 @@ async def test_a_link_accepted_while_its_record_stays_locked_gives_nothing(inpro
     try:
         accept = asyncio.ensure_future(press())
         took = await health_behind(hub, accept)
-        assert took < BEHIND_A_LOCK, f"/hub/health waited {took:.1f} s behind an acceptance's record"
+        assert took < BEHIND_A_LOCK, f"/hub/health waited {took:.1f} s behind an acceptance"
         refused = await accept
     finally:
         held.release()
