@@ -249,12 +249,30 @@ def test_the_jobs_tab_is_named_and_a_command_job_shows_its_command_line(lab, pag
         shown = item.locator("[data-gpulab=job-title]")
         assert shown.evaluate("e => e.scrollWidth <= e.clientWidth")
         item.locator("[data-gpulab=job-title]").screenshot(path=str(OUT / "jobs-command-title.png"))
-        # The browser tab names the project: "output.log — Alice First — gpulab".
-        page.wait_for_function("() => document.title.endsWith(' — Alice First — gpulab')")
-        assert re.fullmatch(r"\S+ — Alice First — gpulab", page.title()), page.title()
         page.screenshot(path=str(OUT / "jobs-command.png"))
     finally:
         assert api(lab, f"jobs/{job['id']}/stop", "POST")["state"] == "stopped"
+
+
+def test_the_browser_tab_names_the_project_once(lab, page):
+    # A document open: "train.py — Alice First — gpulab".
+    item = page.locator(".jp-DirListing-item").filter(has=page.get_by_text("train.py", exact=True))
+    if not item.is_visible():  # the Jobs panel has the sidebar: show the file browser
+        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
+    item.dblclick()
+    page.wait_for_function("() => document.title.startsWith('train.py')", timeout=60_000)
+    title = page.title()  # "train.py (2)" where an earlier test left one view open
+    assert title.endswith(" — Alice First — gpulab") and title.count("Alice First") == 1, title
+    # JupyterLab's title with no document is "JupyterLab": the tab then reads the
+    # project's name alone, once (gpulab's own title must not be rewritten again).
+    title = page.evaluate(
+        """async () => {
+            document.title = 'JupyterLab';
+            await new Promise(done => setTimeout(done, 100));  // the observers have run
+            return document.title;
+        }"""
+    )
+    assert title == "Alice First — gpulab"
 
 
 def test_a_job_that_ends_is_announced(lab, page):

@@ -8,7 +8,9 @@ import { PageConfig } from '@jupyterlab/coreutils';
 /** JupyterLab's title (`<document> - JupyterLab`, or `JupyterLab`) for ``project``. */
 export function projectTitle(title: string, project: string, appName: string): string {
   const suffix = `— ${project} — gpulab`;
-  if (title.endsWith(suffix)) {
+  // Already this project's (with a document, or the project's alone): rewriting the
+  // project's own title again would name the project twice.
+  if (title.endsWith(suffix) || title === `${project} — gpulab`) {
     return title;
   }
   let doc = title.trim();
