@@ -1,0 +1,114 @@
+"""Cells run on the server's side (gpulab_jupyter/cells.py), asked as people and
+programs ask: the notebook's collaboration room, jupyter-server-nbmodel's execute
+route, the notebook as saved on disk (the contents API reads the file)."""
+
+from __future__ import annotations
+
+import time
+
+import requests
+from security.people import open_room
+
+PNG_1PX = (  # a 1x1 PNG
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9aw"
+    "AAAABJRU5ErkJggg=="
+)
+
+
+def code_cell(cell_id: str, source: str) -> dict:
+    return {"cell_type": "code", "id": cell_id, "execution_count": None, "metadata": {},
+            "outputs": [], "source": source}  # fmt: skip
+
+
+def put_notebook(user, server: str, path: str, cells: list[dict]) -> None:
+    kernel = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    content = {"cells": cells, "metadata": {"kernelspec": kernel}, "nbformat": 4,
+               "nbformat_minor": 5}  # fmt: skip
+    r = user.api("PUT", f"{server}/api/contents/{path}",
+                 json={"type": "notebook", "format": "json", "content": content})  # fmt: skip
+    assert r.status_code in (200, 201), r.text
+
+
+def saved(user, server: str, path: str) -> dict:
+    """The notebook as its .ipynb on disk holds it."""
+    r = user.api("GET", f"{server}/api/contents/{path}?content=1&type=notebook")
+    assert r.status_code == 200, r.text
+    return r.json()["content"]
+
+
+def cell_text(nb: dict, cell_id: str) -> str:
+    """What a cell printed: the text of its stream outputs, in order."""
+    cell = next(c for c in nb["cells"] if c["id"] == cell_id)
+    out = []
+    for o in cell.get("outputs", []):
+        if o["output_type"] == "stream":
+            out.append(o["text"] if isinstance(o["text"], str) else "".join(o["text"]))
+    return "".join(out)
+
+
+def cell_of(nb: dict, cell_id: str) -> dict:
+    return next(c for c in nb["cells"] if c["id"] == cell_id)
+
+
+def room_id(user, server: str, path: str) -> str:
+    r = user.api("PUT", f"{server}/api/collaboration/session/{path}",
+                 json={"format": "json", "type": "notebook"})  # fmt: skip
+    assert r.status_code in (200, 201), r.text
+    return f"json:notebook:{r.json()['fileId']}"
+
+
+def kernel_of(user, server: str, path: str, start: bool = True) -> str:
+    """The kernel of ``path``'s session (started as JupyterLab starts one)."""
+    for s in user.api("GET", f"{server}/api/sessions").json():
+        if s.get("path") == path and s.get("kernel"):
+            return s["kernel"]["id"]
+    assert start, f"no session for {path}"
+    r = user.api("POST", f"{server}/api/sessions", json={
+        "path": path, "type": "notebook", "name": path, "kernel": {"name": "python3"}})  # fmt: skip
+    assert r.status_code == 201, r.text
+    return r.json()["kernel"]["id"]
+
+
+def post_execute(token: str, base: str, server: str, kernel: str, code: str, cell_id: str,
+                 room: str, path: str) -> requests.Response:  # fmt: skip
+    """jupyter-server-nbmodel's route, as gpulab's cell executor posts to it."""
+    return requests.post(
+        f"{base}{server}/api/kernels/{kernel}/execute",
+        headers={"Authorization": f"token {token}"},
+        json={
+            "code": code,
+            "metadata": {"cell_id": cell_id, "document_id": room, "document_path": path},
+        },  # fmt: skip
+        timeout=30,
+    )
+
+
+def wait_done(token: str, base: str, server: str, kernel: str, request_id: str,
+              timeout: float = 180) -> dict:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    url = f"{base}{server}/api/kernels/{kernel}/requests/{request_id}"
+    while time.monotonic() < deadline:
+        r = requests.get(url, headers={"Authorization": f"token {token}"}, timeout=30)
+        if r.status_code != 202:
+            return {"status_code": r.status_code, **(r.json() if r.text else {})}
+        time.sleep(0.5)
+    raise AssertionError(f"request {request_id} still running after {timeout} s")
+
+
+def running_cells(user, server: str) -> dict:
+    r = user.api("GET", f"{server}/api/gpulab/v1/cells")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_idle(user, server: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cells = running_cells(user, server)
+        if not cells["running"] and not cells["queued"]:
+            return
+        time.sleep(1)
+    raise AssertionError(f"cells still running after {timeout} s: {running_cells(user, server)}")
+
+
+__all__ = ["open_room"]
