@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import requests
-from security.people import open_room
 
 PNG_1PX = (  # a 1x1 PNG
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9aw"
@@ -109,6 +108,3 @@ def wait_idle(user, server: str, timeout: float = 180) -> None:
             return
         time.sleep(1)
     raise AssertionError(f"cells still running after {timeout} s: {running_cells(user, server)}")
-
-
-__all__ = ["open_room"]

@@ -43,8 +43,10 @@ def test_the_culler_service_stops_at_the_hubs_first_signal():
         proc.wait()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def culling_hub(docker_engine, tmp_path_factory):
+    """One hub with a short idle timeout for the module's tests (a hub costs a minute or
+    more to start); each test has its own user and projects."""
     home = tmp_path_factory.mktemp("gpulab-cull")
     hub = start_hub(home, hub_env(home, GPULAB_IDLE_TIMEOUT=str(TIMEOUT)))
     yield hub
