@@ -73,7 +73,7 @@ def lab(parent: Path, *extra: str):
         [str(JUPYTER), "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
          *extra],  # fmt: skip
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, cwd=root,  # jupyter-collaboration's store
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:

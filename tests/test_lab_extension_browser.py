@@ -64,7 +64,8 @@ def running_lab(
         f"--LabApp.user_settings_dir={home / 'settings'}", "--allow-root", *args,
     ]  # fmt: skip
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        # cwd: jupyter-collaboration keeps its store (.jupyter_ystore.db) in the current folder
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=home)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
