@@ -15,7 +15,11 @@ adds what gpulab needs around that:
   memory ``document_cleanup_delay`` (60 s) after its last browser left; outputs
   written after that would reach no file. :func:`keep_rooms` makes that clean-up
   wait while a cell of the notebook runs or is queued;
-- **bounded outputs**: ``outputbound.py``.
+- **bounded outputs**: ``outputbound.py``;
+- **the first cell at once**: the library connects its kernel client (and waits
+  for the kernel's handshake, 0.4 s at least) at a kernel's first cell; gpulab
+  connects it as the kernel starts (:func:`connect_early`), while the person
+  types, so a new notebook's first Shift+Enter waits for no more than the kernel.
 
 Where jupyter-server-nbmodel or jupyter-collaboration is missing, nothing here is
 active and cells run through the kernel as JupyterLab runs them.
@@ -155,6 +159,66 @@ def enabled_here(serverapp) -> bool:
     return all(enabled.get(name) and apps.get(name) for name in (NBMODEL, YDOC))
 
 
+def connect_early(serverapp) -> None:
+    """Connect the library's kernel client to each kernel as it starts: one connection
+    per kernel, shared by the first cell when it comes before the handshake ended.
+    Uses the library's private ``ExecutionStack._get_client`` (pinned ==0.2.9); the
+    stack is looked up at a kernel's start (jupyter-server-nbmodel may load after
+    gpulab's extension)."""
+    km = serverapp.kernel_manager
+    if getattr(km, "_gpulab_connects_early", False):
+        return
+
+    def shared(stack):
+        """``stack._get_client``, each kernel's connection made once."""
+        if getattr(stack, "_gpulab_shared_client", False):
+            return stack._get_client
+        get_client = stack._get_client
+        connecting: dict[str, asyncio.Future] = {}
+
+        async def shared_client(kernel_id: str):
+            fut = connecting.get(kernel_id)
+            if fut is None:
+                fut = connecting[kernel_id] = asyncio.ensure_future(get_client(kernel_id))
+                fut.add_done_callback(lambda _f: connecting.pop(kernel_id, None))
+            return await asyncio.shield(fut)
+
+        stack._get_client = shared_client
+        stack._gpulab_shared_client = True
+        return shared_client
+
+    async def connect(kernel_id: str) -> None:
+        stack = CELLS._stack()
+        if stack is None or not hasattr(stack, "_get_client"):
+            return
+        t0 = time.monotonic()
+        try:
+            await shared(stack)(kernel_id)
+        except Exception as e:  # noqa: BLE001 - the first cell connects again, and says why
+            serverapp.log.warning("gpulab: no early connection to kernel %s: %s", kernel_id, e)
+            return
+        serverapp.log.info(
+            "gpulab: the server's client of kernel %s connected in %.2f s",
+            kernel_id,
+            time.monotonic() - t0,
+        )
+
+    start_kernel = km.start_kernel
+
+    async def start_and_connect(*args, **kwargs):
+        kernel_id = await start_kernel(*args, **kwargs)
+        task = asyncio.ensure_future(connect(kernel_id))
+        _EARLY.add(task)
+        task.add_done_callback(_EARLY.discard)
+        return kernel_id
+
+    km.start_kernel = start_and_connect
+    km._gpulab_connects_early = True
+
+
+_EARLY: set[asyncio.Task] = set()  # the early connections under way (kept referenced)
+
+
 def install(extension) -> bool:
     """Turn server-side cells on for ``extension``'s server, where they can be."""
     from .outputbound import OutputBounds
@@ -173,6 +237,7 @@ def install(extension) -> bool:
         return False
     page_config["gpulabServerSideExecution"] = True
     serverapp.web_app.settings["gpulab_cells"] = CELLS
+    connect_early(serverapp)
     return True
 
 
