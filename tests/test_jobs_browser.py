@@ -374,7 +374,7 @@ def test_idle_notice_and_keep_it_running(lab, page):
     notice.wait_for(timeout=60_000)
     text = notice.inner_text()
     assert re.search(r"This project stops at \d\d:\d\d if it stays idle \(no browser activity, "
-                     r"job or GPU use\)", text), text  # fmt: skip
+                     r"job, running cell or GPU use\)", text), text  # fmt: skip
     activity = api(lab, "activity")
     # nothing keeps it beyond its last use: no job runs (a running one would)
     assert activity["idle_timeout"] == IDLE_TIMEOUT
