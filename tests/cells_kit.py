@@ -4,9 +4,16 @@ route, the notebook as saved on disk (the contents API reads the file)."""
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import requests
+import websocket
 
 PNG_1PX = (  # a 1x1 PNG
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9aw"
@@ -108,3 +115,64 @@ def wait_idle(user, server: str, timeout: float = 180) -> None:
             return
         time.sleep(1)
     raise AssertionError(f"cells still running after {timeout} s: {running_cells(user, server)}")
+
+
+class Client:
+    """What the helpers above ask of a user: ``api`` with a token, ``base``, ``token``."""
+
+    def __init__(self, base: str, token: str):
+        self.base, self.token = base, token
+
+    def api(self, method: str, path: str, **kw) -> requests.Response:
+        kw.setdefault("timeout", 30)
+        return requests.request(method, self.base + path,
+                                headers={"Authorization": f"token {self.token}"}, **kw)  # fmt: skip
+
+
+@contextlib.contextmanager
+def local_server(root: Path, *args: str):
+    """A real Jupyter server from this checkout's .venv (gpulab-jupyter,
+    jupyter-collaboration, jupyter-server-nbmodel) serving ``root``; its log is
+    ``root/server.log`` (its end printed when it stops)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    jupyter = Path(sys.executable).with_name("jupyter")
+    log = open(root / "server.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [str(jupyter), "server", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--allow-root", *args],  # fmt: skip
+        stdout=log, stderr=subprocess.STDOUT, cwd=root,
+    )  # fmt: skip
+    client = Client(f"http://127.0.0.1:{port}", token)
+    try:
+        for _ in range(120):
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            with contextlib.suppress(requests.ConnectionError):
+                if client.api("GET", "/api/status").ok:
+                    break
+            time.sleep(0.5)
+        yield client
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+        print((root / "server.log").read_text()[-2000:])
+
+
+def open_and_close_room(client: Client, path: str) -> str:
+    room = room_id(client, "", path)
+    body = {"format": "json", "type": "notebook"}
+    session = client.api("PUT", f"/api/collaboration/session/{path}", json=body).json()
+    session = session["sessionId"]
+    ws = websocket.create_connection(
+        client.base.replace("http", "ws", 1)
+        + f"/api/collaboration/room/{room}?sessionId={session}",
+        header=[f"Authorization: token {client.token}"],
+        timeout=20,
+    )
+    ws.recv()  # the room answered: its document is loaded
+    ws.close()
+    return room

@@ -13,7 +13,10 @@ overwrites its line there). A notebook's cells together stay under
 
 :func:`install` wraps the library's ``_output_hook`` and ``_execute_snippet``
 (module functions of ``jupyter_server_nbmodel.actions``, looked up by name at each
-call); the pure part (:class:`Budget`) is tested without a kernel.
+call), the hook with display updates too (``displays.py``: the library ignores
+``update_display_data``) and streams written at the right offsets (``streams.py``:
+the library's rewrite of a line breaks on text outside ASCII); the pure part
+(:class:`Budget`) is tested without a kernel.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from dataclasses import dataclass, field
 
 from traitlets import Float, Integer
 from traitlets.config import Configurable
+
+from .displays import DISPLAYS, display_hook
+from .streams import stream_hook
 
 # The execution the running hook belongs to (set by the wrapped _execute_snippet).
 _current: contextvars.ContextVar[Budget | None] = contextvars.ContextVar(
@@ -232,6 +238,7 @@ def bounded_output_hook(original, bounds: OutputBounds):
         if budget.ycell is None and ycell is not None:
             budget.ycell = ycell
             budget.size(bounds.budget_for(others_size(ycell)))
+            DISPLAYS.forget_cell(ycell)  # its outputs were cleared as it started
         if msg_type == "clear_output":
             budget.reset()
             return original(outputs, ycell, stream_state, msg)
@@ -292,7 +299,11 @@ def install(bounds: OutputBounds, tracker) -> bool:
     except ImportError:
         return False
     if not getattr(actions._output_hook, "__gpulab_bounded__", False):
-        actions._output_hook = bounded_output_hook(actions._output_hook, bounds)
+        # nbmodel's hook with streams at the right offsets (streams.py) and display
+        # updates (displays.py), under the bound
+        hook = stream_hook(actions._output_hook)
+        hook = display_hook(hook, lambda: bounds.max_cell_chars)
+        actions._output_hook = bounded_output_hook(hook, bounds)
     if not getattr(actions._execute_snippet, "__gpulab_bounded__", False):
         actions._execute_snippet = bounded_execute(actions._execute_snippet, bounds, tracker)
     return True
