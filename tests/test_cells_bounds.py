@@ -129,3 +129,17 @@ def test_a_first_message_larger_than_the_budget_still_fills_the_head():
     head, shown = texts(ycell)
     assert len(head) == 8_000 and printed.startswith(head)
     assert shown.endswith(printed[-2_000:])
+
+
+def test_a_bar_outside_ascii_rewrites_its_line_in_the_shared_notebook():
+    # tqdm's bar: "█" is 3 bytes in UTF-8, where pycrdt's Text counts its offsets
+    from gpulab_jupyter.streams import stream_hook
+
+    ycell = notebook()
+    hook = stream_hook(actions._output_hook)
+    state, kept = actions._StreamState(), []
+    for i in range(1, 6):
+        hook(kept, ycell, state, stream(f"\r{'█' * i}{' ' * (5 - i)}| {i}/5", "stderr"))
+    hook(kept, ycell, state, stream("\n", "stderr"))
+    assert texts(ycell) == ["█████| 5/5\n"]
+    assert len(kept) == 6  # the library's copy of each message, for its HTTP answer
