@@ -12,8 +12,15 @@ from __future__ import annotations
 import json
 import time
 
-from cells_kit import cell_text, code_cell, kernel_of, post_execute, put_notebook
-from test_cells_keep_room import open_and_close_room, server  # noqa: F401 - the fixture
+from cells_kit import (
+    cell_text,
+    code_cell,
+    kernel_of,
+    open_and_close_room,
+    post_execute,
+    put_notebook,
+)
+from test_cells_keep_room import server  # noqa: F401 - the fixture
 
 CONNECTED = "the server's client of kernel {} connected in"
 
