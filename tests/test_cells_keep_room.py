@@ -59,3 +59,24 @@ def test_a_notebook_stays_in_memory_while_its_cell_runs_then_leaves(server):
         time.sleep(0.5)
         log = (root / "server.log").read_text()
     assert f"Room {room} deleted" in log, "the notebook stayed in memory after its cell ended"
+
+
+def test_a_cell_that_ends_just_before_the_clean_up_still_reaches_the_file(tmp_path):
+    # the save waits 4 s after a change, the clean-up comes 2 s after the tab closed:
+    # jupyter-collaboration alone drops the document with its save still pending
+    with local_server(tmp_path, "--YDocExtension.document_cleanup_delay=2",
+                      "--YDocExtension.document_save_delay=4",
+                      "--ServerSideCells.keep_room_check_s=0.5") as client:  # fmt: skip
+        put_notebook(client, "", "quick.ipynb", [code_cell("q1", "")])
+        kernel = kernel_of(client, "", "quick.ipynb")
+        room = open_and_close_room(client, "quick.ipynb")
+        r = post_execute(client.token, client.base, "", kernel, "print('quick')", "q1", room,
+                         "quick.ipynb")  # fmt: skip
+        assert r.status_code == 202, r.text
+        log, deadline = "", time.monotonic() + 60
+        while f"Room {room} deleted" not in log and time.monotonic() < deadline:
+            time.sleep(0.5)
+            log = (tmp_path / "server.log").read_text()
+        assert f"Room {room} deleted" in log, log[-3000:]
+        saved = json.loads((tmp_path / "quick.ipynb").read_text())
+        assert cell_text(saved, "q1") == "quick\n", log[-3000:]

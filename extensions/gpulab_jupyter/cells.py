@@ -14,7 +14,8 @@ adds what gpulab needs around that:
 - **the document stays**: jupyter-collaboration drops a notebook's document from
   memory ``document_cleanup_delay`` (60 s) after its last browser left; outputs
   written after that would reach no file. :func:`keep_rooms` makes that clean-up
-  wait while a cell of the notebook runs or is queued;
+  wait while a cell of the notebook runs or is queued, and then for the notebook's
+  pending save;
 - **bounded outputs**: ``outputbound.py``;
 - **the first cell at once**: the library connects its kernel client (and waits
   for the kernel's handshake, 0.4 s at least) at a kernel's first cell; gpulab
@@ -122,6 +123,19 @@ class RunningCells:
 CELLS = RunningCells()
 
 
+async def saved(room, timeout: float = 30.0) -> None:
+    """Wait until ``room``'s pending save is done: jupyter-collaboration 5.0.4's clean-up
+    stops the room, which cancels a save still waiting out ``document_save_delay``
+    (``DocumentRoom.stop``), so outputs written in the last second before it (a cell
+    that ended just then) would never reach the file."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        task = getattr(room, "_saving_document", None)
+        if task is None or task.done():
+            return
+        await asyncio.wait({task}, timeout=max(0.0, deadline - time.monotonic()))
+
+
 def keep_rooms(settings: ServerSideCells) -> bool:
     """jupyter-collaboration's room clean-up waits while a cell of that notebook runs
     or is queued (and nobody has come back); False where it is not installed."""
@@ -144,6 +158,7 @@ def keep_rooms(settings: ServerSideCells) -> bool:
                 if getattr(self.room, "clients", None):
                     return  # someone is back (their close starts a new clean-up)
                 await asyncio.sleep(settings.keep_room_check_s)
+            await saved(self.room)
             self._cleanup_delay = 0
         return await original(self)
 
