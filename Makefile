@@ -11,10 +11,14 @@ up:
 down:
 	.venv/bin/gpulab down
 
+# The whole suite's test files spread over this many workers (pytest-xdist; a file stays
+# on one worker): most of a run waits on builds, containers and browsers, not the CPU.
+TEST_WORKERS ?= 2
+
 test:
 	bash scripts/setup.sh test
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast:
 	bash scripts/setup.sh fast

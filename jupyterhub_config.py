@@ -31,6 +31,9 @@ for why in ignored:
     print(f"gpulab: {why}", flush=True)
 for path in site_files:
     load_subconfig(str(path))  # noqa: F821 (provided by JupyterHub)
-hubconfig.finish(c)
+site = hubconfig.finish(c)
+# gpulab's tables in the hub's database brought up to date, a SQLite database backed up
+# first (db/migrate.py; `gpulab upgrade-db` does the same by hand).
+hubconfig.upgrade_database(site)
 # gpulab's GPU figures on /hub/metrics, beside JupyterHub's (gpus/metrics.py).
 metrics.register(metrics.Sources.of_config(c))

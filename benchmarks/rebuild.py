@@ -6,9 +6,11 @@ through gpulab's pipeline, and times that pip install alone in a container of
 the same image. Everything it makes is named ``gpulabbench-rebuild`` and
 removed at the end.
 
-    .venv/bin/python benchmarks/rebuild.py [--package numpy==2.1.3 --module numpy]
+    .venv/bin/python benchmarks/rebuild.py [--package numpy==2.1.3 --module numpy] [--rounds 3]
 
-Last line: ``rebuild_ratio=<rebuild after one appended line / that pip install alone>``.
+Each round appends a line of its own and prints where the rebuild's seconds went.
+Last line: ``rebuild_ratio=<median of rebuild after one appended line / that pip install
+alone>``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import docker.errors
@@ -79,10 +82,63 @@ def cleanup(dk: host.Docker) -> None:
         dk.call("remove_network", net["Id"])
 
 
+class Timeline:
+    """Wraps a ``docker_call`` and times where a rebuild's seconds go: the build network
+    (made and removed per build), the build call up to its first step (context upload,
+    the engine's set-up), the new step's container (from "Running in" to its last line),
+    the layer's commit (its last line to "Removing intermediate container"), and the
+    rest of the build call (tagging)."""
+
+    def __init__(self, dk: host.Docker):
+        self.dk = dk
+        self.parts: dict[str, float] = {}
+
+    def add(self, part: str, seconds: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+
+    def __call__(self, method, *args, **kwargs):
+        t = time.perf_counter()
+        result = self.dk.call(method, *args, **kwargs)
+        if method in ("create_network", "remove_network"):
+            self.add("network", time.perf_counter() - t)
+        if method != "build":
+            return result
+        return self._stream(result, t)
+
+    def _stream(self, chunks, t0):
+        first_step = running = last_line = removing = None
+        for chunk in chunks:
+            now = time.perf_counter()
+            text = (chunk.get("stream") or "").strip()
+            if text.startswith("Step ") and first_step is None:
+                first_step = now
+            elif text.startswith("---> Running in"):
+                running = now
+            elif text.startswith("Removing intermediate container"):
+                removing = now
+            elif text and running is not None and removing is None:
+                last_line = now
+            yield chunk
+        end = time.perf_counter()
+        if first_step is not None:
+            self.add("build call to its first step", first_step - t0)
+        if running is not None and last_line is not None and removing is not None:
+            self.add("the new step's container", last_line - running)
+            self.add("layer commit", removing - last_line)
+            self.add("tag and finish", end - removing)
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--package", default="numpy==2.1.3", help="pinned requirement to append")
     ap.add_argument("--module", default="numpy", help="its import name")
+    ap.add_argument("--rounds", type=int, default=1, help="rebuilds, each after a new line")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpulab-rebuild-") as tmp:
@@ -101,6 +157,18 @@ def main() -> int:
             first = ["RUN pip install --no-cache-dir six==1.16.0 && python -c 'import six'"]
             project.dockerfile.write_text(project_dockerfile(base_tag, first))
 
+            def project_build(call, on_line=lambda line: None):
+                return projectimage.ensure_image(
+                    call,
+                    project,
+                    state / "locks",
+                    on_line,
+                    1800,
+                    repo=f"{PREFIX}/project",
+                    network=NETWORK,
+                    allowed=(base_tag,),
+                )
+
             def full():
                 baseimage.ensure(
                     dk.call,
@@ -113,47 +181,38 @@ def main() -> int:
                     base_tag,
                     network=NETWORK,
                 )
-                return projectimage.ensure_image(
-                    dk.call,
-                    project,
-                    state / "locks",
-                    lambda line: None,
-                    1800,
-                    repo=f"{PREFIX}/project",
-                    network=NETWORK,
-                    allowed=(base_tag,),
-                )
+                return project_build(dk.call)
 
             _, full_s = timed(full)
-            project.dockerfile.write_text(
-                project_dockerfile(base_tag, first + [managed_line(args.package, args.module)])
-            )
-            lines: list[str] = []
-            tag, rebuild_s = timed(
-                lambda: projectimage.ensure_image(
-                    dk.call,
-                    project,
-                    state / "locks",
-                    lines.append,
-                    1800,
-                    repo=f"{PREFIX}/project",
-                    network=NETWORK,
-                    allowed=(base_tag,),
-                )
-            )
-            cached = sum(1 for line in lines if line.strip() == "---> Using cache")
-            steps = sum(1 for line in lines if line.startswith("Step "))
-            base_only = images.base_of(project.dockerfile.read_text())
-            alone = pip_alone(dk, base_only, args.package)
             print(f"package appended:            {args.package}")
             print(f"full build (base + project): {full_s:7.2f} s")
-            print(
-                f"rebuild after one line:      {rebuild_s:7.2f} s  ({cached}/{steps} steps cached)"
-            )
-            print(f"that pip install alone:      {alone:7.2f} s")
-            print(f"rebuild / full build:        {rebuild_s / full_s:7.3f}")
+            ratios, rebuilds, alones = [], [], []
+            for n in range(1, args.rounds + 1):
+                # a line of its own each round, so Docker's cache holds none of it
+                line = managed_line(args.package, args.module) + f" && echo round {n}"
+                project.dockerfile.write_text(project_dockerfile(base_tag, first + [line]))
+                lines: list[str] = []
+                timeline = Timeline(dk)
+                tag, rebuild_s = timed(partial(project_build, timeline, lines.append))
+                cached = sum(1 for line in lines if line.strip() == "---> Using cache")
+                steps = sum(1 for line in lines if line.startswith("Step "))
+                alone = pip_alone(dk, images.base_of(project.dockerfile.read_text()), args.package)
+                ratios.append(rebuild_s / alone)
+                rebuilds.append(rebuild_s)
+                alones.append(alone)
+                print(
+                    f"round {n}: rebuild after one line {rebuild_s:6.2f} s "
+                    f"({cached}/{steps} steps cached), that pip install alone {alone:6.2f} s, "
+                    f"ratio {rebuild_s / alone:.2f}"
+                )
+                shown = sum(timeline.parts.values())
+                for part, seconds in timeline.parts.items():
+                    print(f"    {part + ':':32s}{seconds:6.2f} s")
+                print(f"    {'the rest (plan, locks, record):':32s}{rebuild_s - shown:6.2f} s")
+            print(f"rebuild p50: {median(rebuilds):.2f} s, pip alone p50: {median(alones):.2f} s")
+            print(f"rebuild / full build:        {median(rebuilds) / full_s:7.3f}")
             print(f"image: {tag}")
-            print(f"rebuild_ratio={rebuild_s / alone:.2f}")
+            print(f"rebuild_ratio={median(ratios):.2f}")
         finally:
             cleanup(dk)
             if started:

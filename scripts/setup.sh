@@ -14,10 +14,12 @@ say() { printf '==> %s\n' "$*"; }
 # registry is reachable), Node.js for the proxy; Chromium and docker-compose for tests;
 # Slurm, munge and docker-registry for the test cluster (tests/cluster_kit.py);
 # Prometheus to scrape the hub's /hub/metrics (tests/test_metrics.py); curl and iproute2 for
-# the LAN test (tests/test_tls_lan.py).
+# the LAN test (tests/test_tls_lan.py); PostgreSQL, gpulab's records layer run on it
+# (tests/test_db_postgres.py starts a server of its own on a free port, beside any
+# cluster Debian's package made).
 pkgs=(docker.io debootstrap nodejs npm)
 [ "$want_tests" = fast ] && pkgs=(openssh-client)
-[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry prometheus curl iproute2)
+[ "$want_tests" = test ] && pkgs+=(chromium docker-compose openssh-client slurm-wlm munge docker-registry prometheus curl iproute2 postgresql)
 # Caddy, the TLS proxy `gpulab up` runs for an https GPULAB_PUBLIC_URL (gpulab_hub/tls/);
 # the tests run it too, with NSS's certutil to make Chromium trust its CA.
 caddy_wanted() { [[ "${GPULAB_PUBLIC_URL:-}" == https://* ]]; }

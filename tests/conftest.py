@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,19 @@ from gpulab_hub import host
 pytest_plugins = ("lanes",)
 
 # Prefix of every Docker object and container the tests make; two runs at once
-# (say, a benchmark beside the suite) use different prefixes.
-PREFIX = os.environ.get("GPULAB_TEST_PREFIX", "gpulabtest")
+# (say, a benchmark beside the suite) use different prefixes, and so does each worker
+# of one run (pytest-xdist's gw0, gw1...: `make test` runs several). Modules that read
+# the variable themselves, and the hubs the tests start, see the worker's own.
+RUN_PREFIX = os.environ.get("GPULAB_TEST_RUN_PREFIX") or os.environ.get(
+    "GPULAB_TEST_PREFIX", "gpulabtest"
+)
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+PREFIX = RUN_PREFIX + WORKER
+os.environ["GPULAB_TEST_RUN_PREFIX"] = RUN_PREFIX
+os.environ["GPULAB_TEST_PREFIX"] = PREFIX
+# What the workers of one run share: the Docker engine the run started (stopped by
+# the run's controller once every worker is done) and the ports handed out.
+SHARED = Path(tempfile.gettempdir()) / f"{RUN_PREFIX}-run"
 # Blocking work on an event loop's thread (a store lock, a Docker call) fails the test
 # instead of a warning (gpulab_hub/blocking.py); the hubs tests start inherit it (hub_env).
 os.environ["GPULAB_LOOP_GUARD"] = "strict"
@@ -31,19 +43,24 @@ REPO = Path(__file__).resolve().parents[1]
 GPULAB = str(Path(sys.executable).parent / "gpulab")
 
 
-_PORTS_GIVEN: set[int] = set()
-
-
 def free_port() -> int:
-    """A port free now, and never one this test run handed out before: a hub binds its
-    ports later, so two hubs (or one hub's proxy, twice) must not be given the same one."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _PORTS_GIVEN:
-            _PORTS_GIVEN.add(port)
-            return port
+    """A port free now, and never one this test run (any of its workers) handed out
+    before: a hub binds its ports later, so two hubs (or one hub's proxy, twice) must
+    not be given the same one."""
+    from filelock import FileLock
+
+    SHARED.mkdir(exist_ok=True)
+    given = SHARED / "ports-given"
+    with FileLock(str(SHARED / "ports.lock"), timeout=60):
+        taken = set(given.read_text().split()) if given.exists() else set()
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if str(port) not in taken:
+                with given.open("a") as f:
+                    f.write(f"{port}\n")
+                return port
 
 
 def cleanup_docker(dk: host.Docker) -> None:
@@ -72,17 +89,44 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+DOCKERD_STARTED = "dockerd-started-by-this-run"
+
+
 @pytest.fixture(scope="session")
-def docker_engine(tmp_path_factory):
-    """A reachable Docker engine (started here if none runs), cleaned of test objects."""
-    state = tmp_path_factory.mktemp("dockerd")
+def docker_engine():
+    """A reachable Docker engine (started here if none runs), cleaned of this worker's
+    test objects. One engine for all workers of a run: the first to need it starts it;
+    the run stops it at its end (pytest_sessionfinish) if the run started it."""
+    from filelock import FileLock
+
+    SHARED.mkdir(exist_ok=True)
     dk = host.Docker()
-    started = host.ensure_dockerd(dk, state)
+    with FileLock(str(SHARED / "dockerd.lock"), timeout=120):
+        if host.ensure_dockerd(dk, SHARED / "dockerd"):
+            (SHARED / DOCKERD_STARTED).touch()
     cleanup_docker(dk)
     yield dk
     cleanup_docker(dk)
-    if started:
-        host.stop_dockerd(state)
+
+
+def _controller(config) -> bool:
+    """The process that runs the whole session: the only one without xdist, or
+    xdist's controller (its workers have ``workerinput``)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    if _controller(session.config):
+        (SHARED / DOCKERD_STARTED).unlink(missing_ok=True)
+        (SHARED / "ports-given").unlink(missing_ok=True)
+
+
+@pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
+def pytest_sessionfinish(session):
+    """The engine this run started, stopped once every worker is done."""
+    if _controller(session.config) and (SHARED / DOCKERD_STARTED).exists():
+        host.stop_dockerd(SHARED / "dockerd")
+        (SHARED / DOCKERD_STARTED).unlink(missing_ok=True)
 
 
 class Hub:

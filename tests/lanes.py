@@ -38,6 +38,9 @@ SLOW = (
     "tests/test_magics_dockerfile.py::test_concurrent_writers_from_separate_processes_lose_nothing",
     # kernels, Jupyter servers, nbconvert, job processes and the hub's services
     "tests/test_up_once.py",  # runs `gpulab up` (its start-up imports take seconds)
+    "tests/test_db_hub.py",  # starts JupyterHub twice, runs `gpulab upgrade-db` twice
+    "tests/test_db_postgres.py",  # starts a PostgreSQL server
+    "tests/test_gpu_queue_spawn.py::test_twenty_waiting_starts_share_one_serve_a_tick_and_never_hold_the_docker_pool",  # noqa: E501
     "tests/test_jobs_local.py::test_a_job_outlives_the_kernel_that_started_it",
     "tests/test_jobs_local.py::test_a_notebook_job_writes_its_executed_copy_next_to_it",
     "tests/test_jobs_local.py::test_gpu_job_magic_in_a_kernel_that_then_dies",

@@ -377,7 +377,7 @@ def test_sharing_ssh_keys_secrets_and_deletion_work_for_provider_logins(oidc_hub
     assert "LAB_API_KEY" in alice.http.get(f"{oidc_hub.url}/hub/gpulab/secrets", timeout=20).text
 
     # the admin (carol) deletes alice: her projects, shares, key and secret go with her
-    r = carol.api("DELETE", "/hub/api/users/alice")
+    r = carol.api("DELETE", "/hub/api/users/alice", params={"confirm": "alice"})
     assert r.status_code == 204, r.text
     assert carol.api("GET", "/hub/api/users/alice").status_code == 404
     assert carol.api("GET", "/hub/api/users/carol/shared").json()["items"] == []

@@ -3,13 +3,15 @@ the guard of routes that never ask it, and the read-only filter of RTC messages.
 
 from __future__ import annotations
 
+import asyncio
+
 import pycrdt
 import pytest
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from tornado import web
 
-from gpulab_jupyter import authorizer, collab
+from gpulab_jupyter import authorizer, collab, freshrefusal
 from gpulab_jupyter.authorizer import EXECUTE, READ, WRITE, grants, needed_scope
 
 OWNER, PROJECT = "alice", "one"
@@ -201,6 +203,36 @@ async def test_someone_who_just_accepted_a_share_gets_in_at_once():
     assert not await auth.allows(mallory, "read", "contents")
     assert not await auth.allows(mallory, "write", "contents")
     assert len(asked) == 2  # refused again within 2 s: the hub is not asked again
+
+
+async def test_the_page_after_accepting_opens_while_an_old_tab_of_theirs_polls():
+    """bob was revoked; a tab of his still polls the project, refused, so the listing of
+    shares is never 2 s old and his own ask is recent. He accepts a new link: the page
+    load that follows asks the hub again and opens (a poll would not)."""
+    import types
+
+    auth = authorizer.ProjectAuthorizer()
+    auth.owner, auth.server_name = "alice", "one"
+    shared = []
+    asked = []
+
+    async def fetch():
+        asked.append(1)
+        return [{"user": {"name": "bob"}, "group": None, "scopes": VIEWER}] if shared else []
+
+    def handler(mode: str, dest: str):
+        headers = {"Sec-Fetch-Mode": mode, "Sec-Fetch-Dest": dest}
+        return types.SimpleNamespace(request=types.SimpleNamespace(method="GET", headers=headers))
+
+    auth._fetch_shares = fetch
+    bob = {"name": "bob", "kind": "user", "scopes": []}
+    poll, page = handler("cors", "empty"), handler("navigate", "document")
+    assert not await auth.allows(bob, "read", "contents", poll)  # refused since the revoke
+    shared.append(1)  # he accepts the new link
+    assert not await auth.allows(bob, "read", "contents", poll)  # a poll: not asked again
+    await asyncio.sleep(freshrefusal.NAVIGATION_AGAIN_S + 0.05)
+    assert await auth.allows(bob, "read", "contents", page)  # the project opens
+    assert len(asked) == 2
 
 
 async def test_a_refusal_is_in_the_viewers_words_for_a_viewer_only():

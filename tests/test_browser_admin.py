@@ -119,3 +119,85 @@ def test_the_admin_stops_a_project_and_approves_a_sign_up_from_the_page(hub, run
     assert len(archived) == 1, archived
     assert waiting.login().status_code == 302
     assert (SHOTS / "admin-page.png").stat().st_size > 10_000
+
+
+GONER, GONER_PROJECT, SCRIPTED = "admgoner", "admkept", "admscript"
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+@pytest.mark.usefixtures("show_logs_on_failure")
+def test_a_user_is_deleted_only_when_the_admin_typed_their_name(hub, browser):
+    """JupyterHub's own admin page deletes a user (the account and all their projects)
+    on one click of Delete user; under gpulab that click deletes nothing, and gpulab's
+    admin overview deletes them once the admin typed the user's name, as deleting one
+    project asks for its name."""
+    admin = log_in_admin(hub)
+    goner = make_user(hub, admin, GONER)
+    goner.make_project(GONER_PROJECT, "Kept Work")
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    context.set_default_timeout(20_000)
+    page = context.new_page()
+    try:
+        page.goto(f"{hub.url}/hub/login")
+        page.get_by_label("Username").fill("admin")
+        page.get_by_label("Password").fill(hub.admin_password)
+        page.get_by_role("button", name="Sign In").click()
+        expect(page).to_have_url(re.compile(r".*/hub/(home|admin).*"))
+
+        # JupyterHub's admin page: Edit User, Delete user (one click, no question).
+        page.goto(f"{hub.url}/hub/admin?name_filter={GONER}")
+        user_rows = page.locator("tr.user-row").filter(has_text=GONER).locator("visible=true")
+        expect(user_rows).to_have_count(1)  # the project's row
+        user_rows.get_by_role("button", name="Edit User").click()
+        page.get_by_test_id("delete-user").click()
+        expect(page.get_by_text("Failed to edit user.")).to_be_visible()
+        page.screenshot(path=SHOTS / "admin-jupyterhub-delete-refused.png", full_page=True)
+        # ...and the user and their project are all there.
+        model = admin.api("GET", f"/hub/api/users/{GONER}?include_stopped_servers=1")
+        assert model.status_code == 200 and GONER_PROJECT in model.json()["servers"]
+        assert goner.login().status_code == 302
+        # The page says where users are deleted.
+        expect(page.locator("[data-gpulab=admin-delete-user]")).to_contain_text(
+            "deletes nobody here"
+        )
+
+        # gpulab's admin overview: Delete… asks, with what goes; a mistyped name deletes
+        # nothing; their name typed, the user and their project are deleted.
+        page.goto(f"{hub.url}/hub/gpulab/admin")
+        user_row = page.locator(f'tr.admin-user[data-user="{GONER}"]')
+        user_row.get_by_role("button", name="Delete…").click()
+        ask = page.locator("#admin-confirm-user")
+        expect(ask).to_contain_text(f"Delete the user {GONER} and all their projects?")
+        expect(ask).to_contain_text(f"Their 1 project ({GONER_PROJECT})")
+        ask.get_by_label("Type their name").fill(GONER + "x")
+        ask.get_by_role("button", name="Delete the user for good").click()
+        expect(page.locator("#admin-confirm-user-mistyped")).to_contain_text("nothing was deleted")
+        assert admin.api("GET", f"/hub/api/users/{GONER}").status_code == 200
+        page.screenshot(path=SHOTS / "admin-delete-user-asks.png", full_page=True)
+        ask.get_by_label("Type their name").fill(GONER)
+        ask.get_by_role("button", name="Delete the user for good").click()
+        expect(page.locator("#admin-said")).to_have_text(
+            f"Deleted the user {GONER} and their 1 project."
+        )
+        expect(page.locator(f'tr.admin-user[data-user="{GONER}"]')).to_have_count(0)
+        # the admin's own row has no Delete…
+        me = page.locator('tr.admin-user[data-user="admin"]')
+        expect(me.get_by_role("button", name="Delete…")).to_have_count(0)
+    finally:
+        context.close()
+    assert admin.api("GET", f"/hub/api/users/{GONER}").status_code == 404
+    assert goner.login().status_code != 302
+
+    # Through the API: refused unless the request names the user again.
+    scripted = make_user(hub, admin, SCRIPTED)
+    refused = admin.api("DELETE", f"/hub/api/users/{SCRIPTED}")
+    assert refused.status_code == 400, refused.text
+    assert f"?confirm={SCRIPTED}" in refused.json()["message"]
+    assert admin.api("GET", f"/hub/api/users/{SCRIPTED}").status_code == 200
+    wrong = admin.api("DELETE", f"/hub/api/users/{SCRIPTED}", params={"confirm": GONER})
+    assert wrong.status_code == 400
+    done = admin.api("DELETE", f"/hub/api/users/{SCRIPTED}", params={"confirm": SCRIPTED})
+    assert done.status_code == 204, done.text
+    assert admin.api("GET", f"/hub/api/users/{SCRIPTED}").status_code == 404
+    assert scripted.login().status_code != 302

@@ -1,12 +1,14 @@
 """Sharing as people meet it, in Chromium against a real hub and a real project: what
 the share form offers first, what a link's access lasts, the accept page's words,
-no OAuth confirm page, what a collaborator whose access ended reads, and a copy into
-a new project named in free text (issue 24)."""
+no OAuth confirm page, a collaborator's own JupyterLab layout (not the owner's), what a
+collaborator whose access ended reads, a new link accepted while their old tab still
+polls the project, and a copy into a new project named in free text (issue 24)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from urllib.parse import urlencode
 
 import pytest
@@ -84,6 +86,13 @@ def accept(page: Page, link: str) -> None:
     expect(page.locator("#jp-main-dock-panel")).to_be_visible(timeout=90_000)
 
 
+def dock_tab(page: Page, name: str):
+    """The main area's tab of the document ``name``."""
+    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").filter(
+        has=page.locator(".lm-TabBar-tabLabel", has_text=re.compile(rf"^{re.escape(name)}$"))
+    )
+
+
 def test_share_link_accept_and_revoke_in_a_persons_words(hub, browser, people, project):
     base = hub.url
     owner = page_of(browser, hub, OWNER)
@@ -125,10 +134,39 @@ def test_share_link_accept_and_revoke_in_a_persons_words(hub, browser, people, p
     # A collaborator by link; the owner revokes the link and with it their access.
     owner.goto(f"{base}/hub/gpulab/share/{PROJECT}")
     collab_link = make_link(owner, "collaborator")
+    # The owner works with the notebook open: JupyterLab keeps that layout (the
+    # server's "default" workspace).
+    owner_lab = owner.context.new_page()
+    owner_lab.goto(f"{base}/user/{OWNER}/{PROJECT}/lab/tree/{NOTEBOOK}")
+    expect(dock_tab(owner_lab, NOTEBOOK)).to_be_visible(timeout=90_000)
+    saved = f"{base}/user/{OWNER}/{PROJECT}/lab/api/workspaces/default"
+    deadline = time.monotonic() + 60
+    while NOTEBOOK not in owner_lab.request.get(saved).text() and time.monotonic() < deadline:
+        owner_lab.wait_for_timeout(500)
+    assert NOTEBOOK in owner_lab.request.get(saved).text()
     collab = page_of(browser, hub, COLLAB)
     collab.goto(collab_link)
     expect(collab.locator("#share-offer")).to_contain_text("as a collaborator")
     accept(collab, collab_link)
+    # A second tab of theirs on the project stays open (JupyterLab polls the server).
+    old_tab = collab.context.new_page()
+    answers: list[int] = []
+    old_tab.on(
+        "response",
+        lambda r: answers.append(r.status) if f"/user/{OWNER}/{PROJECT}/api/" in r.url else None,
+    )
+    old_tab.goto(f"{base}/user/{OWNER}/{PROJECT}/lab")
+    expect(old_tab.locator("#jp-main-dock-panel")).to_be_visible(timeout=90_000)
+    # The collaborator's JupyterLab opens on a layout of their own, not the owner's.
+    expect(collab).to_have_url(re.compile(rf"/lab/workspaces/gpulab-{COLLAB}"))
+    expect(collab.locator(".lm-DockPanel-tabBar .lm-TabBar-tab").first).to_be_visible()
+    expect(dock_tab(collab, NOTEBOOK)).to_have_count(0)
+    collab.screenshot(path=SHOTS / "sharing-words-own-layout.png")
+    # ...and the owner's is as they left it.
+    owner_lab.reload()
+    expect(dock_tab(owner_lab, NOTEBOOK)).to_be_visible(timeout=90_000)
+    expect(owner_lab).not_to_have_url(re.compile(r"/workspaces/"))
+    owner_lab.close()
     row = owner.locator("tr.share-code[data-role=collaborator]")
     owner.goto(f"{base}/hub/gpulab/share/{PROJECT}")
     expect(row.locator(".lasts")).to_have_text("access through it ends then")
@@ -152,6 +190,26 @@ def test_share_link_accept_and_revoke_in_a_persons_words(hub, browser, people, p
     collab.screenshot(path=SHOTS / "sharing-words-revoked.png")
     collab.locator("#gpulab-home-link").click()
     expect(collab).to_have_url(f"{base}/hub/home")
+
+    # Shared with again by a new link while their old tab still asks the project for
+    # things (JupyterLab's polls, refused since the revoke): accepting opens the project,
+    # not "stopped sharing this project with you".
+    deadline = time.monotonic() + 60
+    while 403 not in answers and time.monotonic() < deadline:
+        old_tab.wait_for_timeout(500)
+    assert 403 in answers, answers  # the old tab is refused now
+    owner.goto(f"{base}/hub/gpulab/share/{PROJECT}")
+    again_link = make_link(owner)
+    collab.goto(again_link)
+    expect(collab.locator("#share-offer")).to_contain_text("as a viewer")
+    collab.locator("#share-accept").click()
+    collab.wait_for_url(f"**/user/{OWNER}/{PROJECT}/lab**", wait_until="domcontentloaded")
+    expect(collab.locator("#gpulab-no-access")).to_have_count(0)
+    expect(collab.get_by_text("stopped sharing this project with you")).to_have_count(0)
+    expect(collab.locator("#jp-main-dock-panel")).to_be_visible(timeout=90_000)
+    expect(collab.locator("body")).to_have_attribute("data-gpulab-access", "read")
+    collab.screenshot(path=SHOTS / "sharing-words-shared-again.png")
+    old_tab.close()
 
 
 def test_save_a_copy_into_a_new_project_named_in_free_text(hub, browser, people, project):

@@ -9,7 +9,9 @@ One project, whose Dockerfile gains ``RUN false`` after a first good build:
    the same choices (JupyterHub used to show another project's form and "HTTP 500");
    a build that fails while the progress shows says so on the progress page first;
 3. "Start the last image that built": the progress says so, JupyterLab opens, and the
-   container's environment tells the project's user (GPULAB_IMAGE_STATE and friends).
+   container's environment tells the project's user (GPULAB_IMAGE_STATE and friends);
+4. the Dockerfile fixed from there: the next start's form ticks building it again, and
+   Start runs the fix.
 
 Screenshots: test-output/spawn-*.png.
 """
@@ -37,6 +39,8 @@ USER, PROJECT = "spawnsam", "mendme"
 # A step that fails at once, and prints colour codes first (the log page drops them)
 BROKEN = "RUN printf '\\033[31mred-step-output\\033[0m\\n' && false\n"
 SLOW_BROKEN = "RUN echo slow-step-output && sleep 3 && false\n"
+# What the owner writes instead, from inside the last image that built
+FIXED = "RUN echo fixed > /opt/gpulab/fixed.txt\n"
 
 
 @pytest.fixture
@@ -205,3 +209,33 @@ def test_a_dockerfile_that_fails_fast(hub, docker_engine, owner: HubUser, page: 
     assert env["GPULAB_IMAGE_NOTE"].endswith(" failed.")
     assert env["GPULAB_BUILD_LOG_URL"] == f"/hub/gpulab/build-log/{USER}/{PROJECT}"
     assert env["GPULAB_PROJECT"] == PROJECT
+
+    # 4. The Dockerfile fixed from inside the last image that built, the project stopped,
+    # started again from its spawn page: now building the fixed Dockerfile is the choice
+    # that is ticked (and comes first), so the big button starts the fix, not the old image.
+    owner.execute(
+        PROJECT,
+        "from pathlib import Path\n"
+        "p = Path('/workspace/Dockerfile')\n"
+        f"p.write_text(p.read_text().replace({SLOW_BROKEN!r}, {FIXED!r}))",
+    )
+    assert FIXED in dockerfile.read_text() and SLOW_BROKEN not in dockerfile.read_text()
+    owner.stop_project(PROJECT)
+    page.goto(f"{base}/hub/spawn/{USER}/{PROJECT}")
+    expect(page.get_by_role("heading", name=f"Start project {PROJECT}")).to_be_visible()
+    rebuild = page.get_by_label("Build the Dockerfile again with its changes")
+    expect(rebuild).to_be_checked()
+    expect(page.get_by_label("Start the last image that built (")).not_to_be_checked()
+    expect(page.locator("input[name=image_choice]").first).to_have_attribute("value", "rebuild")
+    expect(page.locator("#gpulab-build-failed-note")).to_contain_text("has changed since")
+    shot(page, "spawn-08-form-after-fix.png")
+    page.get_by_role("button", name=f"Start {PROJECT}").click()
+    page.wait_for_url(f"**/user/{USER}/{PROJECT}/lab**", timeout=300_000)
+    expect(page.locator("#jp-main-statusbar")).to_be_visible(timeout=60_000)
+    expect(
+        page.locator("[data-gpulab=image-state]").filter(has_text="Last good image")
+    ).to_have_count(0)
+    env = container_env(docker_engine)
+    assert env["GPULAB_IMAGE_STATE"] == "latest"
+    assert owner.execute(PROJECT, "print(open('/opt/gpulab/fixed.txt').read())").strip() == "fixed"
+    shot(page, "spawn-09-lab-fixed.png")

@@ -171,3 +171,44 @@ def test_copy_from_outside_the_project_is_refused(tmp_path):
     p = make_project(tmp_path, "escape", "FROM base\nCOPY ../../secrets /x\n")
     with pytest.raises(ProjectError, match="outside the project folder"):
         projectimage.build_context(p)
+
+
+def test_the_start_form_ticks_building_again_once_the_dockerfile_changed(
+    docker_engine, local_debian, tmp_path
+):
+    """The form the owner meets after a failed build: the last image that built is
+    ticked while the Dockerfile is what failed; once they fixed it (from inside that
+    image, say), building it again is ticked, so Start starts the fix."""
+    from test_spawn_form import Radios
+
+    from gpulab_hub.projects import options
+
+    allowed = (f"{PREFIX}/debian:bookworm",)
+
+    def ticked() -> list[str]:
+        good = projectimage.last_good(p, docker_engine.call, REPO)
+        changed = projectimage.changed_since_failure(docker_engine.call, p, REPO, allowed=allowed)
+        html = options.form(good.describe(), projectimage.last_build_failed(p), None, changed)
+        form = Radios(html)
+        return [r["value"] for r in form.radios if r["checked"]] + [form.radios[0]["value"]]
+
+    p = make_project(tmp_path, "mended", dockerfile(local_debian, ["RUN echo ok > /ok.txt"]))
+    build(docker_engine, p, [])
+    broken = dockerfile(local_debian, ["RUN echo ok > /ok.txt", "RUN exit 7"])
+    p.dockerfile.write_text(broken)
+    with pytest.raises(images.BuildError):
+        build(docker_engine, p, [])
+    assert ticked() == ["last-good", "last-good"]  # ticked, and the first choice
+    # a notebook saved meanwhile is no change to the build
+    (p.path / "notes.ipynb").write_text("{}")
+    assert ticked() == ["last-good", "last-good"]
+    fixed = dockerfile(local_debian, ["RUN echo ok > /ok.txt", "RUN echo fixed > /fixed.txt"])
+    p.dockerfile.write_text(fixed)
+    assert ticked() == ["rebuild", "rebuild"]
+    # written back as it failed: building it again would fail the same way
+    p.dockerfile.write_text(broken)
+    assert ticked() == ["last-good", "last-good"]
+    p.dockerfile.write_text(fixed)
+    build(docker_engine, p, [])
+    assert not projectimage.last_build_failed(p)
+    assert "failed_tag" not in projectimage.read_state(p)

@@ -216,10 +216,10 @@ def test_the_service_and_its_role_get_the_settings():
     (svc,) = c.JupyterHub.services
     # what the service makes of the environment it is given
     k = keeper.Keeper.of(settings.of_service(svc["environment"]))
-    assert (k.queue_file, k.allocations_file, k.usage_file) == (
+    assert (k.queue_file, k.allocations_file, k.db_url) == (
         Path("/srv/x/hub/gpu-queue.json"),
         Path("/srv/x/hub/gpu-allocations.json"),
-        Path("/srv/x/hub/gpu-usage.jsonl"),
+        "sqlite:////srv/gpulab/hub/jupyterhub.sqlite",  # the records folder's: the usage ledger
     )
     assert k.rules == reclaim.Rules(grace=120.0, idle_after=300.0, release_after=1500.0)
     assert (k.usage_window, k.budget_hours) == (604800.0, {})
@@ -325,11 +325,13 @@ class BudgetHub(FakeHub):
 
 
 def test_the_keeper_reads_the_ledger_and_the_budgets_and_warns_the_over_budget_holder(tmp_path):
+    from gpulab_hub.db import migrate
     from gpulab_hub.gpus.usage import Record, UsageLedger
 
     alloc = tmp_path / "gpu-allocations.json"
     qfile = tmp_path / "gpu-queue.json"
-    ledger = tmp_path / "gpu-usage.jsonl"
+    ledger = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    migrate.upgrade(ledger)
     q = queue.QueueStore(qfile, clock=lambda: NOW - 300)
     q.enqueue(Request("dan", "q", 1))
     holds = {
@@ -339,14 +341,14 @@ def test_the_keeper_reads_the_ledger_and_the_budgets_and_warns_the_over_budget_h
     alloc.write_text(json.dumps({"version": 1, "holdings": holds}))
     # bob used 5 GPU-hours yesterday; his group's budget is 4: over. ann (2 h) has 40.
     yesterday = NOW - 86400
-    UsageLedger(ledger).append(
+    UsageLedger(ledger, clock=lambda: NOW).append(
         [Record("bob", "spent", "GPU-2", "GPU 2", yesterday, yesterday + 5 * 3600)]
     )
     state = hub(ann__long=running(120), bob__spent=running(15), dan__q=PENDING)
     s = reclaim.Rules(grace=10 * MIN, idle_after=10 * MIN)
     k = keeper.Keeper(
         qfile, alloc, s, budget_hours={"*": 40.0, "group:students": 4.0},
-        usage_file=ledger, usage_window=7 * 86400, inventory=lambda: host_of(1, 2),
+        db_url=ledger, usage_window=7 * 86400, inventory=lambda: host_of(1, 2),
     )  # fmt: skip
     fake = BudgetHub(state, {"students": ["bob"]})
     p = k.look(fake, NOW)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from types import SimpleNamespace
 
@@ -21,6 +22,7 @@ import pytest
 from faults_kit import PREFIX, RecordedDocker, inventory
 
 from gpulab_hub import blocking
+from gpulab_hub.db import migrate
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.queue import QueueStore
@@ -33,7 +35,9 @@ def host(tmp_path, monkeypatch):
     """Two GPUs, the hub's three GPU files in a fresh folder, no spawn under way."""
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(2))
     gpu_spawner.forget_pending()
-    yield SimpleNamespace(dir=tmp_path, docker=RecordedDocker())
+    db_url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"  # the hub's database, upgraded
+    migrate.upgrade(db_url)
+    yield SimpleNamespace(dir=tmp_path, docker=RecordedDocker(), db_url=db_url)
     gpu_spawner.forget_pending()
 
 
@@ -41,7 +45,7 @@ def spawner(host, owner: str, project: str, admin: bool = False, **settings) -> 
     sp = ProjectSpawner(
         allocations_file=str(host.dir / "gpu-allocations.json"),
         queue_file=str(host.dir / "gpu-queue.json"),
-        usage_file=str(host.dir / "gpu-usage.jsonl"),
+        records_dir=str(host.dir),  # the hub's database: jupyterhub.sqlite there
         gpu_isolation="runtime",
         prefix=PREFIX,
         **settings,
@@ -107,7 +111,7 @@ async def test_the_third_start_waits_says_its_place_and_starts_within_2s_of_a_re
     assert "carol" not in said(dave)[-1] and "fit" not in said(dave)[-1]
 
     # alice's holding is in the usage ledger: her project, her GPU, from, to
-    (rec,) = list(UsageLedger(host.dir / "gpu-usage.jsonl").records())
+    (rec,) = await off(UsageLedger(host.db_url).records)
     assert (rec.owner, rec.project, rec.uuid) == ("alice", "train", "GPU-0000-fault")
     assert rec.label == "GPU 0 (NVIDIA H100 80GB HBM3)"
     assert rec.start <= rec.end <= time.time()
@@ -225,11 +229,11 @@ async def test_many_starts_at_once_never_share_a_gpu_and_all_are_served(host):
         await asyncio.sleep(0.05)
     assert sorted(served) == sorted(sp.user.name for sp in sps)
     assert await off(QueueStore(host.dir / "gpu-queue.json").entries) == []
-    assert len(list(UsageLedger(host.dir / "gpu-usage.jsonl").records())) == 8
+    assert len(await off(UsageLedger(host.db_url).records)) == 8
 
 
 async def test_fair_share_serves_the_user_with_less_recent_gpu_time_first(host):
-    ledger = UsageLedger(host.dir / "gpu-usage.jsonl")
+    ledger = UsageLedger(host.db_url)
     from gpulab_hub.gpus.usage import Record
 
     now = time.time()
@@ -298,3 +302,82 @@ async def test_the_waiting_words_say_how_long_an_idle_holder_has_been_idle(host)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_twenty_waiting_starts_share_one_serve_a_tick_and_never_hold_the_docker_pool(
+    host, monkeypatch
+):
+    """Review item 1: each waiting start once served the whole queue every second on the
+    Docker pool (both locks, the ledger read twice). Now the queue is served once a tick
+    for the hub, its record work on the records pool; only the container listing is
+    Docker's."""
+    await spawner(host, "alice", "a")._reserve_gpus({"gpus": 2})  # the host is full
+    serves, threads = [], {"serve": set(), "see": set(), "live": set()}
+    real_serve, real_see, real_live = waiting.serve, waiting.see, gpu_spawner.Liveness
+
+    def serve(*args, **kw):
+        serves.append(time.monotonic())
+        threads["serve"].add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_serve(*args, **kw)
+
+    def see(*args, **kw):
+        threads["see"].add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_see(*args, **kw)
+
+    def live(*args, **kw):
+        threads["live"].add(threading.current_thread().name.rsplit("_", 1)[0])
+        return real_live(*args, **kw)
+
+    monkeypatch.setattr(waiting, "serve", serve)
+    monkeypatch.setattr(waiting, "see", see)
+    monkeypatch.setattr(gpu_spawner, "Liveness", live)
+    sps = [spawner(host, f"w{i}", "p") for i in range(20)]
+    tasks = [asyncio.create_task(sp._reserve_gpus({"gpus": 1})) for sp in sps]
+    await until(lambda: all(any(m.startswith("waiting") for m in said(sp)) for sp in sps), 60)
+    serves.clear()
+    started = time.monotonic()
+    await asyncio.sleep(4 * waiting.TICK)
+    took = time.monotonic() - started
+    # one serve a tick (and one more at most for a tick under way), not one per waiter
+    assert len(serves) <= took / waiting.TICK + 2, (len(serves), took)
+    assert threads["serve"] == threads["see"] == {"gpulab-records"}
+    assert threads["live"] == {"gpulab-docker"}  # only the container listing is Docker's
+    # the two GPUs freed still go to two waiting starts within a few ticks
+    await off(gpu_spawner.release, sps[0], "alice", "a")
+    await until(lambda: sum(t.done() for t in tasks) == 2, 10)
+    assert all(t.exception() is None for t in tasks if t.done())
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_stop_does_its_record_work_on_the_records_pool_and_records_the_usage(
+    host, monkeypatch
+):
+    """The queue's cancel and the GPUs' release (the usage ledger's row) of a stop run on
+    the records pool; the container's own stop stays DockerSpawner's."""
+    from dockerspawner import DockerSpawner
+
+    sp = spawner(host, "alice", "train")
+    await sp._reserve_gpus({"gpus": 1})
+    seen: dict[str, str] = {}
+    real_cancel, real_release = waiting.cancel, gpu_spawner.release
+
+    def where(name, fn):
+        def call(*args, **kw):
+            seen[name] = threading.current_thread().name.rsplit("_", 1)[0]
+            return fn(*args, **kw)
+
+        return call
+
+    async def container_stop(self, now=False):
+        seen["container"] = "stopped"
+
+    monkeypatch.setattr(waiting, "cancel", where("cancel", real_cancel))
+    monkeypatch.setattr(gpu_spawner, "release", where("release", real_release))
+    monkeypatch.setattr(DockerSpawner, "stop", container_stop)
+    await sp.stop()
+    assert seen == {"cancel": "gpulab-records", "release": "gpulab-records", "container": "stopped"}
+    (rec,) = await off(UsageLedger(host.db_url).records)
+    assert (rec.owner, rec.project) == ("alice", "train")
+    assert holdings(host) == {}

@@ -18,6 +18,7 @@ from traitlets.config import Config
 
 from gpulab_hub import gpus, hubconfig
 from gpulab_hub import settings as gpulab_settings
+from gpulab_hub.db import migrate
 from gpulab_hub.gpus import keeper, queue, reclaim, reclaimrecord
 from gpulab_hub.gpus.allocator import AllocationStore, Holder, Policy, Request
 from gpulab_hub.gpus.keeper import HubState, Server
@@ -62,6 +63,9 @@ def keeper_of_hub(tmp_path: Path, **spawner) -> keeper.Keeper:
     """The keeper a hub with these ProjectSpawner traits starts (its service's
     environment, read back as the service reads it), on two GPUs."""
     c = Config()
+    (tmp_path / "hub").mkdir(exist_ok=True)
+    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'hub' / 'jupyterhub.sqlite'}"
+    migrate.upgrade(c.JupyterHub.db_url)  # the hub's database, as a start leaves it
     c.ProjectSpawner.allocations_file = str(tmp_path / "hub" / "gpu-allocations.json")
     c.ProjectSpawner.gpu_reclaim_idle = 10 * MIN
     c.ProjectSpawner.gpu_reclaim_grace = 10 * MIN

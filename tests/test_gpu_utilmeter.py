@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from faults_kit import inventory
 
+from gpulab_hub.db import migrate
 from gpulab_hub.gpus import allocator, utilmeter
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.usage import UsageLedger
@@ -35,6 +36,7 @@ def test_a_stop_writes_the_average_into_the_usage_record(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_spawner, "cached_inventory", lambda: inventory(1))
     monkeypatch.setattr(utilmeter, "METER", utilmeter.Meter())
     s = gpu_spawner.GpuTraits(allocations_file=str(tmp_path / "gpu-allocations.json"))
+    migrate.upgrade(gpu_spawner.db_url_of(s))  # the hub's database, as a start leaves it
     store = gpu_spawner.store_of(s)
     store.allocate(
         inventory(1).devices, allocator.Request("alice", "train", 1), gpu_spawner.policy_of(s)
@@ -43,5 +45,5 @@ def test_a_stop_writes_the_average_into_the_usage_record(tmp_path, monkeypatch):
     utilmeter.METER.sample(store.holdings(), {"GPU-0000-fault": 40.0}, now - 20)
     utilmeter.METER.sample(store.holdings(), {"GPU-0000-fault": 80.0}, now - 10)
     gpu_spawner.release(s, "alice", "train")
-    (rec,) = UsageLedger(tmp_path / "gpu-usage.jsonl").records()
+    (rec,) = UsageLedger(gpu_spawner.db_url_of(s)).records()
     assert (rec.owner, rec.project, rec.util) == ("alice", "train", 80.0)

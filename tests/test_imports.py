@@ -28,7 +28,7 @@ PACKAGES = ("gpulab_hub", "gpulab_jupyter", "gpulab_contract")
 LAYERS = {
     "foundation": {
         "gpulab_hub", "jsonfile", "pidfile", "hubsettings", "settings", "hubfiles", "firewall",
-        "egress", "buildruntime", "blocking", "records", "projects", "stateversion",
+        "egress", "buildruntime", "blocking", "records", "projects", "stateversion", "db",
     },
     "capabilities": {
         "images", "gpus", "cluster", "sharing", "secrets", "ssh", "tls", "accounts", "host",

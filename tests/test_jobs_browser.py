@@ -175,10 +175,15 @@ def test_a_job_runs_shows_its_output_and_stops(lab, page):
     page.wait_for_timeout(2_200)
     assert elapsed.inner_text() != first
     assert api(lab, f"jobs/{job_id}")["state"] == "running"
-    # The project would stop when idle; the job keeps it running, and the panel says so.
+    # The project would stop when idle; the job keeps it running, and the panel says so
+    # in words that say what that means, and (on pointing at them) what comes after.
     kept = panel.locator("[data-gpulab=jobs-kept]")
     kept.wait_for(timeout=15_000)
-    assert kept.inner_text() == "Kept running by a job"
+    assert kept.inner_text() == "A job is running, so this project is not stopped for being idle."
+    assert kept.get_attribute("title") == (
+        f"Once nothing keeps it, the project stops after {IDLE_TIMEOUT} seconds with no "
+        "browser activity, job, running cell or GPU use, and its GPUs go to others. Your files stay."
+    )
     deadline = time.monotonic() + 15
     while "job" not in api(lab, "activity")["kept_by"] and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -243,10 +243,11 @@ def test_each_command_form_runs_for_real_with_its_words_untouched(project, path_
     again = engine.rerun(first.id, path_env)
     assert again.id != first.id and again.request["command"] == list(first.request["command"])
     assert finished(engine, again.id).state == "succeeded"
-    # The list: headers, then each job as the user typed it.
+    # The list: headers, then each job's command as a shell reads it (no "--").
     lines = cli.table(engine.list())
     assert lines[0].split() == ["JOB", "STATE", "TIME", "COMMAND"]
-    assert any(line.endswith("-- python -m pkg.train --tag 'a b' (finished)") for line in lines)
+    assert any(line.endswith("  python -m pkg.train --tag 'a b' (finished)") for line in lines)
+    assert not [line for line in lines if " -- " in line]
 
 
 def test_a_command_that_fails_or_cannot_start_says_so(project, path_env):
@@ -289,14 +290,23 @@ def test_gpu_job_in_a_kernel_runs_commands_lists_with_headers_and_explains_no_gp
         assert shown and shown[0]["text/plain"].startswith("Started job"), out
         job_id = shown[0]["text/plain"].split()[2]
         assert finished(LocalEngine(project), job_id).state == "succeeded"
+        out = run("%gpu_job run -- bash train.sh 'a b'")
+        shown = [o["content"]["data"] for o in out if o["msg_type"] == "display_data"]
+        bash_id = shown[0]["text/plain"].split()[2]
+        assert finished(LocalEngine(project), bash_id).state == "succeeded"
         out = run("%gpu_job list")
         (table,) = [o["content"]["data"] for o in out if o["msg_type"] == "display_data"]
         lines = table["text/plain"].splitlines()
         assert lines[0].split() == ["JOB", "STATE", "TIME", "COMMAND"]
-        assert lines[1].startswith(job_id) and lines[1].endswith(
-            "  -- python -m pkg.train --from-magic (finished)"
-        )
+        # COMMAND is what runs, as a shell reads it: not the "--" that was typed before it
+        rows = {line.split()[0]: line for line in lines[1:]}
+        assert rows[job_id].endswith("  python -m pkg.train --from-magic (finished)")
+        assert rows[bash_id].endswith("  bash train.sh 'a b' (finished)")
+        assert " -- " not in table["text/plain"]
         assert "<th style='text-align:left'>COMMAND</th>" in table["text/html"]
+        shown = "<td><code>bash train.sh &#x27;a b&#x27; (finished)</code></td>"
+        assert shown in table["text/html"]
+        assert "--" not in table["text/html"].replace("--from-magic", "")
         out = run("%gpu_job run --gpus all count.py")
         said = "".join(json.dumps(o["content"]) for o in out)
         assert "This host has no NVIDIA driver" in said, said

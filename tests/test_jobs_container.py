@@ -105,7 +105,7 @@ magic("run --gpus all count.py")
 """
     out = execute(owner.base, SERVER, owner.token, code)
     assert "JOB" in out and "STATE" in out and "COMMAND" in out, out
-    assert "-- bash train.sh from-magic" in out, out
+    assert "  bash train.sh from-magic" in out and "-- bash" not in out, out
     assert "This host has no NVIDIA driver" in out, out
     assert "To run on the CPU, leave out --gpus: gpulab-job run count.py" in out, out
     assert "FATAL ERROR" not in out and "start it again" not in out, out

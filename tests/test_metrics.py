@@ -21,10 +21,14 @@ NOW = 1_800_000_000.0
 
 
 def sources(tmp_path: Path, inv: Inventory) -> metrics.Sources:
+    from gpulab_hub.db import migrate
+
+    url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    migrate.upgrade(url)  # the hub's database, as a start leaves it
     return metrics.Sources(
         tmp_path / "gpu-allocations.json",
         tmp_path / "gpu-queue.json",
-        tmp_path / "gpu-usage.jsonl",
+        url,
         inventory=lambda: inv,
     )
 
@@ -36,7 +40,7 @@ def test_the_figures_are_what_the_records_say(tmp_path):
     store.allocate(H100, allocator.Request("bob", "sweep", 1), allocator.Policy())
     waiting = queue.QueueStore(src.queue_file, clock=lambda: NOW - 300)
     waiting.enqueue(allocator.Request("carol", "eval", 1))
-    usage.UsageLedger(src.usage_file).append(
+    usage.UsageLedger(src.db_url, clock=lambda: NOW).append(
         [usage.Record("alice", "old", "GPU-2", "GPU 2 (NVIDIA H100)", NOW - 7200, NOW - 3600, 80.0)]
     )
 
@@ -140,9 +144,14 @@ def test_the_sources_follow_the_hubs_configuration(tmp_path):
     c = Config()
     c.ProjectSpawner.queue_file = str(tmp_path / "q.json")
     resolve = metrics.Sources.of_config(c)
-    c.ProjectSpawner.usage_file = str(tmp_path / "u.jsonl")  # a line the admin added later
+    c.JupyterHub.db_url = f"sqlite:///{tmp_path / 'h.sqlite'}"  # a line the admin added later
+    c.ProjectSpawner.gpu_usage_retention_days = 365.0
     src = resolve()
-    assert (src.queue_file, src.usage_file) == (tmp_path / "q.json", tmp_path / "u.jsonl")
+    assert (src.queue_file, src.db_url) == (
+        tmp_path / "q.json",
+        f"sqlite:///{tmp_path / 'h.sqlite'}",
+    )
+    assert src.retention == 365 * 24 * 3600.0
     assert src.allocations_file == Path("/srv/gpulab/hub/gpu-allocations.json")  # the default
     assert src.window == 7 * 24 * 3600.0
 
@@ -157,7 +166,7 @@ def test_prometheus_scrapes_gpulabs_figures_from_the_hub(hub, prometheus):
     states = {r["metric"]["state"]: r["value"][1] for r in query(prometheus, "gpulab_gpus")}
     assert states == {"free": "0", "held": "0"}  # a host without GPUs, as CI's is
     # A holding recorded in the hub's usage ledger shows as that user's GPU-hours.
-    ledger = usage.UsageLedger(hub.home / "hub" / "gpu-usage.jsonl")
+    ledger = usage.UsageLedger(f"sqlite:///{hub.home / 'hub' / 'jupyterhub.sqlite'}")
     now = time.time()
     ledger.append([usage.Record("metricsuser", "p", "GPU-x", "GPU 0 (test)", now - 5400, now)])
     hours = query(prometheus, 'gpulab_gpu_hours{user="metricsuser"}', timeout=60)

@@ -40,7 +40,7 @@ SOURCE = Path(importlib.import_module("gpulab_hub").__file__).parent
 # (workflows/records.py) or here, with the reason.
 SUFFIXES = ("Store", "Ledger")
 NOT_PER_PROJECT = {
-    "UsageLedger": "the GPU usage ledger: an append-only history of who held which GPU "
+    "UsageLedger": "the GPU usage ledger (table gpulab_usage): a history of who held which GPU "
     "when, by project (budgets and the admin's export count it); history is never "
     "rewritten, so a renamed or deleted project's past hours stay as they were",
     "QueueStore": "a start waiting for a GPU: its entry lives while the start waits "

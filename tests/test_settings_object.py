@@ -106,6 +106,7 @@ NOT_SITE_SETTINGS = {
     settings.SERVICE_VAR,  # the hub's hand-over of the settings to its services
     "GPULAB_LOOP_GUARD",  # the test suite's switch of the event-loop guard (blocking.py)
     "GPULAB_TEST_PREFIX",  # the test suite's names of Docker objects
+    "GPULAB_TEST_RUN_PREFIX",  # the same, before each test worker adds its own name
 }
 
 

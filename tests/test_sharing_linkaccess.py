@@ -1,6 +1,7 @@
 """Access accepted through a share link ends with the link (sharing/linkaccess.py), on
-JupyterHub's own database and its own ``ShareCode.exchange`` (what its accept page
-and API call), with the hub's clock moved forward instead of waiting an hour."""
+JupyterHub's own database and its own ``ShareCode.exchange`` (what gpulab's accept
+page calls, through linkaccess.accept_async; here its blocking twin, linkaccess.accept),
+with the hub's clock moved forward instead of waiting an hour."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_a_links_access_ends_when_the_link_expires_by_default(hub_db):
     db, spawner, store = hub_db
     assert linkaccess.DEFAULT_LASTS == linkaccess.LINK
     code = link(db, spawner, "viewer")
-    code.exchange(orm.User.find(db, "bob"))
+    linkaccess.accept(code, orm.User.find(db, "bob"))
     assert role(db, spawner, "bob") == "viewer"
     assert store.ends("alice", "alice-first", "user", "bob") == linkaccess.iso(code.expires_at)
     # Before the hour is up nothing changes; after it, bob has no access left.
@@ -70,7 +71,7 @@ def test_a_links_access_ends_when_the_link_expires_by_default(hub_db):
 def test_access_lasts_until_revoked_when_the_owner_chose_so(hub_db):
     db, spawner, store = hub_db
     code = link(db, spawner, "collaborator", lasts=linkaccess.REVOKED)
-    code.exchange(orm.User.find(db, "bob"))
+    linkaccess.accept(code, orm.User.find(db, "bob"))
     assert store.sweep(db, now=later(1000)) == 0
     assert role(db, spawner, "bob") == "collaborator"
     assert store.ends("alice", "alice-first", "user", "bob") == ""
@@ -82,7 +83,7 @@ def test_a_links_end_takes_only_what_the_link_gave(hub_db):
     db, spawner, store = hub_db
     carol = orm.User.find(db, "carol")
     orm.Share.grant(db, spawner, carol, scopes=roles.share_scopes("viewer", "alice", "alice-first"))
-    link(db, spawner, "collaborator").exchange(carol)
+    linkaccess.accept(link(db, spawner, "collaborator"), carol)
     assert role(db, spawner, "carol") == "collaborator"
     store.sweep(db, now=later(2))
     assert role(db, spawner, "carol") == "viewer"
@@ -91,10 +92,10 @@ def test_a_links_end_takes_only_what_the_link_gave(hub_db):
 def test_sharing_by_name_or_a_lasting_link_keeps_the_access(hub_db):
     db, spawner, store = hub_db
     bob, dave = orm.User.find(db, "bob"), orm.User.find(db, "dave")
-    link(db, spawner, "viewer").exchange(bob)
+    linkaccess.accept(link(db, spawner, "viewer"), bob)
     store.lasts_until_revoked("alice", "alice-first", "user", "bob")  # the Share page, by name
-    link(db, spawner, "viewer").exchange(dave)
-    link(db, spawner, "viewer", lasts=linkaccess.REVOKED).exchange(dave)
+    linkaccess.accept(link(db, spawner, "viewer"), dave)
+    linkaccess.accept(link(db, spawner, "viewer", lasts=linkaccess.REVOKED), dave)
     store.sweep(db, now=later(5))
     assert role(db, spawner, "bob") == "viewer"
     assert role(db, spawner, "dave") == "viewer"
@@ -104,9 +105,9 @@ def test_a_later_link_extends_and_revoking_a_link_ends_its_access(hub_db):
     db, spawner, store = hub_db
     bob = orm.User.find(db, "bob")
     first = link(db, spawner, "viewer", hours=1)
-    first.exchange(bob)
+    linkaccess.accept(first, bob)
     second = link(db, spawner, "viewer", hours=3)
-    second.exchange(bob)
+    linkaccess.accept(second, bob)
     store.sweep(db, now=later(2))
     assert role(db, spawner, "bob") == "viewer"  # the second link still runs
     # The owner revokes the second link: what it gave ends now.
@@ -117,7 +118,7 @@ def test_a_later_link_extends_and_revoking_a_link_ends_its_access(hub_db):
 def test_a_share_made_again_is_not_ended_by_an_old_links_record(hub_db):
     db, spawner, store = hub_db
     bob = orm.User.find(db, "bob")
-    link(db, spawner, "viewer").exchange(bob)
+    linkaccess.accept(link(db, spawner, "viewer"), bob)
     orm.Share.revoke(db, spawner, bob)  # revoked through JupyterHub's API...
     db.commit()
     orm.Share.grant(db, spawner, bob, scopes=roles.share_scopes("viewer", "alice", "alice-first"))
@@ -132,7 +133,7 @@ def test_no_lasting_access_when_the_record_cannot_be_written(hub_db):
     store.path.unlink(missing_ok=True)
     store.path.mkdir()  # the record unreadable: a folder in its place
     with pytest.raises(jsonfile.RecordError):
-        code.exchange(orm.User.find(db, "bob"))
+        linkaccess.accept(code, orm.User.find(db, "bob"))
     assert role(db, spawner, "bob") == "none"
 
 

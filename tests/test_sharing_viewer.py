@@ -125,7 +125,9 @@ def test_viewer_opens_jupyterlab_in_a_browser_session(people, project):
         xsrf = browser.cookies.get("_xsrf", path="/hub/")
         scopes = re.findall(r'name="scopes" value="([^"]+)"', r.text)
         r = browser.post(r.url, data={"_xsrf": xsrf, "scopes": scopes}, timeout=30)
-    assert r.status_code == 200 and r.url.endswith(SERVER + "/lab"), (r.status_code, r.url)
+    # on a layout of their own, not the owner's (gpulab_jupyter/workspaces.py)
+    own = f"{SERVER}/lab/workspaces/gpulab-{VIEWER}"
+    assert r.status_code == 200 and r.url.endswith(own), (r.status_code, r.url)
     xsrf = browser.cookies.get("_xsrf", path=SERVER + "/") or ""
     headers = {"X-XSRFToken": xsrf}
     got = browser.get(bob.base + f"{SERVER}/api/contents/{NB}", headers=headers, timeout=30)

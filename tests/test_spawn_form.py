@@ -59,6 +59,16 @@ def test_after_a_failed_build_the_form_ticks_the_last_image_that_built():
     assert options.from_form({"image_choice": ["rebuild"]}) == {"use_last_good": False}
 
 
+def test_once_the_dockerfile_changed_the_form_ticks_building_it_again():
+    form = Radios(options.form(GOOD, True, None, changed_since_failure=True))
+    assert [r["value"] for r in form.radios] == ["rebuild", "last-good"]
+    assert [r["value"] for r in form.radios if r["checked"]] == ["rebuild"]
+    assert form.label("rebuild") == "Build the Dockerfile again with its changes"
+    assert form.label("last-good") == (
+        f"Start the last image that built ({GOOD}) without the Dockerfile's changes"
+    )
+
+
 def test_the_whole_last_good_description_shows_escaped():
     words = " ".join(["word"] * 60)
     long = "gpulab/project:" + "f" * 16 + ", built 2026-11-26 17:05 <b>&</b> " + words

@@ -259,7 +259,7 @@ def test_deleting_an_account_deletes_its_keys(hub, admin, made):
     assert post(user, action="add", key=made["ecdsa521"]).status_code == 200
     store = KeyStore(ssh.paths(hub.home / "hub")["keys_dir"])
     assert len(store.keys("skgone")) == 1
-    assert admin.api("DELETE", "/hub/api/users/skgone").status_code == 204
+    assert admin.api("DELETE", "/hub/api/users/skgone?confirm=skgone").status_code == 204
     assert store.keys("skgone") == []
     again = make_user(hub, admin, "skgone")  # a later account of that name
     assert "data-fingerprint" not in page(again)

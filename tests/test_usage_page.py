@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ from playwright.sync_api import expect
 from security.people import log_in_admin, make_user
 
 from gpulab_hub import gpus, hubsettings
+from gpulab_hub.db import engine as db_engine
+from gpulab_hub.db import migrate, tables
 from gpulab_hub.gpus import allocator, usage
 from gpulab_hub.home import facts
 from gpulab_hub.usagepage import report
@@ -37,7 +38,8 @@ FORMULA_OWNER = "=HYPERLINK(evil)"  # a name the ledger refuses: the line is ski
 
 
 def settings(tmp_path: Path, budgets: dict | None = None) -> hubsettings.Layout:
-    return hubsettings.Layout(
+    (tmp_path / "hub").mkdir(exist_ok=True)
+    where = hubsettings.Layout(
         records_dir=tmp_path / "hub",
         projects_root=tmp_path / "projects",
         data_root=tmp_path / "data",
@@ -48,15 +50,16 @@ def settings(tmp_path: Path, budgets: dict | None = None) -> hubsettings.Layout:
         allowed_base_images=("gpulab/base:latest",),
         prefix="gpulab",
         network="gpulab-net",
-        usage_file=tmp_path / "hub" / "gpu-usage.jsonl",
         budget_hours=tuple(sorted((budgets or {}).items())),
     )
+    migrate.upgrade(where.db_url)  # the hub's database, as a start leaves it
+    return where
 
 
 def test_home_words_count_the_week_the_budget_and_the_holding_under_way(tmp_path, monkeypatch):
     w = settings(tmp_path, {"*": 40.0, "group:students": 20.0, "dana": 100.0})
     now = time.time()
-    usage.UsageLedger(w.usage_file).append(
+    usage.of_layout(w).append(
         [
             usage.Record("erin", "train", UUID0, H100, now - 5 * HOUR, now - 3 * HOUR, 80.0),
             usage.Record("erin", "old", UUID0, H100, now - 9 * 24 * HOUR, now - 8 * 24 * HOUR),
@@ -80,7 +83,7 @@ def test_a_cpu_only_host_says_nothing_to_who_never_held_a_gpu(tmp_path, monkeypa
     now = time.time()
     old = now - 20 * 24 * HOUR
     record = usage.Record("erin", "p", UUID0, H100, old, old + HOUR)
-    usage.UsageLedger(w.usage_file).append([record])
+    usage.of_layout(w).append([record])
     monkeypatch.setattr(facts, "_device_names", dict)
     assert facts.gpu_use(w, "frank", []) == ""
     assert facts.gpu_use(w, "erin", []) == "GPU this week: 0.0 h of 40 h"  # has a record
@@ -91,7 +94,7 @@ def test_a_cpu_only_host_says_nothing_to_who_never_held_a_gpu(tmp_path, monkeypa
 def test_the_report_counts_holdings_under_way_by_user_project_and_gpu(tmp_path):
     w = settings(tmp_path, {ALICE: 2.0})
     now = time.time()
-    usage.UsageLedger(w.usage_file).append(
+    usage.of_layout(w).append(
         [usage.Record(ALICE, "train", UUID0, H100, now - 3 * HOUR, now - HOUR, 50.0)]
     )
     device = gpus.Device(index="0", uuid=UUID0, name="NVIDIA H100 80GB HBM3",
@@ -122,14 +125,14 @@ def people(hub):
 
 
 @pytest.fixture(scope="module")
-def ledger(hub) -> Path:
+def ledger(hub) -> str:
     """Holdings appended to the hub's own ledger, as the spawner appends them at a stop:
     alice 3 h + 1.5 h this week, bob 2 h ten days ago on a GPU labelled like a formula;
     and a line naming an owner gpulab refuses (a spreadsheet formula)."""
-    path = hub.home / "hub" / "gpu-usage.jsonl"
+    url = f"sqlite:///{hub.home / 'hub' / 'jupyterhub.sqlite'}"  # the hub's database
     end = time.time() - HOUR
     ten_days = time.time() - 10 * 24 * HOUR
-    usage.UsageLedger(path).append(
+    usage.UsageLedger(url).append(
         [
             usage.Record(ALICE, "train", UUID0, H100, end - 3 * HOUR, end, 40.0),
             usage.Record(ALICE, "eval", UUID1, "GPU 1 (NVIDIA H100)", end - 1.5 * HOUR, end),
@@ -137,10 +140,10 @@ def ledger(hub) -> Path:
         ]
     )
     bad = {"owner": FORMULA_OWNER, "project": "x", "uuid": UUID0, "label": "",
-           "start": end - HOUR, "end": end, "util": None}  # fmt: skip
-    with open(path, "a") as f:
-        f.write(json.dumps(bad) + "\n")
-    return path
+           "started": end - HOUR, "ended": end, "util": None}  # fmt: skip
+    with db_engine.begin(url) as conn:  # a row written by hand, past gpulab's checks
+        conn.execute(tables.usage.insert(), bad)
+    return url
 
 
 def get(who: HubUser | None, hub, path: str) -> requests.Response:
@@ -198,7 +201,7 @@ def test_the_table_by_user_project_and_gpu(hub, people, ledger):
     )
     gpu0 = row_text(html, "usage-gpu", f'data-uuid="{UUID0}"')
     assert gpu0.startswith(f"{H100} {UUID0} 3.0 h 1") and gpu0.endswith("40 %"), gpu0
-    assert "damaged line(s) of the GPU usage ledger" in html  # the refused owner's line
+    assert "are no GPU usage record and were skipped" in html  # the refused owner's row
     assert "HYPERLINK" not in html
     assert 'href="/hub/gpulab/usage.csv?window=7d"' in html
 

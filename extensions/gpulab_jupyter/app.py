@@ -70,9 +70,11 @@ class GPULabExtension(ExtensionApp):
 
     def guard_routes(self):
         """Routes that never ask the authorizer ask it for writes; real-time
-        collaboration rooms are read-only for viewers (see authorizer.py, collab.py)."""
+        collaboration rooms are read-only for viewers (see authorizer.py, collab.py);
+        each visitor opens their own JupyterLab layout (workspaces.py)."""
         from .authorizer import all_rules, guard_routes, mend_licenses
         from .collab import guard_rooms
+        from .workspaces import own_layouts
 
         try:
             # JupyterLab puts the server's token into its page settings when it adds
@@ -84,6 +86,7 @@ class GPULabExtension(ExtensionApp):
             guarded = guard_routes(rules)
             mend_licenses(rules)
             rooms = guard_rooms(rules)
+            own_layouts(rules)  # each visitor their own JupyterLab layout (workspaces.py)
         except Exception:
             # Never serve viewers unguarded routes: stop the server instead.
             self.log.exception("gpulab: could not guard the server's routes; stopping")

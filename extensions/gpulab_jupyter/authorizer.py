@@ -70,7 +70,7 @@ from tornado.websocket import WebSocketHandler
 from traitlets import Float
 
 from .connections import OpenConnections
-from .freshrefusal import token_cache_key
+from .freshrefusal import NAVIGATION_AGAIN_S, is_navigation, token_cache_key
 from .secrets import deliver
 
 PREFIX = "custom:gpulab:"
@@ -227,7 +227,9 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
             return False  # services hold no shares
         allowed = grants(own | await self._shared(hub_user, fresh=False), needed, *self._where)
         if not allowed:
-            allowed = grants(own | await self._shared(hub_user, fresh=True), needed, *self._where)
+            page = is_navigation(getattr(handler, "request", None))
+            shared = await self._shared(hub_user, fresh=True, page=page)
+            allowed = grants(own | shared, needed, *self._where)
         if not allowed:
             self.log.info(
                 "gpulab: %s may not %s %s (needs %s)", hub_user["name"], action, resource, needed
@@ -266,7 +268,7 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
             )
         return self._secrets
 
-    async def _shared(self, hub_user: dict, fresh: bool) -> frozenset[str]:
+    async def _shared(self, hub_user: dict, fresh: bool, page: bool = False) -> frozenset[str]:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -276,9 +278,14 @@ class ProjectAuthorizer(JupyterHubAuthorizer):
             # if this person has not made it ask in that time: someone who accepted a
             # share a moment after the last listing gets in at once, and one person's
             # refused requests still make the hub answer at most every REFRESH_MIN_S.
+            # A refused page load (``page``: the project opened after accepting a link)
+            # asks again once the listing is NAVIGATION_AGAIN_S old: a tab of theirs
+            # still polling here since a revoke keeps the listing fresher than
+            # REFRESH_MIN_S and their own ask recent (freshrefusal.py).
             name = hub_user.get("name", "")
             first_ask = now - self._asked_at.get(name, -math.inf) > REFRESH_MIN_S
-            if age > self.shares_max_age or (fresh and (age > REFRESH_MIN_S or first_ask)):
+            again = age > REFRESH_MIN_S or first_ask or (page and age > NAVIGATION_AGAIN_S)
+            if age > self.shares_max_age or (fresh and again):
                 self._asked_at = {
                     n: t for n, t in self._asked_at.items() if now - t <= REFRESH_MIN_S
                 }

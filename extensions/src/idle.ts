@@ -14,9 +14,9 @@ import { IActivity, postAPI } from './jobsapi';
 
 /** What keeps a project running beyond its last use (re-marked while it lasts). */
 const KEEPERS: { [key: string]: string } = {
-  job: 'a job',
-  gpu: 'GPU use',
-  cell: 'a running cell'
+  job: 'a job is running',
+  gpu: 'a GPU is in use',
+  cell: 'a cell is running'
 };
 
 /** Seconds before the stop at which the notice shows: 15 minutes, or half a short timeout. */
@@ -51,10 +51,21 @@ export function idleNotice(a: IActivity | null, now: number): string {
   );
 }
 
+/** "45 minutes", "1 hour", "30 seconds": an idle timeout in words. */
+export function spanText(seconds: number): string {
+  const s = Math.round(seconds);
+  const unit = (n: number, word: string) => `${n} ${word}${n === 1 ? '' : 's'}`;
+  if (s % 3600 === 0) {
+    return unit(s / 3600, 'hour');
+  }
+  return s % 60 === 0 ? unit(s / 60, 'minute') : unit(s, 'second');
+}
+
 /**
- * "Kept running by a job" while a job or GPU use keeps a project that would
- * otherwise stop when idle. ``jobRunning``: whether a job runs now, as the jobs
- * list says (the server's ``job`` lasts two minutes after a job ended).
+ * What keeps a project running that would otherwise stop when idle, and what that
+ * means: "A job is running, so this project is not stopped for being idle."
+ * ``jobRunning``: whether a job runs now, as the jobs list says (the server's
+ * ``job`` lasts two minutes after a job ended). '' when nothing keeps it.
  */
 export function keptText(a: IActivity | null, jobRunning: boolean): string {
   if (!a || a.idle_timeout <= 0) {
@@ -70,7 +81,19 @@ export function keptText(a: IActivity | null, jobRunning: boolean): string {
   if (a.kept_by.includes('cell')) {
     by.push(KEEPERS.cell);
   }
-  return by.length ? `Kept running by ${by.join(' and ')}` : '';
+  if (!by.length) {
+    return '';
+  }
+  const why = by.join(' and ');
+  return `${why[0].toUpperCase()}${why.slice(1)}, so this project is not stopped for being idle.`;
+}
+
+/** The longer words of keptText (its tooltip): what happens once nothing keeps it. */
+export function keptDetail(a: IActivity): string {
+  return (
+    `Once nothing keeps it, the project stops after ${spanText(a.idle_timeout)} with no ` +
+    'browser activity, job, running cell or GPU use, and its GPUs go to others. Your files stay.'
+  );
 }
 
 export class IdleWatch {

@@ -2,7 +2,7 @@
  * The Jobs panel (left sidebar): the project's jobs, newest first, each with its
  * state, elapsed time (ticking while it runs), what it runs, the last lines of
  * its output, its GPU use while it runs, and Stop / Re-run / Open log / Open
- * executed notebook. Its header says when a job or GPU use keeps an idle
+ * executed notebook. Its header says when a job, a running cell or GPU use keeps an idle
  * project running.
  */
 import { Poll } from '@lumino/polling';
@@ -10,7 +10,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IProcess } from './api';
 import { gib, statusText } from './format';
-import { IdleWatch, keptText } from './idle';
+import { IdleWatch, keptDetail, keptText } from './idle';
 import { JobsModel, SHOWN } from './jobs';
 import {
   FINISHED,
@@ -158,11 +158,12 @@ export class JobsPanel extends Widget {
     const body = el('div', 'jp-gpulab-JobsBody');
     const head = el('div', 'jp-gpulab-JobsHead');
     head.appendChild(el('h2', '', 'Jobs'));
-    const kept = keptText(this.options.idle.activity, jobs.running);
-    if (kept) {
+    const activity = this.options.idle.activity;
+    const kept = keptText(activity, jobs.running);
+    if (kept && activity) {
       const line = el('p', 'jp-gpulab-JobsKept', kept);
       line.dataset.gpulab = 'jobs-kept';
-      line.title = 'The project is not stopped as idle while this lasts';
+      line.title = keptDetail(activity);
       head.appendChild(line);
     }
     body.appendChild(head);

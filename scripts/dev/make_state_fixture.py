@@ -49,7 +49,7 @@ def write(hub: Path) -> None:
     from gpulab_hub.gpus.allocator import AllocationStore, Policy, Request
     from gpulab_hub.gpus.queue import QueueStore
     from gpulab_hub.gpus.reclaimrecord import ReclaimRecord, Warning
-    from gpulab_hub.gpus.usage import Record, UsageLedger
+    from gpulab_hub.gpus.usage import Record
     from gpulab_hub.images import project as image_state
     from gpulab_hub.secrets.store import SecretStore
     from gpulab_hub.sharing import groupshares, linkaccess, public
@@ -103,10 +103,15 @@ def write(hub: Path) -> None:
     held.allocate(gpus, Request("alice", "thesis", count=1), Policy())
     held.allocate(gpus, Request("bob", "vision", count=1), Policy())
 
-    ledger = UsageLedger(layout.usage_file)
+    # the ledger file as gpulab before its database wrote it (one JSON object a line);
+    # a hub start imports it into the database (gpus/usagefile.py)
     label = "GPU 1 (NVIDIA H100 80GB HBM3)"
-    ledger.append([Record("bob", "vision", "GPU-00000001", label, NOW - 7200, NOW - 3600, 41.5)])
-    ledger.append([Record("alice", "thesis", "GPU-00000000", "GPU 0", NOW - 600, NOW - 60)])
+    with open(layout.usage_file, "w") as f:
+        for r in (
+            Record("bob", "vision", "GPU-00000001", label, NOW - 7200, NOW - 3600, 41.5),
+            Record("alice", "thesis", "GPU-00000000", "GPU 0", NOW - 600, NOW - 60),
+        ):
+            f.write(json.dumps(asdict(r), separators=(",", ":")) + "\n")
 
     queue = QueueStore(layout.queue_file)
     queue.enqueue(Request("carol", "llm", count=2))
@@ -200,9 +205,9 @@ def read_gpu_reclaim(hub: Path):
 
 
 def read_gpu_usage(hub: Path):
-    from gpulab_hub.gpus.usage import UsageLedger
+    from gpulab_hub.gpus import usagefile
 
-    return [asdict(r) for r in UsageLedger(_layout(hub).usage_file).records()]
+    return [asdict(r) for r in usagefile.records(_layout(hub).usage_file)]
 
 
 def read_cluster_jobs(hub: Path):

@@ -12,8 +12,9 @@ other user's pages. Blocking work goes to one of three named, bounded pools:
   from the pools signed-in users need, so a crowd of visitors never slows them.
 
 ``await run(RECORDS, fn, *args, **kwargs)`` runs ``fn`` on a pool's thread.
-:func:`file_lock` is the one file lock: it times out with :class:`Busy`, whose words
-a page shows as they are (503). Store locks and the Docker client call
+:func:`file_lock` is the one file lock (:func:`fd_lock` the same lock through a
+descriptor, awaited, for files in folders users own): it times out with :class:`Busy`, whose
+words a page shows as they are (503). Store locks and the Docker client call
 :func:`off_loop`, the guard: with ``GPULAB_LOOP_GUARD=strict`` (tests, and the hubs
 tests start) blocking on the loop's thread raises :class:`OnLoop`; otherwise it logs
 one warning for each kind of work.
@@ -26,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import fcntl
 import functools
 import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -216,6 +219,37 @@ class file_lock:  # noqa: N801 - used like the function it replaces: `with file_
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+# How often fd_lock tries a held lock again (filelock's own default interval).
+POLL_S = 0.05
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+async def fd_lock(fd: int, what: str, timeout: float = LOCK_TIMEOUT) -> None:
+    """Take :class:`file_lock`'s lock through the open descriptor ``fd``, for the hub's
+    pages: ``flock(LOCK_EX)``, the lock filelock takes on Unix, so a process holding a
+    FileLock on the same file and this one exclude each other; :class:`Busy` (naming
+    ``what``) after ``timeout`` seconds. Held until ``fd`` is closed.
+
+    For a file in a folder a user owns, which a user can hold as long as they like:
+    the wait holds no thread (each try is one non-blocking call on the records pool),
+    so a user holding their own lock never stalls anyone else's record work; and the
+    caller opens the file without following links (filelock takes a path and resolves
+    it by name, its folder's real path first, which follows any link the user swaps
+    into the folder meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while not await run(RECORDS, _try_flock, fd):
+        if time.monotonic() >= deadline:
+            raise Busy(what)
+        await asyncio.sleep(POLL_S)
 
 
 def shutdown() -> None:

@@ -20,7 +20,9 @@ instance's credentials) and every machine of the LAN. gpulab's chain ``GPULAB-EG
 The chain is written whole in one ``iptables-restore`` (never half a chain, however
 often ``gpulab up`` runs); the jumps are checked (``-C``) before they are added. The
 chain is the host's, so two hubs on one host share its contents (the last
-``gpulab up``'s). Where the host has no IPv6 tables, IPv6 is skipped and the doctor
+``gpulab up``'s); its writers, in every process on the host, take one lock in turn
+(:func:`writing`), so two hubs starting at once never add a jump twice or write over
+each other's half. Where the host has no IPv6 tables, IPv6 is skipped and the doctor
 says so (doctor/egress.py).
 """
 
@@ -30,11 +32,12 @@ import ipaddress
 import logging
 import shutil
 import subprocess
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import firewall, settings
+from gpulab_hub import blocking, firewall, settings
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,8 @@ REJECT = {4: "icmp-admin-prohibited", 6: "icmp6-adm-prohibited"}
 RESOLV_CONF = ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf")
 _lock = threading.Lock()
 _builds_done = False
+_writing: blocking.file_lock | None = None
+_writing_made = threading.Lock()
 
 
 class EgressError(Exception):
@@ -172,8 +177,32 @@ def _write(family: int, policy: Policy | None, ifaces: tuple[str, ...]) -> None:
             _must(family, "-I", hook, "1", *_jump(iface))
 
 
+def lock_path() -> Path:
+    """The host's one lock file for gpulab's chain (``/run/lock``, where the host has it)."""
+    run_lock = Path("/run/lock")
+    folder = run_lock if run_lock.is_dir() else Path(tempfile.gettempdir())
+    return folder / "gpulab-egress.lock"
+
+
+def writing() -> blocking.file_lock:
+    """The host-wide lock of gpulab's chain, re-entrant in a thread: every write takes
+    it, and whoever must see the chain unchanged for a while (a test that widens it
+    for a moment) holds it across."""
+    global _writing
+    with _writing_made:
+        if _writing is None:
+            _writing = blocking.file_lock(lock_path(), "the host's egress rules", timeout=60)
+        return _writing
+
+
 def _apply(policy: Policy | None, ifaces: tuple[str, ...]) -> str:
-    """Both families; returns why IPv6 was skipped ("" when it was not)."""
+    """Both families, under :func:`writing`; returns why IPv6 was skipped ("" when it
+    was not)."""
+    with writing():
+        return _apply_locked(policy, ifaces)
+
+
+def _apply_locked(policy: Policy | None, ifaces: tuple[str, ...]) -> str:
     try:
         _write(4, policy, ifaces)
     except (FileNotFoundError, RuntimeError, subprocess.TimeoutExpired) as e:
@@ -212,6 +241,11 @@ def ensure_builds() -> None:
 
 def forget(bridge: str) -> None:
     """The jumps of a removed projects' network (tests; the chain stays)."""
+    with writing():
+        _forget_locked(bridge)
+
+
+def _forget_locked(bridge: str) -> None:
     for family in (4, 6):
         try:
             hook = hook_chain(family)

@@ -370,6 +370,16 @@ def ensure_local_debian(dk: Docker, name: str, cache_dir: Path, log=print) -> st
     repo, _, tag = name.rpartition(":")
     packages = hashlib.sha256(",".join(DEBIAN_PACKAGES).encode()).hexdigest()[:12]
     tarball = cache_dir / f"debian-bookworm-rootfs-{packages}.tar"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Two set-ups at once (two hubs, or a hub beside a test run): one debootstrap; the
+    # other waits for its tarball rather than making a second one beside it.
+    with blocking.file_lock(cache_dir / f".{tarball.name}.lock", "the Debian image", 900):
+        _ensure_rootfs(tarball, cache_dir, name, log)
+    dk.call("import_image", src=str(tarball), repository=repo, tag=tag)
+    return name
+
+
+def _ensure_rootfs(tarball: Path, cache_dir: Path, name: str, log) -> None:
     if not tarball.exists():
         debootstrap = shutil.which("debootstrap")
         if not debootstrap:
@@ -400,8 +410,6 @@ def ensure_local_debian(dk: Docker, name: str, cache_dir: Path, log=print) -> st
                 os.replace(partial, tarball)
             finally:
                 Path(partial).unlink(missing_ok=True)
-    dk.call("import_image", src=str(tarball), repository=repo, tag=tag)
-    return name
 
 
 def user_wheels(repo_dir: Path, out_dir: Path) -> list[Path]:

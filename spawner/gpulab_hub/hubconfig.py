@@ -35,7 +35,7 @@ from gpulab_hub import (
     usagepage,
 )
 from gpulab_hub.accounts import identities, providers
-from gpulab_hub.gpus import keeper
+from gpulab_hub.gpus import keeper, usage
 from gpulab_hub.home import buildlog
 from gpulab_hub.projects import objects, title
 from gpulab_hub.settings import Settings
@@ -81,7 +81,8 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
     c.JupyterHub.bind_url = s.bind_url
     c.JupyterHub.hub_port = s.hub_port
     c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{s.proxy_api_port}"
-    c.JupyterHub.db_url = f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}"
+    # JupyterHub's tables and gpulab's (db/): the layout's db_url reads it back
+    c.JupyterHub.db_url = settings.sqlite_url(hub_dir / settings.DATABASE)
     c.JupyterHub.cookie_secret_file = str(hub_dir / "jupyterhub_cookie_secret")
     c.JupyterHub.pid_file = str(hub_dir / "jupyterhub.pid")
     # Project containers keep running across hub restarts; `gpulab down` stops them.
@@ -154,11 +155,19 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
     # GitHub organisations (GPULAB_AUTHENTICATOR, accounts/providers.py).
     providers.configure(c, s)
     # gpulab's routes that replace JupyterHub's (the home page, the spawn page: home/; the
-    # activity API: sharing/activity.py) come first, whatever the authenticator
-    # (accounts/auth.py GpulabHub; finish mixes it into one the admin names).
+    # activity API: sharing/activity.py; accepting a link: sharing/accept.py) come first,
+    # whatever the authenticator (accounts/auth.py GpulabHub; finish mixes it into one
+    # the admin names). JupyterHub's API deletes a user only when the request names them
+    # again (admin/userdelete.py): one click on JupyterHub's admin page deletes nobody.
+    from gpulab_hub.admin import userdelete
     from gpulab_hub.sharing import activity
 
-    c.GpulabHub.gpulab_routes = home.front_handlers() + activity.hub_handlers()
+    c.GpulabHub.gpulab_routes = (
+        home.front_handlers()
+        + activity.hub_handlers()
+        + accept.hub_handlers()
+        + userdelete.hub_handlers()
+    )
     c.NativeAuthenticator.open_signup = a.open_signup
     c.GpulabAuthenticator.first_admin = a.admin
     c.GpulabAuthenticator.first_admin_password = a.admin_password
@@ -238,7 +247,10 @@ def complete(c, s: Settings) -> Settings:
         reclaim_grace=float(sp.gpu_reclaim_grace),
         idle_release=float(sp.gpu_idle_release),
     )
-    return dataclasses.replace(s, gpus=gpus, layout=hubsettings.from_spawner(sp))
+    layout = hubsettings.from_spawner(sp)
+    # fair share and budgets read the whole window: the usage kept must cover it
+    usage.check_retention(layout.usage_retention, layout.usage_window)
+    return dataclasses.replace(s, gpus=gpus, layout=layout)
 
 
 def _hand_on(c, s: Settings) -> Settings:
@@ -276,6 +288,27 @@ def finish(c) -> Settings:
     authenticator the admin named gets gpulab's routes mixed in (accounts/auth.py)."""
     _with_gpulab_routes(c)
     return _hand_on(c, given(c))
+
+
+def upgrade_database(s: Settings):
+    """gpulab's tables in the hub's database (``s.layout.db_url``) upgraded as the hub
+    starts, a SQLite database backed up first (db/migrate.py). A database gpulab cannot
+    use ends the start with its sentence. Nothing happens where the configuration is
+    read by anything but JupyterHub (the ``gpulab`` command)."""
+    from gpulab_hub.db import engine as db_engine
+    from gpulab_hub.db import migrate
+    from gpulab_hub.gpus import usagefile
+
+    try:
+        done = migrate.at_start(
+            s.layout.db_url, imports=[usagefile.LedgerImport(s.layout.usage_file)]
+        )
+    except db_engine.DatabaseError as e:
+        print(f"gpulab: {e}", file=sys.stderr, flush=True)
+        raise
+    if done is not None and done.changed:  # the hub's log (its logging is not set up yet)
+        print(f"gpulab: {done.words(s.layout.db_url)}", flush=True)
+    return done
 
 
 def _with_gpulab_routes(c) -> None:

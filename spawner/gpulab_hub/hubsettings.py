@@ -34,7 +34,8 @@ from gpulab_hub.settings import (
 
 __all__ = [
     "DELETED", "DOCTOR_REPORT", "GROUP_SHARE_ROLES", "PUBLIC_LINKS", "QUEUE", "SECRETS",
-    "SHARING_POLICY", "USAGE", "Layout", "config_file", "default_layout", "from_config",
+    "SHARING_POLICY", "USAGE", "Layout", "config_file", "db_url_of", "default_layout",
+    "from_config",
     "from_spawner", "load", "of_handler", "read_config", "spawner_of",
 ]  # fmt: skip
 
@@ -65,6 +66,14 @@ def spawner_of(config, spawner_class=None):
     return spawner_class(config=config)
 
 
+def db_url_of(config) -> str:
+    """The hub's database, ``JupyterHub.db_url`` in the hub's configuration (gpulab's
+    sets it: hubconfig.apply); "" where it is not set (the layout then has the SQLite
+    file in its records folder, where gpulab's configuration puts it)."""
+    url = config.JupyterHub.get("db_url") if "JupyterHub" in config else None
+    return url if isinstance(url, str) else ""
+
+
 def from_spawner(sp) -> Layout:
     """The layout of a spawner made by :func:`spawner_of`."""
     return Layout(
@@ -81,6 +90,8 @@ def from_spawner(sp) -> Layout:
         queue_file=Path(sp.queue_file),
         usage_file=Path(sp.usage_file),
         usage_window=float(sp.gpu_usage_window),
+        usage_retention=float(sp.gpu_usage_retention_days) * 24 * 3600.0,
+        db_url=db_url_of(sp.config),
         budget_hours=tuple(sorted(sp.gpu_budget_hours.items())),
         driver_dir=str(sp.driver_dir),
         allocation_policy=_changed(sp),

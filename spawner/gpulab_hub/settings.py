@@ -120,6 +120,7 @@ def var(name: str, default: Any, parse: Callable[[str, str], Any] = text, *, sec
 
 # Defaults of traits that other parts read too (the traits take them from here).
 GPU_USAGE_WINDOW_S = 7 * 24 * 3600.0  # ProjectSpawner.gpu_usage_window: a week
+GPU_USAGE_RETENTION_DAYS = 90.0  # ProjectSpawner.gpu_usage_retention_days
 
 PORT = whole(1, 65535, "a port number")
 SECONDS = whole(0, 999_999_999, "a whole number of seconds")
@@ -313,11 +314,17 @@ PUBLIC_LINKS = "public-links.json"
 DOCTOR_REPORT = "doctor-last.json"
 DELETED = "deleted"
 SECRETS = "secrets"  # one file per user (secrets/store.py)
+DATABASE = "jupyterhub.sqlite"  # the hub's database (JupyterHub's tables and gpulab's)
 
 
 # Files beside the GPU allocation record, unless the traits say otherwise.
 QUEUE = "gpu-queue.json"  # starts waiting for a GPU
 USAGE = "gpu-usage.jsonl"  # ended GPU holdings
+
+
+def sqlite_url(path: Path) -> str:
+    """The SQLAlchemy URL of the SQLite database file ``path``."""
+    return f"sqlite:///{path}"
 
 
 @dataclass(frozen=True)
@@ -337,6 +344,11 @@ class Layout:
     queue_file: Path | None = None  # None: QUEUE beside allocations_file
     usage_file: Path | None = None  # None: USAGE beside allocations_file
     usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
+    # seconds a usage record is kept after its holding ended (gpu_usage_retention_days)
+    usage_retention: float = GPU_USAGE_RETENTION_DAYS * 24 * 3600.0
+    # the hub's database (JupyterHub.db_url), where gpulab's tables live (db/); "": the
+    # SQLite file DATABASE in records_dir
+    db_url: str = ""
     budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
     driver_dir: str = Gpus.driver_dir  # ProjectSpawner.driver_dir (GPULAB_DRIVER_DIR's)
     # how GPUs are granted: the allocator.Policy fields the ProjectSpawner gpu_* traits set
@@ -347,6 +359,8 @@ class Layout:
         for name, file in (("queue_file", QUEUE), ("usage_file", USAGE)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, Path(self.allocations_file).parent / file)
+        if not self.db_url:
+            object.__setattr__(self, "db_url", sqlite_url(Path(self.records_dir) / DATABASE))
 
     @property
     def sharing_policy(self) -> Path:

@@ -300,11 +300,11 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         except ProjectError:
             return ""
         good = projectimage.last_good(project, repo=self.image_repo)
-        return options.form(
-            good.describe() if good else None,
-            projectimage.last_build_failed(project),
-            self.gpu_choices(),
+        failed = projectimage.last_build_failed(project)
+        changed = bool(good and failed) and projectimage.changed_since_failure(
+            self._docker, project, self.image_repo, allowed=tuple(self.allowed_base_images)
         )
+        return options.form(good.describe() if good else None, failed, self.gpu_choices(), changed)
 
     def gpu_choices(self) -> options.GpuChoices | None:
         inv = gpu_spawner.cached_inventory()
@@ -427,7 +427,7 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             self._refuse_default_project()
             self._refuse_unapplied_settings()
             opts = options.validate(self.user_options)
-            self._check_display_name()
+            options.refuse_unchecked_display_name(self.orm_spawner, self.name, self.user.db)
             self._emit(2, f"Preparing project {project_name(self.name)}")
             try:
                 self.image = await self._prepare_image(opts.get("use_last_good", False))
@@ -477,8 +477,10 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         self._emit(80, "Starting the project's container")
         try:
             ip, port = await super().start()
-        except Exception:
-            await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+        except Exception:  # the GPUs back (records pool: the usage ledger's row)
+            await blocking.run(
+                blocking.RECORDS, gpu_spawner.release, self, self.user.name, self.project.name
+            )
             raise
         self._emit(90, "Starting JupyterLab")
         await self._until_answers(ip, port)
@@ -557,33 +559,26 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
 
     async def stop(self, now=False):
         """Out of the GPU queue, the container stopped, its GPUs released: the container
-        stops whatever the GPU records do (their helpers log and never raise)."""
+        stops whatever the GPU records do (their helpers log and never raise). The queue,
+        the allocation record and the usage ledger (the hub's database) on the records
+        pool; only the container's stop on the Docker pool."""
+        owner, project = self.user.name, self.project.name
         try:
-            await self._run(waiting.cancel, self, self.user.name, self.project.name)
+            await blocking.run(blocking.RECORDS, waiting.cancel, self, owner, project)
         finally:
             try:
                 await super().stop(now=now)
             finally:
-                await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+                await blocking.run(blocking.RECORDS, gpu_spawner.release, self, owner, project)
 
     async def poll(self):
         status = await super().poll()
         if status is not None:
-            # the container died or is gone: its GPUs are free again
-            await self._run(gpu_spawner.release, self, self.user.name, self.project.name)
+            # the container died or is gone: its GPUs are free again (records pool)
+            await blocking.run(
+                blocking.RECORDS, gpu_spawner.release, self, self.user.name, self.project.name
+            )
         return status
-
-    def _check_display_name(self) -> None:
-        """Refuse (and forget) a display name JupyterHub stored unchecked (a rename)."""
-        orm_spawner = self.orm_spawner
-        if orm_spawner is None or not orm_spawner.display_name:
-            return
-        try:
-            options.check_display_name(orm_spawner.display_name)
-        except options.OptionsError:
-            orm_spawner.display_name = self.name
-            self.user.db.commit()
-            raise
 
     async def delete_forever(self):
         """The project (or its user) is deleted: its folder, records, shares and GPUs

@@ -236,4 +236,9 @@ async def page_hub(home: Path, **extra: str) -> PageHub:
     app = MockHub.instance(config=config)
     with _environ(env):
         await app.initialize([])
+    # gpulab's tables, as a hub start upgrades them (jupyterhub_config.py does it only in
+    # a JupyterHub process, and this configuration was read before the MockHub was made)
+    from gpulab_hub.db import migrate
+
+    await asyncio.to_thread(migrate.upgrade, app.db_url)
     return PageHub(app, env)

@@ -98,18 +98,14 @@ RUN python3 -m venv /opt/gpulab/venv \
 # IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
 # The Jupyter server's settings (jupyter_server_config.json: jupyter_server_config.d only
 # enables extensions): JupyterLab's terminals run a login bash (the environment above, a
-# prompt, history); the launcher's TensorBoard tile starts TensorBoard on the project's
-# files at its first visit, behind the project's own address (<project>/tensorboard/);
-# the proxy reaches this container's own ports only (host_allowlist).
+# prompt, history); the proxy reaches this container's own ports only (host_allowlist).
+# The launcher's TensorBoard tile (with its icon) comes from gpulab_jupyter itself
+# (gpulab_jupyter/tensorboard.py, a jupyter-server-proxy entry point).
 RUN mkdir -p /opt/gpulab/venv/etc/ipython /opt/gpulab/venv/etc/jupyter \
  && echo "c.InteractiveShellApp.extensions.append('gpulab_jupyter.magics')" \
     > /opt/gpulab/venv/etc/ipython/ipython_kernel_config.py \
  && echo '{"ServerApp": {"terminado_settings": {"shell_command": ["/bin/bash", "-l"]}},' \
-      '"ServerProxy": {"host_allowlist": ["localhost", "127.0.0.1"], "servers": {"tensorboard": {' \
-      '"command": ["tensorboard", "--logdir", "/workspace", "--host", "127.0.0.1",' \
-      '"--port", "{port}", "--path_prefix", "{base_url}tensorboard"],' \
-      '"absolute_url": true, "timeout": 60, "new_browser_tab": false,' \
-      '"launcher_entry": {"title": "TensorBoard", "category": "Other"}}}}}' \
+      '"ServerProxy": {"host_allowlist": ["localhost", "127.0.0.1"]}}' \
     > /opt/gpulab/venv/etc/jupyter/jupyter_server_config.json \
  && python -c "import json; json.load(open('/opt/gpulab/venv/etc/jupyter/jupyter_server_config.json'))"
 

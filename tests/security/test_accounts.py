@@ -267,7 +267,7 @@ def test_a_deleted_user_leaves_nothing_to_the_next_account_of_that_name(
     assert len(kim.api("GET", "/hub/api/users/kim/shared").json()["items"]) == 2
 
     # The admin deletes judy while her project runs: it completes.
-    r = admin.api("DELETE", "/hub/api/users/judy")
+    r = admin.api("DELETE", "/hub/api/users/judy", params={"confirm": "judy"})
     assert r.status_code == 204, r.text
     assert admin.api("GET", "/hub/api/users/judy").status_code == 404
     assert containers_of(docker_engine, "judy") == []

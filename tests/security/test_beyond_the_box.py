@@ -184,11 +184,14 @@ def test_what_the_admin_allows_is_reached(cloud, docker_engine, local_debian, pr
     from gpulab_hub import egress, settings
 
     allowing = settings.parse({"GPULAB_ALLOW_METADATA": "1", "GPULAB_ALLOWED_NETWORKS": LAN})
-    try:
-        egress.ensure(egress.policy_of(allowing), projects_network)
-        seen = in_a_project(docker_engine, local_debian)
-    finally:
-        egress.ensure(egress.default_policy(), projects_network)
+    # The chain is the host's: a hub starting meanwhile (another test worker's) would
+    # write the default policy back before the probe, so the lock is held across.
+    with egress.writing():
+        try:
+            egress.ensure(egress.policy_of(allowing), projects_network)
+            seen = in_a_project(docker_engine, local_debian)
+        finally:
+            egress.ensure(egress.default_policy(), projects_network)
     assert seen["metadata"] == f"open: {CREDENTIALS}", seen
     assert seen["lan"] == f"open: {CREDENTIALS}", seen
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 from gpulab_contract.environment import project_dir
-from gpulab_jupyter.jobs.model import FINISHED, JobError, JobRecord, JobRequest, command_line
+from gpulab_jupyter.jobs.model import FINISHED, JobError, JobRecord, JobRequest, command_text
 
 USAGE_EXAMPLES = """examples:
   gpulab-job run train.py --epochs 3
@@ -99,7 +99,7 @@ HEADER = ("JOB", "STATE", "TIME", "COMMAND")
 
 def columns(r: JobRecord) -> tuple[str, str, str, str]:
     req = r.request
-    what = command_line(req)
+    what = command_text(req)
     if req.get("name"):
         what = f"{req['name']}: {what}"
     gpus = f" --gpus {req['gpus']}" if req.get("gpus") else ""

@@ -81,15 +81,23 @@ class JobRequest:
         return cls(**req)
 
 
-def command_line(request: dict) -> str:
-    """What the user asked to run, as they would type it after ``gpulab-job run``
-    (``-- bash train.sh``, ``train.py --epochs 3``), quoted so that it reads exactly:
-    what ``%gpu_job list``, ``gpulab-job list`` and the Jobs panel show."""
+def command_text(request: dict) -> str:
+    """What a job runs, as a shell would read it (``bash train.sh``, ``train.py --epochs
+    3``), quoted so that it reads exactly: the COMMAND of ``%gpu_job list`` and
+    ``gpulab-job list``, and what the Jobs panel shows."""
     command = request.get("command") or ()
     if command:
-        return "-- " + shlex.join(str(w) for w in command)
+        return shlex.join(str(w) for w in command)
     words = [str(request.get("target") or ""), *(str(a) for a in request.get("args") or ())]
     return shlex.join(words)
+
+
+def command_line(request: dict) -> str:
+    """What the user asked to run, as they would type it after ``gpulab-job run``
+    (``-- bash train.sh``, ``train.py --epochs 3``): the API's ``command_line``, and what
+    a message that says which command to type shows."""
+    text = command_text(request)
+    return f"-- {text}" if request.get("command") else text
 
 
 @dataclass

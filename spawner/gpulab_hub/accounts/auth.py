@@ -17,7 +17,6 @@ on a worker thread, off the hub's event loop.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from nativeauthenticator import handlers as native
 from nativeauthenticator.orm import UserInfo
 from traitlets import List, Unicode, default
 
+from gpulab_contract import files
 from gpulab_hub import accounts
 from gpulab_hub.accounts import crosssite, identities
 
@@ -331,6 +331,10 @@ def __getattr__(name: str):
     return cls
 
 
+class FirstAdminError(RuntimeError):
+    """The first admin could not be made safely; ``str()`` says why and what to do."""
+
+
 class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
     """Users sign up at /hub/signup; an admin approves them at /hub/authorize."""
 
@@ -361,7 +365,7 @@ class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
         "",
         config=True,
         help="""Password of the first admin. Default: empty, meaning a random one is
-        generated and written to ``first_admin_password_file`` (or logged once).
+        generated and written to ``first_admin_password_file``.
         Example:
         ``c.GpulabAuthenticator.first_admin_password = os.environ["GPULAB_ADMIN_PASSWORD"]``
         """,
@@ -370,8 +374,9 @@ class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
         "",
         config=True,
         help="""Where a generated first-admin password is written (mode 0600) for
-        ``gpulab up`` to print once and delete. Default: empty (not written; the
-        password is logged instead).
+        ``gpulab up`` to print once and delete, before the admin is made. Default: empty
+        (then a password must be configured: gpulab never logs one; gpulab's own
+        configuration always names a file in the hub's folder).
         Example:
         ``c.GpulabAuthenticator.first_admin_password_file = "/srv/gpulab/hub/admin-pw"``
         """,
@@ -441,7 +446,13 @@ class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
         return max(0.0, self.seconds_before_next_try - since)
 
     def ensure_first_admin(self) -> str | None:
-        """Create the first admin if it has no password yet; return the password."""
+        """Create the first admin if it has no password yet; return the password.
+
+        A generated password is written to ``first_admin_password_file`` before the
+        admin's row is committed: when it cannot be written, no admin is made (the next
+        start tries again) and the hub stops with a sentence saying why, so nobody is
+        left with an admin whose password no one knows. A password never goes to the log.
+        """
         name = self.normalize_username(self.first_admin)
         if UserInfo.find(self.db, name) is not None:
             return None
@@ -452,6 +463,8 @@ class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
                 f"{self.minimum_password_length} characters and must not be a common one "
                 "(GPULAB_ADMIN_PASSWORD)."
             )
+        if not self.first_admin_password:
+            self._write_first_password(name, password)
         info = UserInfo(
             username=name,
             password=_hash(password),
@@ -461,17 +474,33 @@ class GpulabAuthenticator(GpulabHub, NativeAuthenticator):
         self.db.commit()
         if self.first_admin_password:
             self.log.info("Created the first admin %r with the configured password", name)
-            return password
-        if self.first_admin_password_file:
-            path = Path(self.first_admin_password_file)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{name}\n{password}\n")
-            self.log.warning("Created the first admin %r; its password is in %s", name, path)
         else:
-            self.log.warning("Created the first admin %r with password: %s", name, password)
+            self.log.warning(
+                "Created the first admin %r; its password is in %s",
+                name, self.first_admin_password_file,
+            )  # fmt: skip
         return password
+
+    def _write_first_password(self, name: str, password: str) -> None:
+        """``name`` and ``password`` in ``first_admin_password_file`` (mode 0600, written
+        atomically: never through a link in its place); FirstAdminError if it cannot be."""
+        if not self.first_admin_password_file:
+            raise FirstAdminError(
+                f"gpulab made no first admin {name!r}: no password is configured "
+                "(GPULAB_ADMIN_PASSWORD, c.GpulabAuthenticator.first_admin_password) and no "
+                "file to write a generated one to (c.GpulabAuthenticator."
+                "first_admin_password_file), and gpulab never writes a password to the log."
+            )
+        path = Path(self.first_admin_password_file)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files.write_atomic(path, f"{name}\n{password}\n".encode(), mode=0o600)
+        except OSError as e:
+            raise FirstAdminError(
+                f"gpulab made no first admin {name!r}: its generated password could not be "
+                f"written to {path} ({e.strerror or e}). Give the hub's account write access "
+                f"to {path.parent}, or set GPULAB_ADMIN_PASSWORD, then start the hub again."
+            ) from e
 
     def _new_password(self) -> str:
         """A random password that meets the password rules."""

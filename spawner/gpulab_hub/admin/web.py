@@ -19,11 +19,11 @@ from tornado import web
 
 from gpulab_hub import blocking, hubsettings
 from gpulab_hub.accounts import USERNAME_PATTERN
-from gpulab_hub.admin import facts
+from gpulab_hub.admin import facts, userdelete
 from gpulab_hub.home import facts as home_facts
 from gpulab_hub.sharing.received import server_state
 
-ACTIONS = ("stop", "delete", "approve")
+ACTIONS = ("stop", "delete", "approve", "delete-user")
 STOP_WAIT_S = 60.0  # how long an action waits for a project to stop
 BUILDING = ("Building image", "Waiting for a build slot", "Waiting for your other image build")
 REFUSED = "Only admins may see the admin overview and use its actions."
@@ -119,7 +119,9 @@ class AdminHandler(BaseHandler):
         rows = self.db.query(UserInfo).filter(UserInfo.is_authorized.is_(False))
         return sorted(i.username for i in rows.order_by(UserInfo.username).limit(500))
 
-    async def _page(self, status: int = 200, said: str = "", error: str = "", confirm=None):
+    async def _page(
+        self, status: int = 200, said: str = "", error: str = "", confirm=None, confirm_user=None
+    ):
         where = hubsettings.of_handler(self)
         records = await blocking.run(blocking.RECORDS, facts.records, where)
         queued = {(q.owner, q.project) for q in records.queued}
@@ -178,6 +180,7 @@ class AdminHandler(BaseHandler):
             said=said,
             error=error,
             confirm=confirm,
+            confirm_user=confirm_user,
             projects_root=str(where.projects_root),
             cache_s=int(facts.CACHE_S),
         )
@@ -284,6 +287,34 @@ class AdminHandler(BaseHandler):
         set_approval(self, info, True)
         return f"Approved the account \u201c{name}\u201d: they can log in now."
 
+    async def _act_delete_user(self) -> tuple[str, dict | None]:
+        """Delete a user and all their projects, once the admin typed the user's name
+        (as deleting one project asks for its name); else the question, with the user's
+        projects (what goes with the account)."""
+        name = self.get_body_argument("name", "")
+        if not re.fullmatch(USERNAME_PATTERN, name):
+            raise web.HTTPError(400, "Choose a user from the page's list.")
+        user = self.find_user(name)
+        if user is None:
+            raise web.HTTPError(404, f"No user named \u201c{name}\u201d.")
+        if user.name == self.current_user.name:
+            return "You cannot delete your own account.", None
+        question = {"name": user.name, "projects": sorted(n for n in user.orm_spawners if n)}
+        typed = self.get_body_argument("confirm_name", None)
+        if typed is None:
+            return "", question
+        if typed.strip() != user.name:
+            question["mistyped"] = True
+            return "", question
+        self.log.info("gpulab: %s deletes the user %s", self.current_user.name, user.name)
+        await userdelete.delete_user(self, user)
+        facts.disk_cache().forget(name)
+        count = len(question["projects"])
+        return (
+            f"Deleted the user {name} and their {count} project{'s' if count != 1 else ''}.",
+            None,
+        )
+
     @web.authenticated
     async def post(self):
         self._check_admin()
@@ -292,6 +323,10 @@ class AdminHandler(BaseHandler):
             raise web.HTTPError(400, "Unknown action: use the page's buttons.")
         if action == "approve":
             await self._page(said=self._act_approve())
+            return
+        if action == "delete-user":
+            said, question = await self._act_delete_user()
+            await self._page(said=said, confirm_user=question)
             return
         user, name = self._project()
         if action == "stop":

@@ -30,6 +30,8 @@ one, ``unpack.py`` writes members below a folder from descriptors.
 
 from __future__ import annotations
 
+from gpulab_hub.settings import DATABASE as DATABASE  # the hub's database (gpulab's tables too)
+
 FORMAT = 2  # the archive's layout; a newer layout is refused by an older gpulab
 MANIFEST = "gpulab-backup.json"
 MEMBERS = "gpulab-members.jsonl"  # format 2: the member list, one JSON object a line
@@ -39,7 +41,6 @@ MEMBERS = "gpulab-members.jsonl"  # format 2: the member list, one JSON object a
 MAX_MANIFEST = 16 << 20
 MAX_LINE = 256 << 10
 HUB, PROJECTS, CONFIG_D = "hub", "projects", "config.d"  # the archive's top folders
-DATABASE = "jupyterhub.sqlite"
 
 
 class BackupError(Exception):

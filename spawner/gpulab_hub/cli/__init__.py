@@ -25,6 +25,7 @@ from gpulab_hub import (
 )
 from gpulab_hub.cli import backup as cli_backup
 from gpulab_hub.cli import cluster as cli_cluster
+from gpulab_hub.cli import db as cli_db
 from gpulab_hub.cli import gpus as cli_gpus
 from gpulab_hub.cli import images as cli_images
 from gpulab_hub.cli import orphans
@@ -341,6 +342,7 @@ def main(argv=None) -> int:
     cli_images.add_parsers(sub)
     cli_backup.add_parsers(sub)
     cli_gpus.add_parser(sub)
+    cli_db.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.fn(args, os.environ)

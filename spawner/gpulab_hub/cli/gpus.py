@@ -62,7 +62,7 @@ def _queue(where: hubsettings.Layout, held) -> tuple[list, dict, frozenset]:
     if not where.queue_file.exists():
         return [], {}, frozenset()
     entries = queue.QueueStore(where.queue_file).entries()
-    hours = usage.UsageLedger(where.usage_file).hours_by_user(where.usage_window, held=held)
+    hours = usage.of_layout(where).hours_by_user(where.usage_window, held=held)
     b = dict(where.budget_hours)
     budgets = usage.Budgets(
         users={k: v for k, v in b.items() if not k.startswith("group:") and k != "*"},

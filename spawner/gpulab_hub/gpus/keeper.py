@@ -46,6 +46,8 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from gpulab_hub import blocking, gpus, jsonfile, settings
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
 from gpulab_hub.gpus.reclaimrecord import Warning
@@ -327,8 +329,9 @@ class Keeper:
     previous: list[queue.Entry] = field(default_factory=list)
     posted: dict[Key, float] = field(default_factory=dict)
     budget_hours: Mapping[str, float] = field(default_factory=dict)  # gpu_budget_hours
-    usage_file: Path | None = None
+    db_url: str | None = None  # the hub's database: the usage ledger (None: no fair share)
     usage_window: float = settings.GPU_USAGE_WINDOW_S
+    usage_retention: float = settings.GPU_USAGE_RETENTION_DAYS * 24 * 3600.0
     release_looked: float = float("-inf")  # when the hub was last asked for idle release
     policy: allocator.Policy = allocator.Policy()  # the spawner's (gpu_* traits)
     inventory: Callable[[], gpus.Inventory] = gpus.inventory  # the host's GPUs (NVML)
@@ -345,8 +348,9 @@ class Keeper:
                 grace=g.reclaim_grace, idle_after=g.reclaim_idle, release_after=g.idle_release
             ),
             budget_hours=dict(where.budget_hours),
-            usage_file=where.usage_file,
+            db_url=where.db_url,
             usage_window=where.usage_window,
+            usage_retention=where.usage_retention,
             policy=policy_of(where.allocation_policy),
         )
 
@@ -369,9 +373,9 @@ class Keeper:
 
         from gpulab_hub.gpus import waiting
 
-        if self.usage_file is None:
+        if self.db_url is None:
             return {}, frozenset()
-        ledger = usage.UsageLedger(self.usage_file, log=LOG)
+        ledger = usage.UsageLedger(self.db_url, retention=self.usage_retention, log=LOG)
         hours = ledger.hours_by_user(self.usage_window, now=now, held=held)
         if not self.budget_hours:
             return hours, frozenset()
@@ -455,7 +459,7 @@ def main() -> None:
             keeper.look(hub, time.time())
         except (requests.RequestException, queue.QueueError, allocator.AllocationError,
                 jsonfile.RecordError, blocking.Busy, OSError, ValueError,
-                KeyError) as e:  # fmt: skip
+                KeyError, SQLAlchemyError) as e:  # fmt: skip
             LOG.warning("GPU keeper: this look failed, trying again: %s", e)
         time.sleep(EVERY)
 

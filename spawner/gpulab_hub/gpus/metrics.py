@@ -27,6 +27,7 @@ from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpulab_hub import gpus
 from gpulab_hub.gpus import allocator, queue, usage, utilmeter
@@ -41,25 +42,29 @@ class Sources:
 
     allocations_file: Path
     queue_file: Path
-    usage_file: Path
+    db_url: str  # the hub's database: the usage ledger (gpus/usage.py)
     window: float = WEEK
+    retention: float = usage.RETENTION_DAYS * usage.DAY
     inventory: Callable[[], gpus.Inventory] = gpus.inventory
 
     @classmethod
     def of_config(cls, c) -> Callable[[], Sources]:
         """The sources as the hub's configuration ``c`` names them, read when the figures
         are (so lines an admin adds after gpulab's in jupyterhub_config.py count)."""
-        from gpulab_hub.gpus.spawner import GpuTraits, cached_inventory
+        from gpulab_hub.gpus.spawner import GpuTraits, cached_inventory, db_url_of
 
         def resolve() -> Sources:
-            names = ("allocations_file", "queue_file", "usage_file", "gpu_usage_window")
+            names = (
+                "allocations_file", "queue_file", "gpu_usage_window", "gpu_usage_retention_days"
+            )  # fmt: skip
             section = c.ProjectSpawner
             s = GpuTraits(**{n: section[n] for n in names if n in section})
             return cls(
                 Path(s.allocations_file),
                 Path(s.queue_file),
-                Path(s.usage_file),
+                db_url_of(s, c),
                 window=float(s.gpu_usage_window),
+                retention=float(s.gpu_usage_retention_days) * usage.DAY,
                 inventory=cached_inventory,
             )
 
@@ -85,7 +90,7 @@ def read(src: Sources, now: float | None = None) -> Snapshot:
     uuids = {d.uuid for d in inv.devices}
     busy = {u for u, hs in held.items() if hs and u in uuids}
     waiting = queue.QueueStore(src.queue_file).entries()
-    ledger = usage.UsageLedger(src.usage_file)
+    ledger = usage.UsageLedger(src.db_url, retention=src.retention)
     return Snapshot(
         taken_at=now,
         free=len(uuids - busy),
@@ -114,7 +119,10 @@ class GpuCollector(Collector):
             held = allocator.AllocationStore(src.allocations_file).holdings()
             if held:  # average utilisation of each holding, for the usage ledger
                 utilmeter.METER.sample(held, utilmeter.utilisation(), now)
-        except (OSError, allocator.AllocationError, queue.QueueError, usage.UsageError) as e:
+        except (
+            OSError, allocator.AllocationError, queue.QueueError, usage.UsageError,
+            SQLAlchemyError,
+        ) as e:  # fmt: skip
             LOG.warning("gpulab's GPU figures not read: %s", e)
             return
         with self._lock:

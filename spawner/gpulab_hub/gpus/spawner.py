@@ -12,13 +12,20 @@ import time
 from pathlib import Path
 
 import docker.errors
+from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
-from gpulab_hub import blocking, gpus, hubsettings
+from gpulab_hub import blocking, gpus, hubsettings, settings
 from gpulab_hub.gpus import allocator, reclaim, usage, utilmeter, wsl
 from gpulab_hub.hubsettings import default_layout
 from gpulab_hub.projects import objects
-from gpulab_hub.settings import DEFAULT, GPU_USAGE_WINDOW_S, QUEUE, USAGE
+from gpulab_hub.settings import (
+    DEFAULT,
+    GPU_USAGE_RETENTION_DAYS,
+    GPU_USAGE_WINDOW_S,
+    QUEUE,
+    USAGE,
+)
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
 
@@ -132,8 +139,10 @@ class GpuTraits(HasTraits):
     )
     usage_file = Unicode(
         config=True,
-        help="""Append-only ledger of every GPU holding (who, which project, which GPU,
-        from, to): what fair share and budgets read.
+        help="""The GPU usage ledger file of gpulab before its database: imported once,
+        as the hub starts on this gpulab, into the table gpulab_usage of the hub's
+        database (``JupyterHub.db_url``), where every GPU holding is recorded since; the
+        file is then renamed to <name>.imported, the pre-upgrade backup.
         Default: gpu-usage.jsonl in the folder of ``allocations_file``.
         Example: ``c.ProjectSpawner.usage_file = "/var/lib/gpulab/gpu-usage.jsonl"``""",
     )
@@ -152,6 +161,16 @@ class GpuTraits(HasTraits):
         help="""Seconds of GPU use the queue's fair-share order counts (the least
         used over this window go first) and budgets are measured over.
         Default: 604800 (7 days). Example: ``c.ProjectSpawner.gpu_usage_window = 86400``""",
+    )
+    gpu_usage_retention_days = Float(
+        GPU_USAGE_RETENTION_DAYS,
+        config=True,
+        help="""Days a GPU usage record is kept after its holding ended; older records
+        are deleted from the hub's database (table gpulab_usage) as new ones are
+        written. At least ``gpu_usage_window`` (fair share and budgets read that far
+        back): a shorter one stops the hub's start with a sentence. The usage page and
+        its CSV export reach back this far. Default: 90.
+        Example: ``c.ProjectSpawner.gpu_usage_retention_days = 365``""",
     )
     gpu_budget_hours = Dict(
         key_trait=Unicode(),
@@ -456,8 +475,24 @@ def release(
     return freed
 
 
+def db_url_of(s: GpuTraits, config=None) -> str:
+    """The hub's database: ``JupyterHub.db_url`` of the spawner's configuration (or
+    ``config``); where none is set, the SQLite file in the hub's records folder (the
+    folder of ``allocations_file`` for bare GpuTraits), as the layout has it."""
+    config = config if config is not None else getattr(s, "config", None)
+    url = hubsettings.db_url_of(config) if config is not None else ""
+    folder = getattr(s, "records_dir", None) or Path(s.allocations_file).parent
+    return url or settings.sqlite_url(Path(folder) / settings.DATABASE)
+
+
 def ledger_of(s: GpuTraits) -> usage.UsageLedger:
-    return usage.UsageLedger(Path(s.usage_file), clock=lambda: clock(), log=_log(s))
+    """The usage ledger in the hub's database (:func:`db_url_of`)."""
+    return usage.UsageLedger(
+        db_url_of(s),
+        clock=lambda: clock(),
+        retention=float(s.gpu_usage_retention_days) * usage.DAY,
+        log=_log(s),
+    )
 
 
 def record_usage(s: GpuTraits, owner: str, project: str, held: allocator.Held) -> None:
@@ -481,7 +516,7 @@ def record_usage(s: GpuTraits, owner: str, project: str, held: allocator.Held) -
             if h.key == (owner, project)
         ]
         ledger_of(s).append(records)
-    except (usage.UsageError, OSError, ValueError, blocking.Busy) as e:
+    except (usage.UsageError, OSError, ValueError, blocking.Busy, SQLAlchemyError) as e:
         _log(s).error("GPU usage of %s/%s not recorded: %s", owner, project, e)
 
 

@@ -1,42 +1,45 @@
-"""The GPU usage ledger: every GPU holding, recorded durably when it ends.
+"""The GPU usage ledger: every GPU holding, recorded when it ends, in the hub's database.
 
-One JSON object per line, appended under a file lock and fsynced: who, which
+One row a device a holding in the table ``gpulab_usage`` (db/tables.py): who, which
 project, which GPU (UUID and the words users see, e.g. "GPU 1 (NVIDIA H100)" or a
 slice), from, to, and the average utilisation (percent; None where the host cannot
-measure it). Append-only: nothing is rewritten, so a crash can at worst leave a
-torn last line, which reading skips (and the next append starts on a line of its
-own). Reads are bounded: only the last ``max_bytes`` of the file are read, which
-covers the fair-share window on any one box (a year of a busy lab is a few MB).
+measure it). The holdings of one stop are written in one transaction (all or none),
+which also deletes the rows that ended more than the retention ago
+(``ProjectSpawner.gpu_usage_retention_days``: 90 days unless the admin says otherwise;
+never less than the fair-share window). Reads are queries over an index: fair share
+and budgets read the window they need (``hours_by_user`` sums it in the database),
+whatever the table's size.
 
 ``hours_by_user`` is what the queue's fair-share order and the budgets read;
-``Budgets`` says who is over budget; ``export_csv`` is the admin's export.
+``Budgets`` says who is over budget; ``export_csv`` is the admin's export. The ledger
+file of gpulab before its database (gpu-usage.jsonl) is imported once at the upgrade
+(gpus/usagefile.py). Every method is blocking work (the records pool).
 """
 
 from __future__ import annotations
 
 import csv
 import datetime
-import json
 import math
-import os
 import re
-import stat
-import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TextIO
 
-from gpulab_hub import blocking, jsonfile, stateversion
+import sqlalchemy as sa
+
+from gpulab_hub import jsonfile, settings
+from gpulab_hub.db import engine as db_engine
+from gpulab_hub.db import tables
 from gpulab_hub.gpus.allocator import Held
 
-KIND = stateversion.KINDS["gpu-usage"]  # the lines' format (stateversion.py)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")  # owner and project
 UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_.:-]{0,127}")  # GPU-…, MIG-…, or a slice's id
 LABEL = re.compile(r"[A-Za-z0-9 ()/._:+-]{0,128}")  # "GPU 1 (NVIDIA H100 80GB HBM3)"
-MAX_LINE = 2048  # bytes of one record, newline included
 HOUR = 3600.0
+DAY = 24 * HOUR
+RETENTION_DAYS = settings.GPU_USAGE_RETENTION_DAYS  # ProjectSpawner.gpu_usage_retention_days
 
 
 class UsageError(Exception):
@@ -110,119 +113,96 @@ class Budgets:
         return f"GPU {window}: {hours:.1f} h" + ("" if b is None else f" of {b:g} h")
 
 
-class UsageLedger:
-    """The append-only ledger file; safe for several hub processes at once."""
-
-    def __init__(self, path: Path, clock=time.time, max_bytes: int = 64 << 20, log=None):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._clock = clock
-        self.max_bytes = max_bytes
-        self._thread_lock = threading.RLock()
-        self._file_lock = blocking.file_lock(
-            self.path.with_name(self.path.name + ".lock"), "the GPU usage ledger"
+def check_retention(retention: float, window: float) -> None:
+    """Refuse a retention (seconds) shorter than the fair-share window (seconds): fair
+    share and budgets would forget what they must count."""
+    if not (math.isfinite(retention) and retention >= window > 0):
+        raise ValueError(
+            f"ProjectSpawner.gpu_usage_retention_days ({retention / DAY:g}) must be at least "
+            f"the fair-share window, ProjectSpawner.gpu_usage_window ({window / DAY:g} days): "
+            "raise the retention or shorten the window."
         )
+
+
+class UsageLedger:
+    """The table of ended GPU holdings in the hub's database at ``url``; safe for
+    several hub processes at once (the hub, its GPU keeper, the ``gpulab`` command)."""
+
+    def __init__(self, url: str, clock=time.time, retention: float = RETENTION_DAYS * DAY,
+                 log=None):  # fmt: skip
+        self.url = url
+        self._clock = clock
+        self.retention = retention  # seconds a row is kept after its holding ended
         self.log = log or jsonfile.LOG
-        self.skipped = 0  # torn or damaged lines the last read skipped
+        self.skipped = 0  # rows the last read refused (not a record gpulab keeps)
 
     def append(self, records: Iterable[Record]) -> None:
-        """Add holdings that ended; durable when this returns."""
-        lines = []
+        """Add holdings that ended, in one transaction (all or none, durable when this
+        returns); rows past the retention go in the same transaction."""
+        rows = []
         for r in records:
             if not isinstance(r, Record):
                 raise UsageError(f"not a GPU usage record: {r!r}")
-            # Format 1 lines carry no "version" (a line a holding: kept short); later
-            # formats name theirs.
-            body = asdict(r) if KIND.current == 1 else KIND.stamp(asdict(r))
-            line = (json.dumps(body, separators=(",", ":")) + "\n").encode()
-            if len(line) > MAX_LINE:
-                raise UsageError(f"a GPU usage record is longer than {MAX_LINE} bytes: {r!r}")
-            lines.append(line)
-        if not lines:
+            rows.append(row_of(r))
+        if not rows:
             return
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        with self._thread_lock, self._file_lock:
-            created = not self.path.exists()
-            try:
-                fd = os.open(self.path, flags, 0o600)
-            except OSError as e:
-                raise UsageError(
-                    f"The GPU usage ledger {self.path} cannot be written ({e.strerror or e}): "
-                    "it must be a file (not a link) the hub's account can write."
-                ) from e
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise UsageError(f"The GPU usage ledger {self.path} is not a regular file.")
-                head = b""
-                if st.st_size and os.pread(fd, 1, st.st_size - 1) != b"\n":
-                    head = b"\n"  # a torn last line stays a line of its own
-                os.write(fd, head + b"".join(lines))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            if created:
-                jsonfile.fsync_dir(self.path.parent)
+        with db_engine.begin(self.url) as conn:
+            conn.execute(insert(), rows)
+            self._prune(conn)
 
-    def records(self, since: float = -math.inf, until: float = math.inf) -> Iterator[Record]:
-        """The holdings that overlap [since, until], from the last ``max_bytes`` of the file."""
+    def prune(self) -> int:
+        """Delete the rows past the retention; how many."""
+        with db_engine.begin(self.url) as conn:
+            return self._prune(conn)
+
+    def _prune(self, conn: sa.Connection) -> int:
+        cut = self._clock() - self.retention
+        return conn.execute(tables.usage.delete().where(tables.usage.c.ended < cut)).rowcount
+
+    def records(self, since: float = -math.inf, until: float = math.inf) -> list[Record]:
+        """The holdings that overlap [since, until], in the order they started."""
+        u = tables.usage.c
+        query = sa.select(u.owner, u.project, u.uuid, u.label, u.started, u.ended, u.util)
+        query = _overlapping(query, since, until).order_by(u.started, u.id)
+        with db_engine.begin(self.url) as conn:
+            found = conn.execute(query).all()
         self.skipped = 0
-        newer = None
-        try:
-            data = self._tail()
-        except FileNotFoundError:
-            return
-        lines = data.split(b"\n")
-        if not data.endswith(b"\n"):
-            lines, torn = lines[:-1], lines[-1]
-            self.skipped += bool(torn)  # a write cut short by a crash
-        for line in lines:
-            if not line:
-                continue
+        out = []
+        for row in found:
             try:
-                d = json.loads(line)
-                if isinstance(d, dict):  # lines of format 1 carry no "version"
-                    d = KIND.upgrade(d, self.path)
-                    d.pop("version", None)
-                r = Record(**d)
-            except stateversion.NewerState as e:
-                newer = e
-                continue
-            except (ValueError, TypeError, UsageError):
+                out.append(Record(*row))
+            except UsageError:  # a row written by hand: not counted, said once
                 self.skipped += 1
-                continue
-            if r.end >= since and r.start <= until:
-                yield r
-        if newer is not None:
-            self.log.error("gpulab: lines of the GPU usage ledger were skipped: %s", newer)
         if self.skipped:
             self.log.warning(
-                "The GPU usage ledger %s has %d damaged or torn line(s); they were skipped.",
-                self.path, self.skipped,
+                "The GPU usage table has %d row(s) that are no GPU usage record; they were "
+                "skipped.", self.skipped,
             )  # fmt: skip
+        return out
 
-    def _tail(self) -> bytes:
-        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            size = os.fstat(fd).st_size
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UsageError(f"The GPU usage ledger {self.path} is not a regular file.")
-            if size <= self.max_bytes:
-                return f.read(self.max_bytes)
-            f.seek(size - self.max_bytes)
-            data = f.read(self.max_bytes)
-            return data[data.find(b"\n") + 1 :]  # the first line is cut: drop it
+    def owners(self) -> frozenset[str]:
+        """The users with any recorded holding."""
+        with db_engine.begin(self.url) as conn:
+            found = conn.execute(sa.select(tables.usage.c.owner).distinct()).scalars()
+            return frozenset(found)
 
     def hours_by_user(
         self, window: float, now: float | None = None, held: Held | None = None
     ) -> dict[str, float]:
         """GPU-hours per user over the last ``window`` seconds, holdings under way
-        (``held``, from the allocation record) counted up to now."""
+        (``held``, from the allocation record) counted up to now: one query over the
+        window (the index on the end time), summed in the database."""
         now = self._clock() if now is None else now
         since = now - window
-        out: dict[str, float] = {}
-        for r in self.records(since, now):
-            out[r.owner] = out.get(r.owner, 0.0) + r.hours(since, now)
+        u = tables.usage.c
+        # the part of each holding inside [since, now]: min(end, now) - max(start, since)
+        inside = sa.case((u.ended < now, u.ended), else_=now) - sa.case(
+            (u.started > since, u.started), else_=since
+        )
+        query = _overlapping(sa.select(u.owner, sa.func.sum(inside)), since, now)
+        with db_engine.begin(self.url) as conn:
+            found = conn.execute(query.group_by(u.owner)).all()
+        out: dict[str, float] = {o: float(s or 0.0) / HOUR for o, s in found}
         for hs in (held or {}).values():
             for h in hs:
                 part = max(0.0, now - max(h.since, since)) / HOUR
@@ -250,6 +230,42 @@ class UsageLedger:
             )
             n += 1
         return n
+
+
+def _overlapping(query, since: float, until: float):
+    u = tables.usage.c
+    if since > -math.inf:
+        query = query.where(u.ended >= since)
+    if until < math.inf:
+        query = query.where(u.started <= until)
+    return query
+
+
+def row_of(r: Record) -> dict:
+    """``r`` as a row of gpulab_usage (its user's id looked up by name in the insert)."""
+    return {
+        "owner": r.owner, "project": r.project, "uuid": r.uuid, "label": r.label,
+        "started": float(r.start), "ended": float(r.end),
+        "util": None if r.util is None else float(r.util),
+        "user_name": r.owner,  # the insert's lookup of the user's id
+    }  # fmt: skip
+
+
+def insert():
+    """The insert of rows made by :func:`row_of`: each row's user_id is the JupyterHub
+    user of its owner's name (NULL where the hub has no such user)."""
+    users = tables.USERS
+    user_id = (
+        sa.select(users.c.id)
+        .where(users.c.name == sa.bindparam("user_name", type_=sa.Unicode))
+        .scalar_subquery()
+    )
+    return tables.usage.insert().values(user_id=user_id)
+
+
+def of_layout(where) -> UsageLedger:
+    """The ledger of the hub whose layout is ``where`` (hubsettings.Layout)."""
+    return UsageLedger(where.db_url, retention=where.usage_retention)
 
 
 def _utc(t: float) -> str:

@@ -1,13 +1,21 @@
 """A start that finds no GPU free waits in the GPU queue (queue.py) instead of failing.
 
 ``wait`` is the spawner's side: it puts the start's request in the queue, then every
-``TICK`` seconds serves the queue (dead holders released first, then
-``QueueStore.grant`` in fair-share order with the usage ledger's hours and the
-budgets) and looks for its own entry: granted (its devices are in the allocation
+``TICK`` seconds looks for its own entry: granted (its devices are in the allocation
 record), still waiting (the spawn page gets the waiting words whenever they
-change), or gone (cancelled). Whichever waiting start's tick grants an entry, the
-entry's own start notices it within a tick, so a released GPU goes to the next in
-line within about a second. Every file operation runs on the spawner's executor.
+change), or gone (cancelled). The queue itself is served (dead holders released
+first, then ``QueueStore.grant`` in fair-share order with the usage ledger's hours
+and the budgets) once a tick for the whole hub, not once for each waiting start
+(:func:`tick`): the waiting starts of one hub share that serve, so twenty waiters
+cost one listing of the project containers and one fair-share query a second, plus
+a look each at its own entry. Whichever tick grants an entry, the entry's own start
+notices it within a tick, so a released GPU goes to the next in line within about a
+second.
+
+Where the work runs: the listing of project containers (``Liveness``) on the Docker
+pool; the queue, the allocation record and the usage ledger (the hub's database) on
+the records pool (``blocking.RECORDS``), so waiting starts never hold the Docker pool
+that everyone's polls, stops and starts need.
 
 A start that is cancelled (the project stopped while it waits), fails or gives up
 leaves the queue, and gives back devices it was granted but did not use.
@@ -16,7 +24,9 @@ leaves the queue, and gives back devices it was granted but did not use.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,12 +97,16 @@ def _alive(allocations: allocator.AllocationStore, live: gpu_spawner.Liveness):
     return lambda o, p: (o, p) in fresh or live(o, p)
 
 
-def serve(s, docker_call, prefix: str, members: Mapping[str, list[str]]) -> list[queue.Grant]:
-    """Blocking: release dead holders, then grant what the queue's order allows now."""
+def serve(
+    s, docker_call, prefix: str, members: Mapping[str, list[str]], live=None
+) -> list[queue.Grant]:
+    """Blocking: release dead holders, then grant what the queue's order allows now.
+    ``live``: a ``gpu_spawner.Liveness`` listed before (else listed here: Docker)."""
     inv = gpu_spawner.cached_inventory()
     allocations = gpu_spawner.store_of(s, docker_call, prefix)
     q = queue_of(s)
-    live = gpu_spawner.Liveness(docker_call, prefix)  # never asked with the locks held
+    if live is None:
+        live = gpu_spawner.Liveness(docker_call, prefix)  # never asked with the locks held
     with q.locked(), allocations.locked():
         dead = allocations.release_dead(_alive(allocations, live))
         for key in dead:
@@ -110,11 +124,24 @@ def look(
     idle_min: Mapping[tuple[str, str], float] | None = None,
     admin: bool = False,
 ) -> Look:
-    """Blocking: serve the queue, then what became of ``request``'s entry.
-    ``idle_min``: minutes each idle holder's server has reported no activity;
-    ``admin``: whether the words may name other users' projects (the owner is an
-    admin)."""
+    """Blocking: serve the queue, then what became of ``request``'s entry (:func:`see`)."""
     serve(s, docker_call, prefix, members)
+    return see(s, docker_call, prefix, request, members, idle_min, admin)
+
+
+def see(
+    s,
+    docker_call,
+    prefix: str,
+    request: allocator.Request,
+    members,
+    idle_min: Mapping[tuple[str, str], float] | None = None,
+    admin: bool = False,
+) -> Look:
+    """Blocking (records only): what became of ``request``'s entry, the queue as the
+    last serve left it. ``idle_min``: minutes each idle holder's server has reported no
+    activity; ``admin``: whether the words may name other users' projects (the owner is
+    an admin)."""
     key = (request.owner, request.project)
     inv = gpu_spawner.cached_inventory()
     allocations = gpu_spawner.store_of(s, docker_call, prefix)
@@ -137,6 +164,42 @@ def look(
         busy = e.busy
     said = queue.blockers(busy, idle_min or {})
     return Look(words=queue.waiting_words(place, said, request.owner, admin))
+
+
+# The serve of each queue file under way or last made, by event loop (a hub runs one).
+_serves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class _Serves:
+    def __init__(self):
+        self.last: dict[str, float] = {}  # queue file -> monotonic time of its last serve
+        self.running: dict[str, asyncio.Future] = {}
+
+
+async def tick(s, docker_call, prefix: str, members: Mapping[str, list[str]], run) -> None:
+    """Serve the queue at most once a ``TICK`` for all the waiting starts of this hub:
+    a start whose tick finds a serve under way waits for that one; one that finds the
+    last serve younger than a tick leaves it at that. The containers are listed with
+    ``run`` (the Docker pool); the records are served on the records pool."""
+    loop = asyncio.get_running_loop()
+    mine = _serves.get(loop)
+    if mine is None:
+        mine = _serves[loop] = _Serves()
+    key = str(s.queue_file)
+    running = mine.running.get(key)
+    if running is not None and not running.done():
+        await asyncio.shield(running)
+        return
+    if time.monotonic() - mine.last.get(key, -math.inf) < TICK:
+        return
+    mine.last[key] = time.monotonic()
+
+    async def once():
+        live = await run(gpu_spawner.Liveness, docker_call, prefix)
+        await blocking.run(blocking.RECORDS, serve, s, docker_call, prefix, members, live)
+
+    running = mine.running[key] = asyncio.ensure_future(once())
+    await asyncio.shield(running)
 
 
 def enqueue(s, docker_call, prefix: str, request: allocator.Request) -> None:
@@ -180,7 +243,8 @@ async def wait(
 ) -> tuple[list[gpus.Device], object]:
     """Wait in the queue until ``request`` is granted -> (devices, GpuAssignment).
 
-    ``run(fn, *args)`` runs a blocking call off the event loop; ``emit(progress,
+    ``run(fn, *args)`` runs a call to Docker off the event loop (the Docker pool; record
+    work goes to the records pool); ``emit(progress,
     message)`` tells the spawn page; ``idle_of()`` (on the event loop: the hub's
     database) the idle minutes of holders, for the words, which name other users'
     projects only to an admin (``admin``: the owner is one). Raises AllocationError
@@ -189,14 +253,17 @@ async def wait(
     """
     members = dict(members or {})
     key = (request.owner, request.project)
-    await run(enqueue, s, docker_call, prefix, request)
+    await blocking.run(blocking.RECORDS, enqueue, s, docker_call, prefix, request)
     started = time.monotonic()
     said = ""
     done = False
     try:
         while True:
             idle = idle_of() if idle_of else {}
-            seen = await run(look, s, docker_call, prefix, request, members, idle, admin)
+            await tick(s, docker_call, prefix, members, run)
+            seen = await blocking.run(
+                blocking.RECORDS, see, s, docker_call, prefix, request, members, idle, admin
+            )
             if seen.devices is not None:
                 emit(74, "A GPU is free: starting")
                 assignment = await run(gpu_spawner.assign, s, docker_call, key, seen.devices)
@@ -221,4 +288,6 @@ async def wait(
     finally:
         if not done:
             # shielded: a cancelled start still leaves the queue and frees its grant
-            await asyncio.shield(run(leave, s, docker_call, prefix, *key))
+            await asyncio.shield(
+                blocking.run(blocking.RECORDS, leave, s, docker_call, prefix, *key)
+            )

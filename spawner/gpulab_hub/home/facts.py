@@ -13,6 +13,8 @@ import stat
 import time
 from dataclasses import dataclass
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from gpulab_contract.jobs import JOB_ID
 from gpulab_hub import gpus, hubsettings, jsonfile
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage, wsl
@@ -215,13 +217,13 @@ def gpu_use(where: hubsettings.Layout, owner: str, groups: list[str]) -> str:
     except allocator.AllocationError as e:
         LOG.warning("gpulab: the home page cannot read the GPU record: %s", e)
         held = {}
-    ledger = usage.UsageLedger(where.usage_file)
+    ledger = usage.of_layout(where)
     try:
         hours = ledger.hours_by_user(where.usage_window, held=held).get(owner)
         if hours is None and not _device_names():
-            if not any(r.owner == owner for r in ledger.records()):
+            if owner not in ledger.owners():
                 return ""
-    except (usage.UsageError, OSError) as e:
+    except SQLAlchemyError as e:
         LOG.warning("gpulab: the home page cannot read the GPU usage ledger: %s", e)
         return ""
     budgets = report.budgets_of(where, {g: [owner] for g in groups})

@@ -365,6 +365,34 @@ def last_build_failed(project: Project) -> bool:
     return read_state(project).get("failed") is True
 
 
+def changed_since_failure(
+    docker_call, project: Project, repo: str = PROJECT_REPO, *, allowed: tuple[str, ...]
+) -> bool:
+    """Whether the project's build content (its Dockerfile, the files it copies, its
+    base) is no longer what failed to build: someone fixed it, from inside the last
+    image that built or elsewhere. False when unknown (a failure recorded before gpulab
+    kept its content, a Dockerfile refused now, Docker unreachable)."""
+    import docker.errors
+
+    failed = read_state(project).get("failed_tag")
+    if not isinstance(failed, str):
+        return False
+    try:
+        ctx = checked_context(docker_call, project, allowed)
+    except ProjectError:
+        return False  # refused as it is: building again would fail the same way
+    except docker.errors.DockerException as e:
+        log.warning("gpulab: could not compare %s with its failed build: %s", project.name, e)
+        return False
+    try:
+        return project_tag(docker_call, ctx, repo) != failed
+    except docker.errors.DockerException as e:
+        log.warning("gpulab: could not compare %s with its failed build: %s", project.name, e)
+        return False
+    finally:
+        ctx.close()
+
+
 def failed_at(project: Project) -> float | None:
     """When the project's last build failed (seconds since the epoch), if it did."""
     state = read_state(project)
@@ -384,13 +412,17 @@ def last_good_note(project: Project, good: LastGood, verb: str = "Running") -> s
     return f"{note}: the Dockerfile's build of {when} failed."
 
 
-def record(project: Project, tag: str | None, failed: bool) -> None:
+def record(project: Project, tag: str | None, failed: bool, failed_tag: str = "") -> None:
+    """The outcome of a build: ``tag``, the image that built (None: none did);
+    ``failed_tag``, the content tag of the build that failed (changed_since_failure)."""
     state = read_state(project, strict=True)
     state["failed"] = failed
     if failed:
         state["failed_at"] = time.time()
+        state["failed_tag"] = failed_tag
     else:
         state.pop("failed_at", None)
+        state.pop("failed_tag", None)
     if tag:
         state["last_good"] = {"tag": tag, "built_at": time.time()}
     jsonfile.write_atomic(state_dir(project) / "image.json", IMAGE_STATE.stamp(state))
@@ -518,7 +550,7 @@ def build_planned(
                     limits=limits,
                 )
             except images.BuildError:
-                record(project, None, failed=True)
+                record(project, None, failed=True, failed_tag=tag)
                 raise
     record(project, tag, failed=False)
     return tag

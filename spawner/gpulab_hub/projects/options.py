@@ -150,39 +150,56 @@ def _gpu_fields(g: GpuChoices) -> str:
     return html
 
 
-def _last_good_fields(description: str) -> str:
-    """The choice after a failed build: the last image that built comes first and is
-    chosen (building the same Dockerfile again would fail the same way)."""
-    return f"""
-<p id="gpulab-build-failed-note">The last build of this project's Dockerfile failed.
-  Start the last image that built to fix the Dockerfile from inside; build it again
-  once it is fixed.</p>
+def _last_good_fields(description: str, changed: bool) -> str:
+    """The choice after a failed build. While the build's content is what failed, the
+    last image that built comes first and is chosen (building the same Dockerfile again
+    would fail the same way); once it ``changed`` (fixed, from inside that image or
+    elsewhere), building it again does: Start then starts the fix."""
+    last_good = f"""
 <div class="form-check">
   <input class="form-check-input" type="radio" name="image_choice" value="last-good"
-         id="gpulab-last-good" checked>
+         id="gpulab-last-good"{"" if changed else " checked"}>
   <label class="form-check-label" for="gpulab-last-good">
-    Start the last image that built ({escape(description)}) and fix the
-    Dockerfile from inside
+    Start the last image that built ({escape(description)}){"" if changed else " and fix the"}
+    {"without the Dockerfile's changes" if changed else "Dockerfile from inside"}
   </label>
-</div>
+</div>"""
+    rebuild = f"""
 <div class="form-check">
   <input class="form-check-input" type="radio" name="image_choice" value="rebuild"
-         id="gpulab-rebuild">
-  <label class="form-check-label" for="gpulab-rebuild">Build the Dockerfile again</label>
+         id="gpulab-rebuild"{" checked" if changed else ""}>
+  <label class="form-check-label" for="gpulab-rebuild">Build the Dockerfile again{
+        " with its changes" if changed else ""
+    }</label>
 </div>"""
+    if changed:
+        note = """
+<p id="gpulab-build-failed-note">The last build of this project's Dockerfile failed,
+  and the Dockerfile (or a file it copies) has changed since. Build it again to start
+  with your changes.</p>"""
+        return note + rebuild + last_good
+    note = """
+<p id="gpulab-build-failed-note">The last build of this project's Dockerfile failed.
+  Start the last image that built to fix the Dockerfile from inside; build it again
+  once it is fixed.</p>"""
+    return note + last_good + rebuild
 
 
 def form(
-    last_good_description: str | None, build_failed: bool, gpus: GpuChoices | None = None
+    last_good_description: str | None,
+    build_failed: bool,
+    gpus: GpuChoices | None = None,
+    changed_since_failure: bool = False,
 ) -> str:
     """HTML of the spawn form; empty (no form, start at once) unless there is a choice.
 
     On a host with GPUs the user picks how many; after a failed build, they may
-    start the last image that built and fix the Dockerfile from inside.
+    start the last image that built and fix the Dockerfile from inside, and once
+    the Dockerfile changed (``changed_since_failure``), build it again is chosen.
     """
     html = _gpu_fields(gpus) if gpus else ""
     if build_failed and last_good_description:
-        html += _last_good_fields(last_good_description)
+        html += _last_good_fields(last_good_description, changed_since_failure)
     return html
 
 
@@ -221,3 +238,16 @@ def from_form(formdata: dict[str, list[str]], spawner=None) -> dict:
         # a form without hardware fields (a host without GPUs) keeps the project's choice
         opts.update(remembered(spawner))
     return validate(opts)
+
+
+def refuse_unchecked_display_name(orm_spawner, name: str, db) -> None:
+    """Refuse (and forget: back to ``name``) a display name JupyterHub stored unchecked
+    on ``orm_spawner`` (a rename); ``db`` is JupyterHub's session, on its thread."""
+    if orm_spawner is None or not orm_spawner.display_name:
+        return
+    try:
+        check_display_name(orm_spawner.display_name)
+    except OptionsError:
+        orm_spawner.display_name = name
+        db.commit()
+        raise

@@ -4,6 +4,10 @@
   ``templates/accept-share.html``: who shares which project (its display name),
   as what and what that lets one do, how long the access lasts, who is signed in
   (with a logout link). :func:`share_terms` gives the template what it says.
+- Accepting (``POST /hub/accept-share``) is :class:`AcceptShareHandler`'s, JupyterHub's
+  handler with its one synchronous step awaited instead: the record of how long the
+  access lasts (linkaccess.py) is written on the records pool, so a record held by
+  another process never stops the hub's event loop.
 - JupyterHub asks a person, the first time they open someone else's server, to
   let "an application" identify them (its OAuth confirm page). Project servers
   are the hub's own (it starts them, from gpulab's image, with gpulab's
@@ -18,8 +22,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from jupyterhub import orm
+from jupyterhub.handlers.pages import AcceptShareHandler as HubAcceptShareHandler
+from tornado import web
+
 from gpulab_hub import blocking
 from gpulab_hub.sharing import linkaccess, roles
+
+ROUTE = r"/accept-share"  # JupyterHub's own, under the hub's prefix
 
 # JupyterHub's OAuth client id of a user's server: jupyterhub-user-<name>[-<server>]
 # (services' are service-<name>).
@@ -81,6 +91,28 @@ def share_terms(user):
         }
 
     return terms
+
+
+class AcceptShareHandler(HubAcceptShareHandler):
+    """JupyterHub 6.1's accept page (its GET as it is); the POST JupyterHub's, with the
+    exchange and its record awaited (:func:`linkaccess.accept_async`)."""
+
+    @web.authenticated
+    async def post(self):
+        code = self.get_argument("code")
+        share_code = orm.ShareCode.find(self.db, code=code)
+        if share_code is None:
+            raise web.HTTPError(400, "Invalid share code: the link is unknown or has expired.")
+        if share_code.owner == self.current_user.orm_user:
+            raise web.HTTPError(400, "You can't share with yourself!")
+        share = await linkaccess.accept_async(share_code, self.current_user.orm_user)
+        owner = self._user_from_orm(share.owner)
+        self.redirect(self._get_next_url(owner, share.spawner))
+
+
+def hub_handlers() -> list[tuple[str, type]]:
+    """The route, for the authenticator's list (before JupyterHub's own)."""
+    return [(ROUTE, AcceptShareHandler)]
 
 
 def configure(c, hub_dir: str | Path, revoke_within_s: int) -> None:

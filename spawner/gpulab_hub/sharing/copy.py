@@ -260,7 +260,7 @@ class CopyHandler(BaseHandler):
             self.redirect(lab)
             return
         bring = chosen.any
-        failed = await self._run(self._bring, spawner, target, chosen) if bring else ""
+        failed = await self._bring(spawner, target, chosen) if bring else ""
         if bring:
             shown, why = ", ".join(chosen.shown()), f" (not written: {failed})" if failed else ""
             self.log.info("gpulab: %s brought %s along into %s%s", me, shown, target, why)
@@ -280,17 +280,17 @@ class CopyHandler(BaseHandler):
             },
         )
 
-    def _bring(self, spawner, target: str, found: installs.Found) -> str:
-        """Blocking: write the installs into ``target``'s Dockerfile; '' or why not."""
+    async def _bring(self, spawner, target: str, found: installs.Found) -> str:
+        """Write the installs into ``target``'s Dockerfile; '' or why not."""
         me = self.current_user.name
         try:
-            dir_fd = open_project_dir(self.projects_root, me, target)
+            dir_fd = await self._run(open_project_dir, self.projects_root, me, target)
         except FileRefused as e:
             return str(e)
         try:
-            folder = os.fstat(dir_fd)
+            folder = await self._run(os.fstat, dir_fd)
             user = f"{spawner.notebook_uid}:{spawner.notebook_gid}"
-            return installs.bring_along(dir_fd, found, user, folder.st_uid, folder.st_gid)
+            return await installs.bring_along(dir_fd, found, user, folder.st_uid, folder.st_gid)
         finally:
             os.close(dir_fd)
 

@@ -16,10 +16,12 @@ by settings.py with the hub's configuration) watches the hub's database session:
 after any commit that made, changed or deleted a share or a group (JupyterHub's
 REST API: ``PATCH`` or ``DELETE /hub/api/shares/<owner>/<project>``, ``DELETE
 /hub/api/groups/<group>/shared/…``, a share link accepted, a group deleted), every
-group share and every recorded role is put in step on the hub's event loop at
-once (:func:`reconcile`). A revoke through the API thus removes the role in the
-same moment it removes the share, and the project server ends the members' access
-within ``GPULAB_REVOKE_WITHIN_S`` as for a revoke on the page, with no page opened.
+group share's role is put in step in JupyterHub's database on the hub's event loop
+at once (:func:`roles_in_step`: the database only, no file lock on the loop), and
+the record follows on the records pool. A revoke through the API thus removes the
+role in the same moment it removes the share, and the project server ends the
+members' access within ``GPULAB_REVOKE_WITHIN_S`` as for a revoke on the page, with
+no page opened.
 """
 
 from __future__ import annotations
@@ -110,6 +112,13 @@ class GroupShareRoles(jsonfile.LockedRecord):
             if after != recorded:
                 self._write(after)
 
+    def replace(self, recorded: dict) -> None:
+        """The whole record, as :func:`roles_in_step` found it (blocking: on the records
+        pool)."""
+        with self.locked():
+            if self._read() != recorded:
+                self._write(recorded)
+
     def _step(self, db, spawner, group_name: str, recorded: dict) -> dict:
         """Put the hub's role of ``group_name`` on ``spawner``'s project in step with the
         group's share (the database, on the event loop); the record's change ({} none)."""
@@ -196,27 +205,30 @@ def _in_step(db, name: str, record, share, group) -> bool:
     )
 
 
-def reconcile(db, roles: GroupShareRoles) -> None:
-    """Every group share in the hub's database and every recorded role, in step: a
-    role for each group share, with its scopes; none for a share that is gone."""
-    with roles.locked():
-        recorded = roles._read()
-        changes = _reconcile_steps(db, roles, recorded)
-        if changes:
-            roles.apply(recorded, changes)
-
-
-def _reconcile_steps(db, roles: GroupShareRoles, recorded: dict) -> dict:
-    pairs = {(*spec["project"].partition("/")[::2], spec["group"]) for spec in recorded.values()}
+def roles_in_step(db) -> dict[str, dict]:
+    """JupyterHub's database alone, on the loop's thread (no record, no lock): a role for
+    each group share, with its scopes; every gpulab role without its share deleted. The
+    record as it must now be (role name -> its record)."""
+    wanted: dict[str, orm.Share] = {}
     for share in db.query(orm.Share).filter(orm.Share.group_id.isnot(None)):
-        pairs.add((share.owner.name, share.spawner.name, share.group.name))
-    changes: dict = {}
-    for owner, project, group in sorted(pairs):
-        user = orm.User.find(db, owner)
-        spawner = user.orm_spawners.get(project) if user is not None else None
-        if spawner is not None:  # else a deleted project: deletion.py forgets its roles
-            changes.update(roles._step(db, spawner, group, recorded))
-    return changes
+        if share.scopes:
+            wanted[role_name(share.owner.name, share.spawner.name, share.group.name)] = share
+    for role in db.query(orm.Role).filter(orm.Role.name.startswith(ROLE_PREFIX)).all():
+        if role.name not in wanted:
+            hub_roles.delete_role(db, role.name)
+    specs = {}
+    for name, share in sorted(wanted.items()):
+        owner, project, group = share.owner.name, share.spawner.name, share.group
+        spec = {
+            "description": f"gpulab: {owner}/{project} shared with group {group.name}",
+            "scopes": sorted(share.scopes),
+        }
+        role = orm.Role.find(db, name)
+        if role is None or sorted(role.scopes) != spec["scopes"] or role not in group.roles:
+            role = hub_roles.create_role(db, {"name": name, **spec})
+            hub_roles.grant_role(db, group, role)
+        specs[name] = {**spec, "group": group.name, "project": f"{owner}/{project}"}
+    return specs
 
 
 class _Watch:
@@ -225,6 +237,8 @@ class _Watch:
 
     roles: GroupShareRoles | None = None
     pending = False
+    to_record: dict | None = None  # the record the last run found, not yet written
+    recording: asyncio.Future | None = None
 
     @classmethod
     def noticed_flush(cls, session, _context) -> None:
@@ -258,21 +272,34 @@ class _Watch:
 
     @classmethod
     def run(cls, session) -> None:
-        """Right after the commit, before the hub serves anything else: a share revoked
-        through JupyterHub's API ends when its answer comes back, not a moment later
-        (a run on the records pool would let the next request in before the role goes)."""
+        """Right after the commit, before the hub serves anything else, JupyterHub's
+        roles follow its shares (the database only, no lock): a share revoked through
+        JupyterHub's API ends when its answer comes back, not a moment later. The
+        record (read at the next start) follows on the records pool."""
         cls.pending = False
         try:
-            with blocking.allowed(
-                "putting group-share roles in step right after JupyterHub's commit: a "
-                "revoked share must end before the hub answers anything else"
-            ):
-                reconcile(session, cls.roles)
-        except (jsonfile.RecordError, blocking.Busy) as e:
-            LOG.error("Group-share roles not put in step: %s", e)
-        except (OSError, SQLAlchemyError) as e:
+            recorded = roles_in_step(session)
+        except SQLAlchemyError as e:
             session.rollback()
             LOG.error("Group-share roles not put in step (%s); the share page retries", e)
+            return
+        cls.to_record = recorded
+        if cls.recording is None or cls.recording.done():
+            cls.recording = asyncio.ensure_future(cls.record())
+
+    @classmethod
+    async def record(cls) -> None:
+        """Write the newest :meth:`run`'s record, one write at a time (an older one never
+        lands after a newer one)."""
+        while cls.to_record is not None and cls.roles is not None:
+            recorded, cls.to_record = cls.to_record, None
+            try:
+                await blocking.run(blocking.RECORDS, cls.roles.replace, recorded)
+            except (jsonfile.RecordError, blocking.Busy, OSError) as e:
+                LOG.error(
+                    "Group-share roles not recorded (%s); JupyterHub's roles follow the "
+                    "shares, and the record is written again at the next change", e,
+                )  # fmt: skip
 
 
 def keep_in_step(hub_dir: str | Path) -> None:

@@ -38,12 +38,10 @@ meanwhile, all through descriptors with no link followed.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shlex
 import stat
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -54,10 +52,14 @@ from traitlets.config import Configurable
 
 from gpulab_contract import managed_block
 from gpulab_contract.files import write_atomic
+from gpulab_hub import blocking
 from gpulab_hub.images.project import MAX_DOCKERFILE_BYTES, read_dockerfile
 from gpulab_hub.projects import DOCKERFILE, Project, ProjectError, safefs
 
-LOCK_TIMEOUT = 30.0  # seconds to wait for an install running in the destination
+# Seconds a page waits for an install running in the destination (%gpu_install holds the
+# same lock, waiting up to 120 s for it: a person at a page is told sooner).
+LOCK_TIMEOUT = 30.0
+LOCK_NAME = "dockerfile.lock"  # in the project's .gpulab folder, as the magic's
 MAX_LINE = 4096
 MAX_REFUSED_SHOWN = 100  # refused lines listed on the page; the rest are counted
 PREVIEW = 1000  # characters of a refused line shown
@@ -449,9 +451,10 @@ def _create(dir_fd: int, name: str, mode: int, uid: int, gid: int, data: bytes =
     return fd
 
 
-def _lock(dir_fd: int, uid: int, gid: int) -> int:
-    """The destination's ``.gpulab/dockerfile.lock``, held (flock, as the magic's
-    FileLock); made for the project's user when missing; never through a link."""
+def _lock_file(dir_fd: int, uid: int, gid: int) -> int:
+    """The destination's ``.gpulab/dockerfile.lock`` (the file %gpu_install locks), open;
+    made for the project's user when missing; never a link, FIFO or device file, and
+    never through a link."""
     try:
         os.mkdir(".gpulab", 0o700, dir_fd=dir_fd)
         made = True
@@ -463,14 +466,14 @@ def _lock(dir_fd: int, uid: int, gid: int) -> int:
             os.fchmod(folder, 0o755)
             safefs.chown_fd(folder, uid, gid)
         try:
-            fd = _create(folder, "dockerfile.lock", 0o644, uid, gid)
+            fd = _create(folder, LOCK_NAME, 0o644, uid, gid)
         except FileExistsError:
-            st = os.stat("dockerfile.lock", dir_fd=folder, follow_symlinks=False)
+            st = os.stat(LOCK_NAME, dir_fd=folder, follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):  # never open a link, FIFO or device file
                 raise ProjectError("its .gpulab/dockerfile.lock is not a regular file") from None
             flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
             try:
-                fd = os.open("dockerfile.lock", flags, dir_fd=folder)
+                fd = os.open(LOCK_NAME, flags, dir_fd=folder)
             except OSError as e:
                 raise ProjectError("its .gpulab/dockerfile.lock is not a regular file") from e
     finally:
@@ -478,18 +481,7 @@ def _lock(dir_fd: int, uid: int, gid: int) -> int:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ProjectError("its .gpulab/dockerfile.lock is not a regular file")
-    deadline = time.monotonic() + LOCK_TIMEOUT
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(fd)
-                raise ProjectError(
-                    f"an install in it held its Dockerfile for {LOCK_TIMEOUT:.0f} s"
-                ) from None
-            time.sleep(0.2)
+    return fd
 
 
 def _replace(dir_fd: int, old: bytes, new: bytes) -> bool:
@@ -514,35 +506,52 @@ def _replace(dir_fd: int, old: bytes, new: bytes) -> bool:
     )
 
 
-def write_installs(dir_fd: int, found: Found, user: str, uid: int, gid: int) -> None:
+def write_installs(dir_fd: int, found: Found, user: str) -> None:
     """Record ``found`` in the managed block of the Dockerfile of the open project folder
-    ``dir_fd`` (``user``: the image's notebook user, for the USER line after apt-get)."""
+    ``dir_fd`` (``user``: the image's notebook user, for the USER line after apt-get).
+    Blocking; call with the Dockerfile's lock held (:func:`bring_along`)."""
     pip_lines = [(i.name, i.line) for i in found.installs]
-    lock = _lock(dir_fd, uid, gid)
-    try:
-        for _ in range(5):
-            old = safefs.read_file(dir_fd, DOCKERFILE, MAX_DOCKERFILE_BYTES)
-            try:
-                text = old.decode()
-            except UnicodeDecodeError as e:
-                raise ProjectError("its Dockerfile is not UTF-8 text") from e
-            try:
-                new = managed_block.apply(text, pip_lines, found.apt, user).encode()
-            except managed_block.DockerfileError as e:
-                raise ProjectError(str(e)) from e
-            if new == old or _replace(dir_fd, old, new):
-                return
-        raise ProjectError("its Dockerfile kept changing")
-    finally:
-        os.close(lock)
+    for _ in range(5):
+        old = safefs.read_file(dir_fd, DOCKERFILE, MAX_DOCKERFILE_BYTES)
+        try:
+            text = old.decode()
+        except UnicodeDecodeError as e:
+            raise ProjectError("its Dockerfile is not UTF-8 text") from e
+        try:
+            new = managed_block.apply(text, pip_lines, found.apt, user).encode()
+        except managed_block.DockerfileError as e:
+            raise ProjectError(str(e)) from e
+        if new == old or _replace(dir_fd, old, new):
+            return
+    raise ProjectError("its Dockerfile kept changing")
 
 
-def bring_along(project_fd: int, found: Found, user: str, uid: int, gid: int) -> str:
-    """Write the installs; '' when done, else why not (in words, for the page)."""
-    try:
-        write_installs(project_fd, found, user, uid, gid)
-    except ProjectError as e:
+def _why(e: Exception) -> str:
+    if isinstance(e, ProjectError):  # what gpulab refuses
         return _words(e)
-    except OSError as e:  # ProjectError above is what gpulab refuses; this, the disk
-        return f"the file system refused it ({e.strerror})"
-    return ""
+    return f"the file system refused it ({e.strerror})"  # an OSError: the disk
+
+
+async def bring_along(project_fd: int, found: Found, user: str, uid: int, gid: int) -> str:
+    """Write the installs under the Dockerfile's lock (the one %gpu_install takes);
+    '' when done, else why not (in words, for the page). The file work runs on the
+    records pool; waiting for an install that holds the lock holds no thread."""
+    try:
+        fd = await blocking.run(blocking.RECORDS, _lock_file, project_fd, uid, gid)
+    except (ProjectError, OSError) as e:
+        return _why(e)
+    try:
+        try:
+            await blocking.fd_lock(fd, "the Dockerfile", LOCK_TIMEOUT)
+        except blocking.Busy:
+            return (
+                f"an install in it held its Dockerfile for {LOCK_TIMEOUT:.0f} s; try again "
+                "once it is done"
+            )
+        try:
+            await blocking.run(blocking.RECORDS, write_installs, project_fd, found, user)
+        except (ProjectError, OSError) as e:
+            return _why(e)
+        return ""
+    finally:
+        os.close(fd)  # and with it the lock

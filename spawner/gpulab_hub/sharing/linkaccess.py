@@ -11,21 +11,31 @@ access it gives lasts, chosen on the Share page:
 
 gpulab records, in the hub's folder (``link-access.json``), the links made to
 last until revoked, and for each person who accepted a ``link`` link the scopes
-that link gave them and when they end. Every acceptance goes through
-``orm.ShareCode.exchange`` (JupyterHub's accept page and API alike), which
-:func:`install` wraps; the hub then takes away, every ``GPULAB_REVOKE_WITHIN_S``/2
+that link gave them and when they end. JupyterHub 6.1 accepts a link on its accept
+page only (``POST /hub/accept-share``: its REST API has no acceptance), whose route
+gpulab's own handler takes (accept.py), accepting through :func:`accept_async`:
+JupyterHub's ``ShareCode.exchange``, then the record, written on the records pool;
+the hub then takes away, every ``GPULAB_REVOKE_WITHIN_S``/2
 seconds, the scopes whose time is up (``orm.Share.revoke``), and the project
 server ends the person's access within ``GPULAB_REVOKE_WITHIN_S`` as for any
 revoke. Scopes a person already held otherwise (shared by name, or through a link
 lasting until revoked) are never taken away by a link's end; sharing by name
 makes a person's access last until revoked; a share deleted and made again is
 not touched by what was recorded of the old one.
+
+A damaged record fails closed. gpulab can then no longer tell which access ends with
+a link, so the record it starts again holds one ``lost:`` entry: the next sweep ends
+every share made before the damage was found (the owners share again by name; a link
+still valid can be accepted again). The same holds for a record that goes missing
+while the hub runs (the hub makes it at its first sweep). Links made to last until
+revoked were lost with the record: their access now ends with the link, never later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -34,11 +44,13 @@ from jupyterhub.utils import utcnow
 from sqlalchemy import event, inspect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
+from tornado.web import HTTPError
 
 from gpulab_hub import blocking, jsonfile, stateversion
 
 FILE_NAME = "link-access.json"  # in the hub's records folder
 LINK, REVOKED = "link", "revoked"
+LOST = "lost:"  # a record damaged (or gone) at that time: every share made before ends
 # The choices on the Share page, in the owner's words; the first is the default.
 LASTS = {LINK: "access ends when the link expires", REVOKED: "access lasts until I revoke it"}
 DEFAULT_LASTS = LINK
@@ -68,6 +80,36 @@ def _target_of(share) -> tuple[str, str]:
     return ("group", share.group.name) if share.group is not None else ("user", share.user.name)
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """An acceptance of a link, in plain values (read from the database on the loop)."""
+
+    owner: str
+    project: str
+    kind: str  # "user" or "group"
+    name: str
+    share_created: str  # iso()
+    code_key: str
+    expires_at: datetime  # naive UTC
+    given: frozenset[str]  # the link's scopes the share now holds
+    before: frozenset[str]  # the share's scopes before
+
+    @classmethod
+    def of(cls, code: orm.ShareCode, share: orm.Share, before: set[str]) -> Accepted:
+        kind, name = _target_of(share)
+        return cls(
+            owner=code.owner.name,
+            project=code.spawner.name,
+            kind=kind,
+            name=name,
+            share_created=iso(share.created_at),
+            code_key=code_key(code),
+            expires_at=code.expires_at.replace(tzinfo=None),
+            given=frozenset(set(code.scopes) & set(share.scopes)),
+            before=frozenset(before),
+        )
+
+
 class LinkAccess(jsonfile.LockedRecord):
     """``link-access.json``: ``code:…`` entries (links lasting until revoked) and
     ``grant:…`` entries (scopes a person holds until a link's end)."""
@@ -76,8 +118,10 @@ class LinkAccess(jsonfile.LockedRecord):
     section = "links"
     what = "The link access record"
     on_damage = (
-        "links made before last until revoked, and access accepted through earlier links "
-        "lasts until its owner revokes it on the project's Share page"
+        "gpulab can no longer tell which access ends with a link, so every share made "
+        "before now ends within GPULAB_REVOKE_WITHIN_S (owners share again on the project's "
+        "Share page; a link still valid can be accepted again), and links made to last until "
+        "revoked end when they expire"
     )
 
     def _parse(self, section) -> dict:
@@ -97,9 +141,36 @@ class LinkAccess(jsonfile.LockedRecord):
                     raise TypeError(f"{key} does not say when its scopes end")
                 for v in scopes.values():
                     datetime.fromisoformat(v["until"])  # ValueError if not a time
+            elif key.startswith(LOST):
+                if not isinstance(rec.get("at"), str):
+                    raise TypeError(f"{key} does not say when the record was lost")
+                datetime.fromisoformat(rec["at"])  # ValueError if not a time
             else:
                 raise ValueError(f"{key!r} is not a record gpulab makes")
         return section
+
+    def _recover(self) -> dict:
+        """What a damaged record is replaced with: every share made until now ends."""
+        at = iso(utcnow(with_tz=False))
+        return {f"{LOST}{at}": {"at": at}}
+
+    def _missing(self) -> dict:
+        """No record: a first start, or (once the hub made it) a record that is gone."""
+        if _Hub.made is None or Path(_Hub.made) != self.path:
+            return {}
+        records = self._recover()
+        self._write(records)
+        self.log.error(
+            "%s %s is missing though the hub made it; gpulab started a new one: %s.",
+            self.what, self.path, self.on_damage,
+        )  # fmt: skip
+        return records
+
+    def ensure(self) -> None:
+        """Make the record if there is none yet (blocking: blocking.run(RECORDS, ...))."""
+        with self.locked():
+            if not self.path.exists():
+                self._write(self._read())
 
     # --- the whole record, for pages (read off the event loop, used on it) ----------
     def snapshot(self) -> dict:
@@ -140,39 +211,39 @@ class LinkAccess(jsonfile.LockedRecord):
             records[key] = {"lasts": lasts, "id": code_id}
             self._write(records)
 
-    def lasts_of(self, code: orm.ShareCode) -> str:
-        return lasts_in(self.snapshot(), code_key(code))
-
     # --- people -------------------------------------------------------------------
     def accepted(self, code: orm.ShareCode, share: orm.Share, before: set[str]) -> None:
         """``share`` was just granted by accepting ``code``; ``before``: its scopes
-        before (its share's, if it existed)."""
-        owner, project = code.owner.name, code.spawner.name
-        kind, name = _target_of(share)
-        key = grant_key(owner, project, kind, name)
-        lasts = self.lasts_of(code)
+        before (its share's, if it existed). Blocking (the database read here)."""
+        self.accepted_plain(Accepted.of(code, share, before))
+
+    def accepted_plain(self, a: Accepted) -> None:
+        """:meth:`accepted` from plain values (:meth:`Accepted.of`, read on the event
+        loop), so that it runs on the records pool."""
+        key = grant_key(a.owner, a.project, a.kind, a.name)
         with self.locked():
             records = self._read()
+            lasts = lasts_in(records, a.code_key)
             rec = records.get(key)
-            if rec is not None and rec["share_created"] != iso(share.created_at):
+            if rec is not None and rec["share_created"] != a.share_created:
                 rec = None  # of a share that was deleted since
             bound = dict(rec["scopes"]) if rec else {}
-            given = set(code.scopes) & set(share.scopes)
-            for scope in sorted(given):
+            ends = {"until": iso(a.expires_at), "code": a.code_key}
+            for scope in sorted(a.given):
                 if lasts == REVOKED:
                     bound.pop(scope, None)  # held until revoked now
                 elif scope in bound:
-                    if _at(bound[scope]["until"]) < code.expires_at:
-                        bound[scope] = {"until": iso(code.expires_at), "code": code_key(code)}
-                elif scope not in before:
-                    bound[scope] = {"until": iso(code.expires_at), "code": code_key(code)}
+                    if _at(bound[scope]["until"]) < a.expires_at:
+                        bound[scope] = ends
+                elif scope not in a.before:
+                    bound[scope] = ends
             if bound:
                 records[key] = {
-                    "owner": owner,
-                    "project": project,
-                    "kind": kind,
-                    "name": name,
-                    "share_created": iso(share.created_at),
+                    "owner": a.owner,
+                    "project": a.project,
+                    "kind": a.kind,
+                    "name": a.name,
+                    "share_created": a.share_created,
                     "scopes": bound,
                 }
             else:
@@ -242,6 +313,9 @@ class LinkAccess(jsonfile.LockedRecord):
         ended = 0
         kept = {}
         for key, rec in records.items():
+            if key.startswith(LOST):
+                ended += self._end_all(db, _at(rec["at"]))
+                continue
             if key.startswith("code:"):
                 code = db.get(orm.ShareCode, rec["id"])
                 if code is not None and code_key(code) == key:
@@ -263,6 +337,28 @@ class LinkAccess(jsonfile.LockedRecord):
                 kept[key] = {**rec, "scopes": left}
         changes = {k: kept.get(k) for k in records if kept.get(k) != records[k]}
         return changes, ended
+
+    def _end_all(self, db, until: datetime) -> int:
+        """The record was lost at ``until``: end every share made by then (which of them
+        a link bounded is not known any more). How many shares ended."""
+        gone = [
+            s
+            for s in db.query(orm.Share)
+            if s.created_at is None or s.created_at.replace(tzinfo=None) <= until
+        ]
+        names = []
+        for share in gone:
+            kind, name = _target_of(share)
+            names.append(f"{kind} {name} on {share.owner.name}/{share.spawner.name}")
+            db.delete(share)
+        db.commit()
+        self.log.error(
+            "gpulab: %s was lost at %s UTC, so gpulab cannot tell which access ends with a "
+            "link: it ended all %d shares made before (%s). Owners share again on the "
+            "project's Share page.",
+            self.named, iso(until), len(names), "; ".join(names) or "none",
+        )  # fmt: skip
+        return len(names)
 
     @staticmethod
     def _share(db, rec: dict):
@@ -295,35 +391,63 @@ class _Hub:
     """The hub process's record and sweeper (see :func:`install`)."""
 
     store: LinkAccess | None = None
+    made: Path | None = None  # the record this hub made (or found) at its first sweep
     every_s: float = 15.0
     sweeper = None
-    original_exchange = None
+    listening = False  # the sweeper starts after the hub's first commit
 
 
 def store_in(hub_dir: str | Path) -> LinkAccess:
     return LinkAccess(Path(hub_dir) / FILE_NAME)
 
 
-def _exchange(code, share_with):
-    """``orm.ShareCode.exchange``, recording how long the access it gives lasts."""
+def _take_back(db, spawner, share_with, share, before: set[str]) -> None:
+    """Never let a link give access for longer than it says: what it gave, taken back."""
+    added = sorted(set(share.scopes) - before)
+    if added:
+        orm.Share.revoke(db, spawner, share_with, scopes=added)
+
+
+def accept(code: orm.ShareCode, share_with) -> orm.Share:
+    """Accept the link ``code`` for ``share_with`` (a user or a group): JupyterHub's own
+    ``ShareCode.exchange``, and the record of when the access it gives ends. Blocking
+    (the record's lock); the hub's accept page awaits :func:`accept_async` instead."""
+    db = inspect(code).session
+    old = orm.Share.find(db, code.spawner, share_with)
+    before = set(old.scopes) if old is not None else set()
+    share = code.exchange(share_with)
+    if _Hub.store is not None:
+        try:
+            _Hub.store.accepted(code, share, before)
+        except (jsonfile.RecordError, blocking.Busy, OSError):
+            _take_back(db, code.spawner, share_with, share, before)
+            LOG.exception("gpulab: could not record how long a link's access lasts")
+            raise
+    return share
+
+
+async def accept_async(code: orm.ShareCode, share_with) -> orm.Share:
+    """:func:`accept` for the hub's accept page: the database on the event loop, the
+    record on the records pool (its lock never held on the loop). If the record cannot
+    be written the access is taken back and the person told why (blocking.Busy: 503,
+    in words; a record that cannot be read: 503 with what to do)."""
     db = inspect(code).session
     spawner = code.spawner
     old = orm.Share.find(db, spawner, share_with)
     before = set(old.scopes) if old is not None else set()
-    share = _Hub.original_exchange(code, share_with)
-    if _Hub.store is not None:
-        try:
-            # JupyterHub calls this synchronously, on its event loop, and goes on to tell
-            # the person they have access: the record of when it ends must exist first.
-            with blocking.allowed("recording how long an accepted link's access lasts"):
-                _Hub.store.accepted(code, share, before)
-        except (jsonfile.RecordError, OSError):
-            # Never let a link give access for longer than it says: take back what it gave.
-            added = sorted(set(share.scopes) - before)
-            if added:
-                orm.Share.revoke(db, spawner, share_with, scopes=added)
-            LOG.exception("gpulab: could not record how long a link's access lasts")
+    share = code.exchange(share_with)
+    if _Hub.store is None:
+        return share
+    try:
+        await blocking.run(
+            blocking.RECORDS, _Hub.store.accepted_plain, Accepted.of(code, share, before)
+        )
+    except (jsonfile.RecordError, blocking.Busy, OSError) as e:
+        _take_back(db, spawner, share_with, share, before)
+        LOG.error("gpulab: could not record how long a link's access lasts: %s", e)
+        if isinstance(e, blocking.Busy):
             raise
+        raise HTTPError(503, "%s", f"The link was not accepted: {e} Then accept it again.") from e
     return share
 
 
@@ -334,6 +458,9 @@ async def _sweep_now() -> None:
         return
     db = JupyterHub.instance().db
     try:
+        if _Hub.made != _Hub.store.path:
+            await blocking.run(blocking.RECORDS, _Hub.store.ensure)
+            _Hub.made = _Hub.store.path
         await _Hub.store.sweep_async(db)
     except (jsonfile.RecordError, blocking.Busy) as e:
         LOG.error("Link-bound access not ended: %s", e)
@@ -362,10 +489,13 @@ def install(hub_dir: str | Path, revoke_within_s: int) -> None:
     link-bound access within ``revoke_within_s`` of its link's end (the hub sweeps
     every half of it; project servers take the other half)."""
     _Hub.store = store_in(hub_dir)
+    _Hub.made = None
+    if _Hub.sweeper is not None:  # a hub configured again in this process (tests)
+        _Hub.sweeper.stop()
+        _Hub.sweeper = None
     _Hub.every_s = max(1.0, revoke_within_s / 2)
-    if _Hub.original_exchange is None:
-        _Hub.original_exchange = orm.ShareCode.exchange
-        orm.ShareCode.exchange = _exchange
+    if not _Hub.listening:
+        _Hub.listening = True
         event.listen(Session, "after_commit", _start_sweeping)
 
 

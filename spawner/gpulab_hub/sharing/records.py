@@ -93,7 +93,10 @@ class PublicLinkRecords(records.Records):
 
 def _project_of(key: str) -> tuple[str, str]:
     """(owner, project) a link-access key names: ``code:<owner>/<project>:…`` or
-    ``grant:<owner>/<project>:…`` (neither name holds ":" or "/")."""
+    ``grant:<owner>/<project>:…`` (neither name holds ":" or "/"); none for the mark of
+    a lost record (``lost:<time>``), which is every project's."""
+    if key.startswith(linkaccess.LOST):
+        return "", ""
     owner, _, project = key.split(":", 2)[1].partition("/")
     return owner, project
 

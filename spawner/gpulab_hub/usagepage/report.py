@@ -13,7 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from gpulab_hub import hubsettings
+from gpulab_hub.db import tables
 from gpulab_hub.gpus import allocator, usage, waiting
 
 DAY = 24 * 3600.0
@@ -120,16 +123,16 @@ def build(
     gpus: dict = {}
     host = labels()
     names = dict(host)
-    ledger = usage.UsageLedger(where.usage_file)
+    ledger = usage.of_layout(where)
     try:
         records = list(ledger.records(since, now))
-    except (usage.UsageError, OSError) as e:
+    except SQLAlchemyError as e:
         records = []
-        report.problems.append(f"The GPU usage ledger cannot be read: {e}")
+        report.problems.append(f"The GPU usage ledger (the hub's database) cannot be read: {e}")
     if ledger.skipped:
         report.problems.append(
-            f"{ledger.skipped} damaged line(s) of the GPU usage ledger {where.usage_file} "
-            "were skipped."
+            f"{ledger.skipped} row(s) of the GPU usage table ({tables.usage.name}) are no "
+            "GPU usage record and were skipped."
         )
     # a GPU's words: as the host names it now, else as its latest holding recorded them
     for r in sorted(records, key=lambda r: r.end):
@@ -179,5 +182,5 @@ def csv_text(where: hubsettings.Layout, window: str, now: float | None = None) -
     _, seconds = WINDOWS[window]
     now = time.time() if now is None else now
     out = io.StringIO()
-    usage.UsageLedger(where.usage_file).export_csv(out, now - seconds, now)
+    usage.of_layout(where).export_csv(out, now - seconds, now)
     return out.getvalue()

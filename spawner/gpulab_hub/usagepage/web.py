@@ -9,6 +9,7 @@ from jupyterhub.handlers import BaseHandler
 from tornado import web
 
 from gpulab_hub import blocking, hubsettings
+from gpulab_hub.db import tables
 from gpulab_hub.usagepage import report
 
 
@@ -56,7 +57,7 @@ class UsageHandler(_AdminOnly):
             "gpulab-usage.html",
             report=figures,
             windows=report.WINDOWS,
-            usage_file=str(where.usage_file),
+            usage_table=tables.usage.name,
         )
         self.finish(html)
 

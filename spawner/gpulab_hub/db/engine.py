@@ -1,0 +1,112 @@
+"""One SQLAlchemy engine a database a process: gpulab's client of JupyterHub's database.
+
+:func:`of` gives the engine of a ``db_url`` (made on first use, kept for the process);
+``with begin(url) as conn:`` is one transaction (committed whole when the block ends,
+rolled back if it raises). Both are blocking work: the guard (``blocking.off_loop``)
+refuses them on the event loop's thread under ``GPULAB_LOOP_GUARD=strict``.
+
+SQLite: a connection never makes a missing database file (the upgrade does); each
+connection turns foreign keys on (so ON DELETE CASCADE holds), waits up to
+``blocking.LOCK_TIMEOUT`` for another writer, and opens its transactions itself
+(``BEGIN``), so a migration's DDL and the rows written with it commit together — the
+pysqlite driver would otherwise commit DDL as it goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from gpulab_hub import blocking
+
+_engines: dict[tuple[str, bool], sa.Engine] = {}
+_lock = threading.Lock()
+
+
+class DatabaseError(Exception):
+    """gpulab's tables cannot be used as they are; ``str()`` says why and what to do."""
+
+
+def is_sqlite(url: str) -> bool:
+    return sa.make_url(url).get_backend_name() == "sqlite"
+
+
+def sqlite_file(url: str) -> str | None:
+    """The file of a SQLite ``url`` (None: another database, or one in memory)."""
+    u = sa.make_url(url)
+    if u.get_backend_name() != "sqlite" or u.database in (None, "", ":memory:"):
+        return None
+    return u.database
+
+
+def shown(url: str) -> str:
+    """``url`` as logs and pages may show it (no password)."""
+    return sa.make_url(url).render_as_string(hide_password=True)
+
+
+def make(url: str, immediate: bool = False) -> sa.Engine:
+    """A new engine for ``url``; ``immediate``: SQLite transactions take the write lock
+    as they begin (``BEGIN IMMEDIATE``: a migration, so two never interleave), and the
+    file is made if missing. Otherwise a missing SQLite file is an error, never made
+    empty: only the upgrade makes the database (with its tables)."""
+    kwargs: dict = {"pool_pre_ping": True}
+    if is_sqlite(url):
+        kwargs["connect_args"] = {"timeout": blocking.LOCK_TIMEOUT, "check_same_thread": False}
+        path = sqlite_file(url)
+        if path is not None and not immediate:
+            where = Path(path).absolute().as_uri() + "?mode=rw"
+            kwargs["creator"] = lambda: sqlite3.connect(
+                where, uri=True, timeout=blocking.LOCK_TIMEOUT, check_same_thread=False
+            )
+    engine = sa.create_engine(url, **kwargs)
+    if is_sqlite(url):
+        begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
+        @sa.event.listens_for(engine, "connect")
+        def _connect(dbapi_con, _record) -> None:
+            dbapi_con.isolation_level = None  # the driver opens no transaction itself
+            cursor = dbapi_con.cursor()
+            try:
+                cursor.execute("PRAGMA foreign_keys=ON")
+            finally:
+                cursor.close()
+
+        @sa.event.listens_for(engine, "begin")
+        def _begin(conn) -> None:
+            conn.exec_driver_sql(begin)
+
+    return engine
+
+
+def of(url: str) -> sa.Engine:
+    """This process's engine for ``url`` (made on first use)."""
+    blocking.off_loop("Opening gpulab's database")
+    key = (url, False)
+    with _lock:
+        made = _engines.get(key)
+        if made is None:
+            made = _engines[key] = make(url)
+        return made
+
+
+@contextlib.contextmanager
+def begin(url: str) -> Iterator[sa.Connection]:
+    """One transaction on gpulab's engine for ``url``: committed when the block ends,
+    rolled back if it raises."""
+    blocking.off_loop("A transaction on gpulab's database")
+    with of(url).begin() as conn:
+        yield conn
+
+
+def dispose() -> None:
+    """Close every engine this process made (tests, and a hub's stop)."""
+    with _lock:
+        made = list(_engines.values())
+        _engines.clear()
+    for engine in made:
+        engine.dispose()

@@ -1,0 +1,54 @@
+"""gpulab's tables: one source of truth for their shape (the migrations make them;
+tests/test_db.py checks the migrated database against these definitions).
+
+Every name starts with ``gpulab_`` so it never meets one of JupyterHub's. JupyterHub's
+``users`` table is named only as the target of foreign keys (``USERS``: the two columns
+gpulab reads), never created or changed here.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+PREFIX = "gpulab_"
+# gpulab's Alembic revision (JupyterHub keeps its own in alembic_version)
+VERSION_TABLE = "gpulab_alembic_version"
+NAME_LEN = 128  # user, project, GPU UUID and label: gpus/usage.py's patterns allow 128
+
+METADATA = sa.MetaData()
+
+# JupyterHub's users (jupyterhub/orm.py: User), as far as gpulab reads them: a
+# lightweight clause, not part of METADATA, so nothing of gpulab's ever makes or alters it.
+USERS = sa.table("users", sa.column("id", sa.Integer), sa.column("name", sa.Unicode))
+
+# GPU holdings that ended (gpus/usage.py): one row a device a holding.
+usage = sa.Table(
+    "gpulab_usage",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    # the JupyterHub user (deleting the user deletes their rows); NULL only for a
+    # record imported from a ledger file whose user the hub no longer has
+    sa.Column("user_id", sa.Integer, sa.ForeignKey("users.id", ondelete="CASCADE")),
+    sa.Column("owner", sa.Unicode(NAME_LEN), nullable=False),  # the user's name then
+    sa.Column("project", sa.Unicode(NAME_LEN), nullable=False),
+    sa.Column("uuid", sa.Unicode(NAME_LEN), nullable=False),
+    sa.Column("label", sa.Unicode(NAME_LEN), nullable=False),
+    sa.Column("started", sa.Float, nullable=False),  # epoch seconds
+    sa.Column("ended", sa.Float, nullable=False),
+    sa.Column("util", sa.Float),  # average utilisation, percent; NULL: not measured
+    sa.Index("gpulab_usage_ended", "ended"),
+    sa.Index("gpulab_usage_owner_ended", "owner", "ended"),
+    sa.Index("gpulab_usage_user_id", "user_id"),
+)
+
+# Files of gpulab before its database, imported into the tables once (migrate.py): the
+# import and this row commit together, so a file is never imported twice.
+imports = sa.Table(
+    "gpulab_imports",
+    METADATA,
+    sa.Column("name", sa.Unicode(64), primary_key=True),  # "gpu-usage"
+    sa.Column("source", sa.Unicode(4096), nullable=False),  # the file's path then
+    sa.Column("rows", sa.Integer, nullable=False),
+    sa.Column("skipped", sa.Integer, nullable=False),  # damaged or torn lines
+    sa.Column("at", sa.Float, nullable=False),  # epoch seconds
+)

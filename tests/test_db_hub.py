@@ -1,0 +1,143 @@
+"""The hub upgrades gpulab's tables as it starts (jupyterhub_config.py -> db/migrate.py),
+a backup of its SQLite database made first, and a second start changes nothing; `gpulab
+upgrade-db` does the same by hand. A real JupyterHub on this release's state fixture, no
+Docker engine (the hub is given its address, so it asks none)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from conftest import free_port
+from jupyterhub import orm
+
+from gpulab_hub.db import migrate, tables
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = sorted((REPO / "tests" / "fixtures").glob("state-*"))[-1]
+GPULAB = str(Path(sys.executable).parent / "gpulab")
+
+
+def _env(home: Path, tmp_path: Path) -> dict:
+    return {
+        **os.environ,
+        "GPULAB_HOME": str(home),
+        "GPULAB_HUB_IP": "127.0.0.1",  # the hub's address given: no engine is asked
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",
+        "GPULAB_BIND_URL": f"http://127.0.0.1:{free_port()}",
+        "GPULAB_HUB_PORT": str(free_port()),
+        "GPULAB_PROXY_API_PORT": str(free_port()),
+        "GPULAB_SSH_PORT": str(free_port()),
+        # the venv's configurable-http-proxy, as `gpulab up` finds it
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+
+def _start_and_stop(hub: Path, env: dict, log: Path) -> str:
+    """Start JupyterHub with gpulab's configuration, wait until it answers, stop it."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(REPO / "jupyterhub_config.py")],
+            cwd=hub, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 180  # a loaded 2-core machine
+            url = env["GPULAB_BIND_URL"] + "/hub/api"
+            while True:
+                assert proc.poll() is None, log.read_text()[-4000:]
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+                assert time.monotonic() < deadline, log.read_text()[-4000:]
+                time.sleep(0.5)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return log.read_text()
+
+
+def _revision(db: Path) -> str | None:
+    with sqlite3.connect(db) as con:
+        names = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if tables.VERSION_TABLE not in names:
+            return None
+        return con.execute(f"SELECT version_num FROM {tables.VERSION_TABLE}").fetchone()[0]
+
+
+def _older_hub(tmp_path: Path) -> Path:
+    """This release's state fixture with the database a hub of gpulab before its tables
+    left: JupyterHub's tables and a user, none of gpulab's."""
+    home = tmp_path / "home"
+    shutil.copytree(FIXTURE / "hub", home / "hub")
+    db = home / "hub" / "jupyterhub.sqlite"
+    factory = orm.new_session_factory(f"sqlite:///{db}")
+    session = factory()
+    session.add(orm.User(name="alice"))
+    session.commit()
+    session.close()
+    factory.kw["bind"].dispose()
+    return home / "hub"
+
+
+def test_a_hub_start_upgrades_gpulabs_tables_after_a_backup_and_a_restart_changes_nothing(
+    tmp_path,
+):
+    hub = _older_hub(tmp_path)
+    db = hub / "jupyterhub.sqlite"
+    env = _env(hub.parent, tmp_path)
+
+    log = _start_and_stop(hub, env, tmp_path / "first.log")
+    assert _revision(db) == migrate.head()
+    backups = sorted(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*"))
+    assert len(backups) == 1, log
+    assert _revision(backups[0]) is None  # the database as it was before the upgrade
+    with sqlite3.connect(backups[0]) as con:
+        assert con.execute("SELECT name FROM users").fetchall() == [("alice",)]
+    assert f"The database was backed up first to {backups[0]}." in log
+    assert "DatabaseError" not in log, log  # (services stopped mid-import print tracebacks)
+    # the fixture's usage ledger file was imported, every record, and kept as the backup
+    ledger = hub / "gpu-usage.jsonl"
+    assert not ledger.exists() and (hub / "gpu-usage.jsonl.imported").is_file()
+    assert f"Imported 2 GPU usage record(s) from {ledger}" in log
+    with sqlite3.connect(db) as con:
+        got = con.execute("SELECT owner, project, uuid FROM gpulab_usage ORDER BY started")
+        assert got.fetchall() == [
+            ("bob", "vision", "GPU-00000001"),
+            ("alice", "thesis", "GPU-00000000"),
+        ]
+
+    log = _start_and_stop(hub, env, tmp_path / "second.log")
+    assert sorted(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*")) == backups
+    assert "backed up first" not in log and "Imported" not in log
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT count(*) FROM gpulab_usage").fetchone() == (2,)
+    with sqlite3.connect(db) as con:
+        assert ("alice",) in con.execute("SELECT name FROM users").fetchall()
+
+
+def test_gpulab_upgrade_db_upgrades_by_hand_and_then_finds_nothing_to_do(tmp_path):
+    hub = _older_hub(tmp_path)
+    env = _env(hub.parent, tmp_path)
+    first = subprocess.run([GPULAB, "upgrade-db"], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert f"revision none -> {migrate.head()}" in first.stdout
+    assert "backed up first to" in first.stdout
+    assert _revision(hub / "jupyterhub.sqlite") == migrate.head()
+    again = subprocess.run([GPULAB, "upgrade-db"], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "up to date" in again.stdout
+    assert len(list(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*"))) == 1
