@@ -182,7 +182,8 @@ def test_a_job_runs_shows_its_output_and_stops(lab, page):
     assert kept.inner_text() == "A job is running, so this project is not stopped for being idle."
     assert kept.get_attribute("title") == (
         f"Once nothing keeps it, the project stops after {IDLE_TIMEOUT} seconds with no "
-        "browser activity, job, running cell or GPU use, and its GPUs go to others. Your files stay."
+        "browser activity, job, running cell or GPU use, and its GPUs go to others. "
+        "Your files stay."
     )
     deadline = time.monotonic() + 15
     while "job" not in api(lab, "activity")["kept_by"] and time.monotonic() < deadline:

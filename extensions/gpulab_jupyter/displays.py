@@ -15,8 +15,10 @@ keep in the saved output, so it can only be known as the output is written. An
 update replaces each of those outputs (its data and metadata; the output's type and
 execution count stay), in whichever cell it is: a handle made in one cell may be
 updated from a later one. An entry is forgotten when its cell runs again or clears
-its output, or when the output at its place is no longer the one written (someone
-cleared the outputs in the browser). An update larger than the cell's bound is
+its output, or when the output at its place is no longer of the kind written (its
+type and formats: someone cleared the outputs in the browser; a page that rewrote
+what it shows, as jupyterlab-widgets does to a closed widget's view, leaves it
+the same). An update larger than the cell's bound is
 replaced by a line saying so (``outputbound.py``).
 
 :func:`display_hook` wraps the library's ``_output_hook``; it is installed by
@@ -30,6 +32,7 @@ import json
 import weakref
 from dataclasses import dataclass
 
+EARLY_KEPT = 32  # updates kept per document for outputs not written yet
 TOO_BIG = "[gpulab: a display update of {size:,} characters left out: more than a cell keeps]"
 
 
@@ -39,11 +42,20 @@ class Shown:
 
     cell_id: str
     index: int
-    print: str  # fingerprint of the output as written (or last updated)
+    print: str  # fingerprint of the output as written (or last updated): its shape
 
 
 def fingerprint(output: dict) -> str:
-    return hashlib.sha256(json.dumps(output, sort_keys=True, default=str).encode()).hexdigest()
+    """What an output written for a display id is known by at its place: its type and
+    the formats it holds, not their content. A page may rewrite the output it shows
+    (jupyterlab-widgets blanks a closed widget's ``model_id`` in the view's data, and
+    the page writes that back into the shared notebook), which does not make it
+    another output; clearing or re-running the cell does (forget_cell) and so does
+    another kind of output at that place."""
+    data = output.get("data")
+    kinds = sorted(data) if isinstance(data, dict) else []
+    shape = [output.get("output_type"), kinds]
+    return hashlib.sha256(json.dumps(shape, default=str).encode()).hexdigest()
 
 
 def plain(value) -> dict:
@@ -55,6 +67,10 @@ class Displays:
 
     def __init__(self):
         self._docs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # display id → the last update that found nothing to replace, per document: an
+        # update may reach the server before the output it updates was written (the
+        # server's kernel client and the document travel apart); applied as it comes
+        self._early: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def of(self, ycell) -> dict[str, list[Shown]] | None:
         doc = getattr(ycell, "doc", None)
@@ -86,6 +102,9 @@ class Displays:
         ids.setdefault(display_id, []).append(
             Shown(ycell.get("id"), index, fingerprint(plain(outputs[index])))
         )
+        early = self._early.get(ycell.doc, {}).pop(display_id, None)
+        if early is not None:
+            self.update(ycell, display_id, *early)
 
     def update(self, ycell, display_id: str, data: dict, metadata: dict) -> int:
         """Replace every output shown for ``display_id`` in ``ycell``'s notebook;
@@ -95,6 +114,12 @@ class Displays:
         ids = self.of(ycell)
         shown = (ids or {}).get(display_id)
         if not shown:
+            if ids is not None:
+                early = self._early.setdefault(ycell.doc, {})
+                early.pop(display_id, None)
+                early[display_id] = (data, metadata)
+                while len(early) > EARLY_KEPT:
+                    del early[next(iter(early))]
             return 0
         try:
             cells = {c.get("id"): c for c in ycell.doc.get("cells", type=Array)}

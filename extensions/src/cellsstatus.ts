@@ -41,7 +41,10 @@ export function duration(seconds: number): string {
 /** The item's words ('' when nothing runs); ``openedAt``: when this page loaded (Unix s). */
 export function cellsText(cells: ICells | null, openedAt: number): string {
   if (!cells || cells.running.length === 0) {
-    return cells && cells.queued ? `${cells.queued} cells queued` : '';
+    if (!cells || !cells.queued) {
+      return '';
+    }
+    return `${cells.queued} ${cells.queued === 1 ? 'cell' : 'cells'} queued`;
   }
   const first = cells.running[0];
   const away = first.since < openedAt - 2;

@@ -78,6 +78,21 @@ export function stepFor(status: number): PollStep {
   return status >= 500 && status < 600 ? 'failed' : 'gone';
 }
 
+/**
+ * After the run: the queued mark this tab set could reach the shared document after the
+ * server's own end of the run (the two travel apart), leaving [*]: on a cell that ran.
+ * Unless the server is running the cell again (its metadata names a request), the
+ * mark goes.
+ */
+function settle(model: ICodeCellModel, disposed: boolean): void {
+  if (disposed || model.executionState !== 'running') {
+    return;
+  }
+  if (model.getMetadata('jupyter_server_nbmodel') === undefined) {
+    model.executionState = 'idle';
+  }
+}
+
 /** Sends the cell to the server and resolves once it ran: whether it ran without error. */
 export async function runOnServer(
   options: INotebookCellExecutor.IRunCellOptions,
@@ -111,6 +126,12 @@ export async function runOnServer(
     }
   });
   options.onCellExecutionScheduled({ cell });
+  // [*]: queued. The server marks the cell running only once it starts it, so a cell
+  // waiting behind another one (Run All, a collaborator's running cell) would show
+  // [ ]: until then; this mark is shared, so every open tab shows it queued.
+  if (!cell.isDisposed) {
+    model.executionState = 'running';
+  }
   let request: { request_id?: string } = {};
   try {
     request = await inOrder(kernelId, async () => {
@@ -122,7 +143,7 @@ export async function runOnServer(
       return reply.json();
     });
   } catch (reason) {
-    if (waitedForKernel && !cell.isDisposed) {
+    if (!cell.isDisposed) {
       model.executionState = 'idle';
     }
     void showDialog({
@@ -170,6 +191,7 @@ export async function runOnServer(
     success = step === 'done' ? data?.status === 'ok' : step === 'gone';
     break;
   }
+  settle(model, cell.isDisposed);
   onCellExecuted({ cell, success });
   return success;
 }
