@@ -2,9 +2,10 @@
 
 One 40-s scenario checks what a person would notice: Run All of a notebook whose first
 cell prints a numbered line every second (with a progress bar overwriting its line and
-a PNG displayed while away); the browser closes 3 s after, a collaborator's cell is
-queued behind the running one and a viewer's is refused through the new route; the
-owner reopens the notebook 20 s after the start and finds lines 1-20 there and the rest
+a PNG displayed while away); the browser closes 3 s after; a collaborator's Shift+Enter
+in a browser of their own queues behind the running cell and shows [*]: (so does the
+owner's tab later), and a viewer's run is refused through the new route; the owner
+reopens the notebook 20 s after the start and finds lines 1-20 there and the rest
 arriving (a viewer's tab sees the same), the status bar says the cell ran while they
 were away; a reload leaves the run alone; the browsers close and the run ends with none
 open; the .ipynb on disk then holds all 40 lines once each, the later cells' outputs in
@@ -133,7 +134,7 @@ def wait_lines(page, at_least: int, timeout: float) -> list[int]:
 
 
 def test_a_run_all_keeps_running_and_recording_while_the_browser_is_away(hub, people, browser):
-    owner, viewer, collab = people[OWNER], people[VIEWER], people[COLLAB]
+    owner, viewer = people[OWNER], people[VIEWER]
     put_notebook(owner, SERVER, NB, CELLS)
     context, page = logged_in(browser, hub, OWNER)
     open_notebook(page, hub)
@@ -154,9 +155,22 @@ def test_a_run_all_keeps_running_and_recording_while_the_browser_is_away(hub, pe
     base = owner.base
     kernel = kernel_of(owner, SERVER, NB, start=False)
     room = room_id(owner, SERVER, NB)
-    r = post_execute(collab.token, base, SERVER, kernel, "print('from the collaborator')",
-                     "c4", room, NB)  # fmt: skip
-    assert r.status_code == 202, r.text
+    # The collaborator, in a browser of their own, types into c4 and presses Shift+Enter:
+    # the cell waits behind c1 and shows it, [*]: (not [ ]:), in their tab.
+    collab_context, collab_page = logged_in(browser, hub, COLLAB)
+    open_notebook(collab_page, hub)
+    c4 = collab_page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(3)
+    c4.locator(".cm-content").click()
+    collab_page.keyboard.insert_text("print('from the collaborator')")
+    collab_page.keyboard.press("Shift+Enter")
+    expect(c4.locator(".jp-InputPrompt")).to_have_text("[*]:", timeout=10_000)
+    queued_at = time.monotonic() - t0
+    deadline = time.monotonic() + 30
+    while (cells := running_cells(owner, SERVER))["queued"] < 3:  # c2, c3 and c4
+        assert time.monotonic() < deadline, cells
+        time.sleep(0.5)
+    assert [r["cell_id"] for r in cells["running"]] == ["c1"], cells
+    collab_context.close()
     r = post_execute(viewer.token, base, SERVER, kernel, "print('viewer ran this')",
                      "c5", room, NB)  # fmt: skip
     assert r.status_code == 403, (r.status_code, r.text)
@@ -175,6 +189,9 @@ def test_a_run_all_keeps_running_and_recording_while_the_browser_is_away(hub, pe
     assert found[:19] == list(range(1, 20)), f"at {back_at:.0f} s the notebook showed {found}"
     status = page.locator("[data-gpulab=cells]")
     expect(status).to_contain_text("running while you were away", timeout=10_000)
+    # the collaborator's cell waits, and the owner's tab shows it waiting too
+    owner_c4 = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(3)
+    expect(owner_c4.locator(".jp-InputPrompt")).to_have_text("[*]:", timeout=10_000)
     page.screenshot(path=SHOTS / "cells-away-back.png")
     # A reload while the first cell still prints: nothing runs again, nothing is lost or
     # doubled, and lines go on arriving.
@@ -212,6 +229,7 @@ def test_a_run_all_keeps_running_and_recording_while_the_browser_is_away(hub, pe
     counts = [cell_of(nb, c)["execution_count"] for c in ("c1", "c2", "c3", "c4")]
     assert all(counts) and counts == sorted(counts) and len(set(counts)) == 4, counts
     print(f"\nshown when the browser closed at 3 s: {before_close}; "
+          f"the collaborator's cell queued at {queued_at:.1f} s; "
           f"on coming back at {back_at:.1f} s: lines 1-{len(found)}; "
           f"reloaded at {reloaded_at:.1f} s: lines 1-{len(after_reload)}; on disk: 40 lines, "
           f"counts {counts}")  # fmt: skip
