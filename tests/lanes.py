@@ -60,6 +60,9 @@ SLOW = (
     "tests/test_faults_pidfile.py::test_gpulab_down_leaves_an_unrelated_process_alone",
     "tests/test_faults_pidfile.py::test_gpulab_down_stops_the_process_it_recorded",
     "tests/test_culling.py::test_the_culler_service_stops_at_the_hubs_first_signal",
+    "tests/test_cells_keep_room.py",  # a Jupyter server and a kernel, a 12-s cell
+    "tests/test_cells_displays.py",  # a Jupyter server and kernels: displays, a bar, a widget
+    "tests/test_cells_first_cell.py",  # a Jupyter server and two kernels
     "tests/test_gpu_keeper.py::test_the_keeper_service_stops_at_the_hubs_first_signal",
     "tests/test_cluster_batch_node.py",  # the node scripts run under bash, a recording docker
     "tests/test_cluster_multinode_units.py::test_a_failing_node_says_so_and_term_removes_the_container",

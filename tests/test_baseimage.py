@@ -104,8 +104,8 @@ def test_context_trusts_host_certificates_and_carries_wheels(tmp_path):
     dockerfile = files["Dockerfile"].decode()
     assert f"pip install --no-cache-dir /opt/gpulab/wheels/{torch.name}" in dockerfile
     assert (
-        'python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_proxy, '
-        'tensorboard, gpulab_contract, gpulab_jupyter"' in dockerfile
+        'python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_nbmodel, '
+        'jupyter_server_proxy, tensorboard, gpulab_contract, gpulab_jupyter"' in dockerfile
     )
 
 

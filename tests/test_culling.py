@@ -43,8 +43,10 @@ def test_the_culler_service_stops_at_the_hubs_first_signal():
         proc.wait()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def culling_hub(docker_engine, tmp_path_factory):
+    """One hub with a short idle timeout for the module's tests (a hub costs a minute or
+    more to start); each test has its own user and projects."""
     home = tmp_path_factory.mktemp("gpulab-cull")
     hub = start_hub(home, hub_env(home, GPULAB_IDLE_TIMEOUT=str(TIMEOUT)))
     yield hub
@@ -99,3 +101,56 @@ def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_h
     assert r.status_code == 200 and r.json()["state"] == "stopped", r.text
     log = culling_hub.log
     assert culling.SERVICE in log
+
+
+SILENT = "import time\ntime.sleep(40)\nprint('slept', flush=True)\n"
+
+
+@pytest.mark.docker
+def test_a_cell_running_on_the_server_keeps_its_project_then_idle_it_is_culled(culling_hub):
+    """A cell that prints nothing for 40 s, run on the server's side with no browser open
+    (gpulab_jupyter/cells.py): four timeouts long, and the project stays; once it has
+    ended and nothing else runs, the project is stopped like any idle one."""
+    from cells_kit import (
+        cell_text,
+        code_cell,
+        kernel_of,
+        post_execute,
+        put_notebook,
+        room_id,
+        saved,
+        wait_done,
+    )
+    from security.people import open_room
+
+    admin = log_in_admin(culling_hub)
+    dana = make_user(culling_hub, admin, "dana")
+    dana.start_project("cells")
+    server, path = "/user/dana/cells", "slow.ipynb"
+    put_notebook(dana, server, path, [code_cell("s1", SILENT)])
+    room_ws = open_room(dana.base, server, path, token=dana.token)  # JupyterLab's tab...
+    kernel = kernel_of(dana, server, path)
+    r = post_execute(dana.token, dana.base, server, kernel, SILENT, "s1",
+                     room_id(dana, server, path), path)  # fmt: skip
+    assert r.status_code == 202, r.text
+    room_ws.close()  # ...closed: nothing but the cell is left
+    started = time.monotonic()
+    kept_by = set()
+    while time.monotonic() - started < 36:
+        assert "cells" in servers(dana), "the project with a running cell was stopped"
+        kept_by |= set(dana.api("GET", f"{server}/api/gpulab/v1/activity").json()["kept_by"])
+        time.sleep(2)
+    assert "cell" in kept_by, kept_by
+    done = wait_done(dana.token, dana.base, server, kernel, r.json()["request_id"], timeout=60)
+    assert done.get("status") == "ok", done
+    time.sleep(3)
+    assert cell_text(saved(dana, server, path), "s1") == "slept\n"
+    cull = culling.intervals(TIMEOUT)
+    ended = time.monotonic()
+    while "cells" in servers(dana):
+        assert time.monotonic() - ended < TIMEOUT + 3 * cull["cull_every"] + 60, (
+            "the project was not stopped once its cell had ended"
+        )
+        time.sleep(2)
+    print(f"\nkept {ended - started:.0f} s by a silent cell; stopped "
+          f"{time.monotonic() - ended:.0f} s after it ended (timeout {TIMEOUT} s)")  # fmt: skip

@@ -182,7 +182,8 @@ def test_a_job_runs_shows_its_output_and_stops(lab, page):
     assert kept.inner_text() == "A job is running, so this project is not stopped for being idle."
     assert kept.get_attribute("title") == (
         f"Once nothing keeps it, the project stops after {IDLE_TIMEOUT} seconds with no "
-        "browser activity, job or GPU use, and its GPUs go to others. Your files stay."
+        "browser activity, job, running cell or GPU use, and its GPUs go to others. "
+        "Your files stay."
     )
     deadline = time.monotonic() + 15
     while "job" not in api(lab, "activity")["kept_by"] and time.monotonic() < deadline:
@@ -397,7 +398,7 @@ def test_idle_notice_and_keep_it_running(lab, page):
     notice.wait_for(timeout=60_000)
     text = notice.inner_text()
     assert re.search(r"This project stops at \d\d:\d\d if it stays idle \(no browser activity, "
-                     r"job or GPU use\)", text), text  # fmt: skip
+                     r"job, running cell or GPU use\)", text), text  # fmt: skip
     activity = api(lab, "activity")
     # nothing keeps it beyond its last use: no job runs (a running one would)
     assert activity["idle_timeout"] == IDLE_TIMEOUT

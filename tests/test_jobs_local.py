@@ -274,7 +274,8 @@ def test_a_busy_gpu_or_a_running_job_marks_the_server_active(project):
     engine = LocalEngine(project)
     settings: dict = {}
     idle = ActivityReporter(settings, engine, History([0, 1, None, 2]))
-    assert asyncio.run(idle.check()) == {"jobs": False, "gpu": False} and settings == {}
+    assert asyncio.run(idle.check()) == {"jobs": False, "gpu": False, "cells": False}
+    assert settings == {}
     busy = ActivityReporter(settings, engine, History([0, 0, 37]))
     assert asyncio.run(busy.check())["gpu"] and "gpulab_gpu_last_activity" in settings
     record = engine.start(JobRequest("forever.py"))
@@ -282,3 +283,11 @@ def test_a_busy_gpu_or_a_running_job_marks_the_server_active(project):
         assert asyncio.run(idle.check())["jobs"] and "gpulab_jobs_last_activity" in settings
     finally:
         engine.stop(record.id)
+    # A cell running on the server's side (gpulab_jupyter/cells.py) counts the same way.
+    from gpulab_jupyter.cells import RunningCells
+
+    cells = RunningCells()
+    settings["gpulab_cells"] = cells
+    assert not asyncio.run(idle.check())["cells"]
+    cells.start({"request_id": "r1", "cell_id": "c1", "document_path": "train.ipynb"})
+    assert asyncio.run(idle.check())["cells"] and "gpulab_cells_last_activity" in settings

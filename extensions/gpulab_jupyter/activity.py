@@ -1,10 +1,12 @@
-"""What counts as activity besides browsers: a running job, a busy GPU.
+"""What counts as activity besides browsers: a running job, a busy GPU, a cell
+running (or queued) on the server's side (cells.py).
 
 Jupyter Server reports its last activity to the hub (``jupyterhub-singleuser``),
 and the hub's idle culler stops projects idle for longer than the admin allows.
 A training run with no browser open is not idle: every ``every_s`` this marks the
 server active (the settings keys ``*_last_activity`` that Jupyter Server adds to
-its own) while a job runs or a GPU of this container was busy in the last minute.
+its own) while a job runs, a cell runs or waits in the server's queue, or a GPU of
+this container was busy in the last minute.
 """
 
 from __future__ import annotations
@@ -49,11 +51,16 @@ class ActivityReporter(Configurable):
                 return True
         return False
 
+    def cells_busy(self) -> bool:
+        cells = self.settings.get("gpulab_cells")
+        return bool(cells is not None and cells.busy())
+
     async def check(self) -> dict[str, bool]:
         loop = asyncio.get_running_loop()
         found = {
             "jobs": await loop.run_in_executor(None, jobs_running, self.engine),
             "gpu": self.gpu_busy(),
+            "cells": self.cells_busy(),
         }
         now = datetime.now(UTC)
         for source, active in found.items():

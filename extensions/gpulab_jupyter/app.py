@@ -36,6 +36,10 @@ class GPULabExtension(ExtensionApp):
 
         only_hub_peers(self.serverapp.web_app, log=self.log)  # on a cluster: the hub only
         self.handlers.extend(routes())
+        from .cells import install as cells_on_server
+
+        if cells_on_server(self):
+            self.log.info("gpulab: cells run on the server's side (jupyter-server-nbmodel)")
         if uses_project_authorizer(self.serverapp):
             # Extensions loaded after this one add their routes later: each addition
             # is guarded as it is made, before the server handles any request.

@@ -250,6 +250,7 @@ class GPUProcessesHandler(_SamplerHandler):
 
 def routes() -> list[tuple[str, type]]:
     """Every route of the extension (relative to the server's base URL)."""
+    from .cells import routes as cell_routes
     from .idle import routes as idle_routes
     from .jobs.handlers import routes as job_routes
 
@@ -260,4 +261,5 @@ def routes() -> list[tuple[str, type]]:
         (f"{API_PREFIX}/gpu/processes", GPUProcessesHandler),
         *job_routes(API_PREFIX),
         *idle_routes(API_PREFIX),
+        *cell_routes(API_PREFIX),
     ]

@@ -3,9 +3,10 @@
 ``GET /api/gpulab/v1/activity``: ``idle_timeout`` (seconds; 0: never stopped),
 ``last_activity`` (Unix seconds), ``stop_at`` (when the project is stopped if
 nothing happens before; null when never), ``kept_by`` (what keeps it: ``job``,
-``gpu``, ``keep``, ``use``: a browser, kernel or terminal). ``POST .../activity/keep``
-counts as activity now (the JupyterLab notice's "Keep it running" button): the
-project then has the whole timeout again.
+``gpu``, ``cell`` (a cell running on the server's side), ``keep``, ``use``: a
+browser, kernel or terminal). ``POST .../activity/keep`` counts as activity now (the
+JupyterLab notice's "Keep it running" button): the project then has the whole
+timeout again.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from jupyter_server.base.handlers import APIHandler
 from gpulab_contract import environment
 
 SOURCES = {"gpulab_jobs_last_activity": "job", "gpulab_gpu_last_activity": "gpu",
-           "gpulab_keep_last_activity": "keep"}  # fmt: skip
+           "gpulab_keep_last_activity": "keep", "gpulab_cells_last_activity": "cell"}  # fmt: skip
 RECENT = timedelta(minutes=2)
 
 

@@ -21,8 +21,9 @@
 import { JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ISessionContext } from '@jupyterlab/apputils';
 import { ICodeCellModel } from '@jupyterlab/cells';
-import { PageConfig } from '@jupyterlab/coreutils';
 import { INotebookCellExecutor, runCell } from '@jupyterlab/notebook';
+
+import { roomOf, runOnServer, serverSideHere } from './serverexec';
 
 /** After this long a kernel that never came is JupyterLab's to report (its dialog). */
 export const KERNEL_WAIT_MS = 120_000;
@@ -79,44 +80,59 @@ export function kernelSettled(
   return wait;
 }
 
-/** Runs a cell as JupyterLab does, once the notebook's kernel is no longer starting. */
+/** Whether this code cell runs on the server's side (serverexec.ts). */
+function onServer(options: INotebookCellExecutor.IRunCellOptions): boolean {
+  return (
+    options.cell.model.type === 'code' &&
+    !!options.sessionContext &&
+    serverSideHere() &&
+    roomOf(options) !== ''
+  );
+}
+
+/**
+ * Runs a cell once the notebook's kernel is no longer starting: on the server's side
+ * where it can (serverexec.ts), else as JupyterLab does.
+ */
 export async function runCellWhenKernelSettled(
   options: INotebookCellExecutor.IRunCellOptions
 ): Promise<boolean> {
   const { cell, sessionContext } = options;
+  const server = onServer(options);
   if (cell.model.type !== 'code' || !sessionContext || !initializing(sessionContext)) {
-    return runCell(options);
+    return server ? runOnServer(options, false) : runCell(options);
   }
   const model = cell.model as ICodeCellModel;
   model.executionState = 'running'; // [*]: queued, as it will run
   try {
     await kernelSettled(sessionContext);
   } finally {
-    if (!cell.isDisposed) {
+    // On the server's side the server sets the prompt from now on: setting it idle
+    // here could reach the document after the server marked the cell running.
+    if (!cell.isDisposed && !(server && !sessionContext.isDisposed)) {
       model.executionState = 'idle';
     }
   }
   if (cell.isDisposed || sessionContext.isDisposed) {
     return false; // the notebook was closed meanwhile: start no kernel for it
   }
-  return runCell(options);
+  return server ? runOnServer(options, true) : runCell(options);
 }
 
 /**
- * Provides the notebook cell executor in place of JupyterLab's and
- * jupyter-collaboration's (package.json: jupyterlab.disabledExtensions); both are
- * JupyterLab's `runCell` unless jupyter-collaboration's
- * `YDocExtension.server_side_execution` is on, which gpulab's images leave off.
+ * Provides the notebook cell executor in place of JupyterLab's, jupyter-collaboration's
+ * and jupyter-server-nbmodel's (package.json: jupyterlab.disabledExtensions): one
+ * executor that waits for a starting kernel and then runs the cell on the server's
+ * side (docs/cells-on-the-server.md).
  */
 const firstRun: JupyterFrontEndPlugin<INotebookCellExecutor> = {
   id: 'gpulab-jupyter:cell-executor',
-  description: 'Runs a cell pressed while its kernel is still starting, once it has started.',
+  description:
+    "Runs a cell on the server's side (outputs kept with no browser open); a cell " +
+    'pressed while its kernel is still starting runs once it has started.',
   autoStart: true,
   provides: INotebookCellExecutor,
   activate: (): INotebookCellExecutor => {
-    if (PageConfig.getOption('serverSideExecution') === 'true') {
-      console.warn('gpulab-jupyter: cells run through the kernel, not on the server');
-    }
     return Object.freeze({ runCell: runCellWhenKernelSettled });
   }
 };

@@ -13,7 +13,11 @@ import { requestAPI } from './api';
 import { IActivity, postAPI } from './jobsapi';
 
 /** What keeps a project running beyond its last use (re-marked while it lasts). */
-const KEEPERS: { [key: string]: string } = { job: 'a job is running', gpu: 'a GPU is in use' };
+const KEEPERS: { [key: string]: string } = {
+  job: 'a job is running',
+  gpu: 'a GPU is in use',
+  cell: 'a cell is running'
+};
 
 /** Seconds before the stop at which the notice shows: 15 minutes, or half a short timeout. */
 export function noticeWindow(timeout: number): number {
@@ -43,7 +47,7 @@ export function idleNotice(a: IActivity | null, now: number): string {
   }
   return (
     `This project stops at ${hhmm(a.stop_at)} if it stays idle ` +
-    '(no browser activity, job or GPU use), and its GPUs go to others. Your files stay.'
+    '(no browser activity, job, running cell or GPU use), and its GPUs go to others. Your files stay.'
   );
 }
 
@@ -74,6 +78,9 @@ export function keptText(a: IActivity | null, jobRunning: boolean): string {
   if (a.kept_by.includes('gpu')) {
     by.push(KEEPERS.gpu);
   }
+  if (a.kept_by.includes('cell')) {
+    by.push(KEEPERS.cell);
+  }
   if (!by.length) {
     return '';
   }
@@ -85,7 +92,7 @@ export function keptText(a: IActivity | null, jobRunning: boolean): string {
 export function keptDetail(a: IActivity): string {
   return (
     `Once nothing keeps it, the project stops after ${spanText(a.idle_timeout)} with no ` +
-    'browser activity, job or GPU use, and its GPUs go to others. Your files stay.'
+    'browser activity, job, running cell or GPU use, and its GPUs go to others. Your files stay.'
   );
 }
 

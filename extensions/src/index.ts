@@ -3,8 +3,10 @@
  * the server extension under /api/gpulab/v1/ (works in any JupyterLab 4), and
  * sharing of gpulab projects under JupyterHub (share.ts), and the notice that a
  * project runs its last good image (image.ts), and jobs: the Jobs panel, Run as
- * job, their end and the idle notice (jobsplugin.ts); and a cell run while its
- * notebook's kernel is still starting runs once it has started (firstrun.ts).
+ * job, their end and the idle notice (jobsplugin.ts); and cells run on the server's
+ * side, a cell run while its notebook's kernel is still starting once it has started
+ * (firstrun.ts, serverexec.ts), with the status bar's "running while you were away"
+ * (cellsstatus.ts).
  */
 import {
   ILayoutRestorer,
@@ -16,6 +18,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import accessEnded from './accessended';
+import cellsStatus from './cellsstatus';
 import { fetchInfo } from './api';
 import firstRun from './firstrun';
 import { DEFAULT_THRESHOLDS, IThresholds } from './format';
@@ -132,5 +135,6 @@ export default [
   accessEnded,
   reclaimWarning,
   runtime,
-  firstRun
+  firstRun,
+  cellsStatus
 ];

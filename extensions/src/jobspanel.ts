@@ -2,7 +2,7 @@
  * The Jobs panel (left sidebar): the project's jobs, newest first, each with its
  * state, elapsed time (ticking while it runs), what it runs, the last lines of
  * its output, its GPU use while it runs, and Stop / Re-run / Open log / Open
- * executed notebook. Its header says when a job or GPU use keeps an idle
+ * executed notebook. Its header says when a job, a running cell or GPU use keeps an idle
  * project running.
  */
 import { Poll } from '@lumino/polling';

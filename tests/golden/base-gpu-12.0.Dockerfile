@@ -89,11 +89,11 @@ USER 1000:100
 # start on a small host, for checks no Jupyter event schema uses. It is left out.
 RUN python3 -m venv /opt/gpulab/venv \
  && pip install --no-cache-dir jupyterhub==6.1.1 jupyterlab==4.6.6 \
-      jupyter-collaboration==5.0.4 jupyter-server-proxy==4.6.0 tensorboard==2.21.0 \
+      jupyter-collaboration==5.0.4 jupyter-server-nbmodel==0.2.9 jupyter-server-proxy==4.6.0 tensorboard==2.21.0 \
       /opt/gpulab/wheels/gpulab_contract-0.1.0-py3-none-any.whl \
       /opt/gpulab/wheels/gpulab_jupyter-0.1.0-py3-none-any.whl \
  && pip uninstall -y rfc3987-syntax \
- && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_proxy, tensorboard, gpulab_contract, gpulab_jupyter"
+ && python -c "import jupyterhub, jupyterlab, jupyter_server_ydoc, jupyter_server_nbmodel, jupyter_server_proxy, tensorboard, gpulab_contract, gpulab_jupyter"
 
 # IPython kernels load gpulab's magics (%gpu_install, %gpu_info, %gpu_diff) by themselves.
 # The Jupyter server's settings (jupyter_server_config.json: jupyter_server_config.d only

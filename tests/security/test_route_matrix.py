@@ -151,6 +151,16 @@ EXPECTED = {
     "gpulab_jupyter.jobs.handlers.JobsHandler": "read",
     "gpulab_jupyter.jobs.handlers.JobHandler": "read",
     "gpulab_jupyter.jobs.handlers.JobActionHandler": "read",
+    # cells run on the server's side (jupyter-server-nbmodel): the list of a kernel's
+    # runs and a run's state are reads (a viewer sees the outputs in the notebook too);
+    # running a cell (POST execute), answering its input() and cancelling a run (POST,
+    # DELETE) and the output-recovery switch (PUT) are refused to all but collaborators
+    # and the owner (the POST test below); what runs now, and since when (gpulab)
+    "jupyter_server_nbmodel.handlers.ExecuteHandler": "read",
+    "jupyter_server_nbmodel.handlers.InputHandler": "read",
+    "jupyter_server_nbmodel.handlers.RequestHandler": "read",
+    "jupyter_server_nbmodel.handlers.OutputRecoverySettingHandler": "read",
+    "gpulab_jupyter.cells.CellsHandler": "read",
     # when the idle culler would stop the project; "keep it" (POST) is a change
     "gpulab_jupyter.idle.ActivityHandler": "read",
     "gpulab_jupyter.idle.KeepHandler": "read",
