@@ -1,7 +1,9 @@
 """The build pool's quick lane (images/builds.py), with builds that are plain functions on
 its threads: what each start's spawn page is told, which build runs when, a build that
 runs past the lane's time waiting for the user's slot, and a stopped start that never
-builds. tests/test_build_lanes.py does the same with real builds on a hub."""
+builds, a quick build giving its hub slot up to another user's build, and no quick build
+where the hub's slots are taken. tests/test_build_lanes.py does the same with real builds
+on a hub."""
 
 from __future__ import annotations
 
@@ -22,12 +24,16 @@ class Builds:
     def build(self, name: str, over_in_quick: bool = False):
         self.release[name] = threading.Event()
 
-        def run(quick: bool) -> str:
-            self.ran.append((name, quick))
-            if quick and over_in_quick:
+        def run(quick: threading.Event | None) -> str:
+            self.ran.append((name, quick is not None))
+            if quick is not None and over_in_quick:
                 raise QuickBuildOver("ran past the quick lane", [])
-            assert self.release[name].wait(30), f"{name} was never let finish"
-            return f"image-of-{name}"
+            for _ in range(3000):  # 30 s
+                if self.release[name].wait(0.01):
+                    return f"image-of-{name}"
+                if quick is not None and quick.is_set():  # as the build's watch stops it
+                    raise QuickBuildOver("gave its slot up", [])
+            raise AssertionError(f"{name} was never let finish")
 
         return run
 
@@ -140,6 +146,58 @@ def test_without_a_quick_lane_the_second_build_waits():
         b.release["big"].set()
         b.release["small"].set()
         await big
+        assert await small == "image-of-small"
+
+    asyncio.run(main())
+
+
+def test_another_users_build_takes_the_slot_of_a_quick_build_which_then_waits():
+    async def main():
+        pool, b = builds.BuildPool(threads=2, per_user=1, quick_s=60), Builds()
+        big = start(pool, b, "ann", "big")
+        await until(lambda: ("big", False) in b.ran)
+        small = start(pool, b, "ann", "small")
+        await until(lambda: ("small", True) in b.ran)  # the hub's 2 slots are taken now
+        bobs = start(pool, b, "bob", "bobs")
+        await until(lambda: ("bobs", False) in b.ran)  # at once: ann's quick build gave way
+        await until(lambda: len(b.said.get("small", [])) == 2)
+        assert b.said["small"][1] == (
+            "Waiting for your other image build (project big) to finish: this build gave its"
+            " place beside it to another user's build; it then goes on from the steps it"
+            " finished (you may run 1 at a time on this hub). Stop starting to give up the wait."
+        )
+        assert b.ran == [("big", False), ("small", True), ("bobs", False)]
+        b.release["big"].set()
+        await big
+        await until(lambda: ("small", False) in b.ran)  # in ann's slot now
+        b.release["small"].set()
+        b.release["bobs"].set()
+        assert await small == "image-of-small" and await bobs == "image-of-bobs"
+        assert pool.asked == 0 and pool.running == 0 and not pool.quick_running
+
+    asyncio.run(main())
+
+
+def test_no_quick_build_starts_while_the_hubs_slots_are_taken():
+    async def main():
+        pool, b = builds.BuildPool(threads=2, per_user=1, quick_s=60), Builds()
+        big = start(pool, b, "ann", "big")
+        bobs = start(pool, b, "bob", "bobs")
+        await until(lambda: ("big", False) in b.ran and ("bobs", False) in b.ran)
+        small = start(pool, b, "ann", "small")
+        await until(lambda: "small" in b.said)
+        assert b.said["small"] == [
+            "Waiting for your other image build (project big) to finish (you may run 1 at a"
+            " time on this hub). Stop starting to give up the wait."
+        ]
+        b.release["bobs"].set()
+        await bobs
+        await asyncio.sleep(0.2)
+        assert ("small", True) not in b.ran  # a started build waits for its user's slot
+        b.release["big"].set()
+        await big
+        await until(lambda: ("small", False) in b.ran)
+        b.release["small"].set()
         assert await small == "image-of-small"
 
     asyncio.run(main())

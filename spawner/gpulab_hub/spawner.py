@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import functools
 import re
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -269,13 +270,13 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             logs_kept=self.build_logs_kept,
         )
 
-    def _build_image(self, plan: projectimage.Plan, quick: bool = False) -> str:
+    def _build_image(self, plan: projectimage.Plan, quick: threading.Event | None = None) -> str:
         """Blocking (build pool): build the planned image (``quick``: in the quick lane,
-        stopped past ``build_quick_s``: builds.py)."""
+        stopped past ``build_quick_s`` or once the event is set: builds.py)."""
         self._build_step, self._last_line_at = (0, 1), 0.0
         limits = self.build_limits()
-        if quick:
-            limits = dataclasses.replace(limits, quick_s=self.build_quick_s)
+        if quick is not None:
+            limits = dataclasses.replace(limits, quick_s=self.build_quick_s, quick_stop=quick)
         return projectimage.build_planned(
             self._docker,
             self.project,

@@ -16,8 +16,15 @@ that takes all but its last steps from Docker's cache (after %gpu_install append
 line) ends in seconds. What the user's Dockerfile claims decides nothing: a build
 that runs past the time is stopped (images.QuickBuildOver, not recorded as a failed
 build) and waits for the user's slot like any other, then goes on from the steps it
-finished (Docker's cache). So a user runs at most one build more than their share,
-for ``quick_s`` at a time, and the hub's ``build_threads`` bound them all.
+finished (Docker's cache).
+
+The bound is by cost: a quick build is part of its user's share, never of the other
+users'. It starts only while one of the hub's slots is free, so it never queues
+before another user's build; and where another user's build finds every hub slot
+taken, a quick build gives its slot up at once (its step is stopped as past its time,
+BuildLimits.quick_stop) and waits for its user's slot. So a user holds at most
+``build_max_per_user`` slots plus one quick build for ``quick_s`` at a time, and that
+quick build never makes another user's build wait.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from gpulab_hub.images import QuickBuildOver
 _pool: BuildPool | None = None
 _pool_lock = threading.Lock()
 
-Build = Callable[[bool], str]  # build(quick) -> the image's tag (blocking, a build thread)
+# build(quick) -> the image's tag (blocking, a build thread); ``quick``: None in a slot,
+# in the quick lane the event the pool sets when the build must give its slot up
+Build = Callable[[threading.Event | None], str]
 
 
 class BuildPool:
@@ -46,6 +55,8 @@ class BuildPool:
         self.users: dict[str, asyncio.Semaphore] = {}
         self.holders: dict[str, list[str]] = {}  # user -> projects whose builds hold a slot
         self.quick: set[str] = set()  # users with a build in the quick lane now
+        # the quick builds on a build thread now, each with the event that stops it
+        self.quick_running: dict[str, threading.Event] = {}
         self.running = 0
         self.asked = 0  # users' builds asked for and not yet ended (waiting or running)
 
@@ -57,12 +68,18 @@ class BuildPool:
         try:
             mine = self.users.setdefault(user, asyncio.Semaphore(self.per_user))
             why = ""
-            if mine.locked() and self.quick_s and user not in self.quick:
+            # a quick build only where a hub slot is free: it never queues before another's
+            lane = self.quick_s and user not in self.quick and not self.slots.locked()
+            if mine.locked() and lane:
+                stop = threading.Event()
                 try:
-                    return await self._quick(user, emit, build)
+                    return await self._quick(user, emit, build, stop)
                 except QuickBuildOver:
-                    why = f"this build ran past {self.quick_s:.0f} s beside it, more than a quick"
-                    why += " rebuild"
+                    if stop.is_set():
+                        why = "this build gave its place beside it to another user's build"
+                    else:
+                        why = f"this build ran past {self.quick_s:.0f} s beside it, more than a"
+                        why += " quick rebuild"
             return await self._run(user, project, mine, emit, build, why)
         finally:
             self.asked -= 1
@@ -83,7 +100,7 @@ class BuildPool:
             " Stop starting to give up the wait."
         )
 
-    async def _quick(self, user: str, emit, build: Build):
+    async def _quick(self, user: str, emit, build: Build, stop: threading.Event):
         self.quick.add(user)
         emit(
             9,
@@ -91,8 +108,14 @@ class BuildPool:
             f"beside it for up to {self.quick_s:.0f} s (a rebuild that reuses its cached "
             "steps needs seconds)",
         )
+
         # the lane is the user's again when the build's thread ended (not a cancelled start)
-        return await self._on_thread(emit, build, True, lambda: self.quick.discard(user))
+        def give_back() -> None:
+            self.quick_running.pop(user, None)
+            self.quick.discard(user)
+
+        self.quick_running[user] = stop
+        return await self._on_thread(emit, build, stop, give_back)
 
     async def _run(self, user: str, project: str, mine, emit, build: Build, why: str = ""):
         if mine.locked() or why:
@@ -105,13 +128,24 @@ class BuildPool:
             holders.remove(project)
             mine.release()
 
-        return await self._on_thread(emit, build, False, give_back)
+        return await self._on_thread(emit, build, None, give_back)
 
-    async def _on_thread(self, emit, build: Build, quick: bool, give_back: Callable[[], None]):
+    def _make_room(self) -> None:
+        """A build in a user's slot finds the hub's slots taken: one quick build that
+        holds one (another user's, as the user's own waits in their slot) gives it up."""
+        for stop in self.quick_running.values():
+            if not stop.is_set():
+                stop.set()
+                return
+
+    async def _on_thread(
+        self, emit, build: Build, quick: threading.Event | None, give_back: Callable[[], None]
+    ):
         """``build(quick)`` on a build thread once the hub has a slot; ``give_back`` (the
         user's slot or lane) is called with the hub's slot's release, when the thread ends."""
         try:
             if self.slots.locked():
+                self._make_room()
                 emit(9, f"Waiting for a build slot: {self.threads} builds are running on this hub")
             await self.slots.acquire()
         except BaseException:

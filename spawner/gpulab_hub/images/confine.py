@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulab_hub import egress, firewall
@@ -55,8 +55,10 @@ class BuildLimits:
     # starting points' background builds: any other work gets the CPUs first)
     cpu_shares: int | None = None
     # a build in the quick lane (builds.py): its running step is stopped past this
-    # many seconds (images.QuickBuildOver), well before ``timeout``
+    # many seconds (images.QuickBuildOver), well before ``timeout``, or at once when
+    # ``quick_stop`` is set (the pool gives its slot to another user's build)
     quick_s: float | None = None
+    quick_stop: threading.Event | None = field(default=None, compare=False)
 
     def container_limits(self) -> dict:
         """docker-py's ``container_limits`` of each step."""
@@ -271,6 +273,8 @@ class StepWatch(threading.Thread):
         if now > self.deadline:
             return "time"
         if self.quick_deadline is not None and now > self.quick_deadline:
+            return "quick"
+        if self.limits.quick_stop is not None and self.limits.quick_stop.is_set():
             return "quick"
         if self._may_be_over():
             self.exact_checks += 1

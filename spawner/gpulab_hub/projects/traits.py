@@ -220,8 +220,9 @@ class ProjectTraits(HasTraits):
         rebuild that takes all but its last steps from Docker's cache (a line that
         %gpu_install appended) ends within seconds. Past this time its running step is
         stopped and the build waits for the user's slot, then goes on from the steps it
-        finished. It still takes one of the hub's ``build_threads``. 0 turns the lane
-        off. Default: 120. Example: ``c.ProjectSpawner.build_quick_s = 60``""",
+        finished. It takes one of the hub's ``build_threads`` only while one is free,
+        and gives it up (stopped the same way) to another user's build that finds them
+        all taken. 0 turns the lane off. Default: 120. Example: ``c.ProjectSpawner.build_quick_s = 60``""",
     )
     build_mem_limit = Int(
         None,
