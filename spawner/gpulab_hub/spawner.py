@@ -182,6 +182,12 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             event["gpulab_note"] = True
         self._progress_events.append(event)
 
+    def _emit_build_wait(self, progress: int, message: str) -> None:
+        """The build pool's word on this start's build (which lane, what it waits for):
+        on the spawn page, and in the hub's log for the admin."""
+        self._emit(progress, message)
+        self.log.info("gpulab: build of %s: %s", self._log_name, message)
+
     async def progress(self):
         sent = 0
         while True:
@@ -301,7 +307,7 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             pool = builds.pool(self.build_threads, self.build_max_per_user, self.build_quick_s)
             who = options.one_line(title(self) if self.orm_spawner else self.name)[:60]
             build = functools.partial(self._build_image, plan)
-            return await pool.run(self.user.name, who, self._emit, build)
+            return await pool.run(self.user.name, who, self._emit_build_wait, build)
         finally:
             plan.close()
 
