@@ -28,6 +28,9 @@ from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, objects
 
 pytestmark = pytest.mark.docker
+# this site's own container prefix: the doctor counts the running project containers of
+# its prefix, and other tests' hubs (PREFIX) may have some running or left by a failure
+SITE = f"{PREFIX}doc"
 
 VICTIM = "victim/vproj"
 FORGED = "6.6.6+forged"  # what the attacker's probe claims; must never reach a finding
@@ -132,11 +135,11 @@ class Site:
 def site(docker_engine, local_debian, tmp_path_factory) -> Site:
     root = tmp_path_factory.mktemp("doctor-site")
     c = Config()
-    c.ProjectSpawner.prefix = PREFIX
+    c.ProjectSpawner.prefix = SITE
     c.ProjectSpawner.projects_root = str(root / "projects")
     c.ProjectSpawner.state_root = str(root / "hub" / "projects")
     c.ProjectSpawner.data_root = str(root / "data")
-    c.ProjectSpawner.image_repo = f"{PREFIX}/project"
+    c.ProjectSpawner.image_repo = f"{PREFIX}/project"  # removed with the tests' images
     c.ProjectSpawner.mem_limit = 1 << 30
     c.ProjectSpawner.pids_limit = 256
     c.ProjectSpawner.allowed_base_images = [local_debian]  # what the test projects start FROM
@@ -164,14 +167,14 @@ def attack(site: Site) -> dict:
     victim = site.build(VICTIM, f"FROM {site.base}\nENV GPULAB_ROLE=victim\n", {})
     attacker = site.build(
         "mallory/evil",
-        ATTACKER_DOCKERFILE.format(base=site.base, prefix=PREFIX),
+        ATTACKER_DOCKERFILE.format(base=site.base, prefix=SITE),
         {"python3": fake_python(marker(FORGED_ANSWER))},
     )
-    step = site.run("mallory/evil", attacker, name=f"{PREFIX}-mallory-build-step")
+    step = site.run("mallory/evil", attacker, name=f"{SITE}-mallory-build-step")
     labels = site.dk.call("inspect_container", step)["Config"]["Labels"]
     assert labels["gpulab.owner"] == "victim" and labels["gpulab.project"] == "vproj"
     labelled = site.dk.call(
-        "images", filters={"label": [f"gpulab.instance={PREFIX}", "gpulab.owner=victim"]}
+        "images", filters={"label": [f"gpulab.instance={SITE}", "gpulab.owner=victim"]}
     )
     assert [i["Id"] for i in labelled] == [images.image_id(site.dk.call, attacker)]
     yield {"victim": victim, "attacker": attacker}
@@ -263,7 +266,7 @@ def test_endless_output_is_cut_in_a_running_container_and_timed_out_in_a_throwaw
     with pytest.raises(answer.ProbeError, match="did not finish within 3 s"):
         sandbox.run_probe(site.dk, image, ["project"], site.probes, timeout=3)
     assert time.monotonic() - started < 15
-    left = site.dk.call("containers", all=True, filters={"name": f"{PREFIX}-doctor-"})
+    left = site.dk.call("containers", all=True, filters={"name": f"{SITE}-doctor-"})
     assert not left
 
 
@@ -295,13 +298,13 @@ def test_the_probe_container_is_confined_as_a_project_container(site, tmp_path):
     # A project container as the spawner makes it, with the same settings (created only).
     sp = site.probes
     settings = objects.ContainerInputs(
-        name=f"{PREFIX}-compare",
+        name=f"{SITE}-compare",
         image=image,
         command=["sleep", "1"],
         env={},
         project_dir=str(site.project(spec).path),
         data_root=str(tmp_path),
-        hf_cache_volume=f"{PREFIX}-hf-doctor",
+        hf_cache_volume=f"{SITE}-hf-doctor",
         network=sp.network,
         port=8888,
         owner="mallory",
@@ -325,7 +328,7 @@ def test_the_probe_container_is_confined_as_a_project_container(site, tmp_path):
     probe_side, kernel = None, ""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "NoNewPrivs" not in kernel:
-        running = site.dk.call("containers", filters={"name": f"{PREFIX}-doctor-"})
+        running = site.dk.call("containers", filters={"name": f"{SITE}-doctor-"})
         if running:
             probe_side = site.dk.call("inspect_container", running[0]["Id"])
             kernel = site.dk.call("logs", running[0]["Id"]).decode()
