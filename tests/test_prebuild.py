@@ -191,6 +191,12 @@ def test_a_later_pytorch_project_starts_from_the_cache_with_a_cpu_torch(prehub, 
     # the hub has no GPU: the stack's first line takes torch from the CPU index
     assert any("--index-url https://download.pytorch.org/whl/cpu" in ln for ln in lines), lines
     assert steps and all(cached for _, cached in steps), steps  # no pip step ran
+    # and the background build that made those layers fetched no torch: the base image's
+    # is the CPU wheel on this machine's disk (GPULAB_TORCH), which satisfies the line
+    built = (prehub.home / "hub" / "starting-points" / "pytorch.log").read_text()
+    assert "Requirement already satisfied: torch>=2" in built, built[-3000:]
+    fetched = [ln for ln in built.splitlines() if re.search(r"Downloading|Collecting torch", ln)]
+    assert not any("torch" in ln or "nvidia" in ln for ln in fetched), fetched
 
     out = owner.execute(
         "nets-two",
