@@ -222,7 +222,8 @@ class ProjectTraits(HasTraits):
         stopped and the build waits for the user's slot, then goes on from the steps it
         finished. It takes one of the hub's ``build_threads`` only while one is free,
         and gives it up (stopped the same way) to another user's build that finds them
-        all taken. 0 turns the lane off. Default: 120. Example: ``c.ProjectSpawner.build_quick_s = 60``""",
+        all taken. 0 turns the lane off. Default: 120.
+        Example: ``c.ProjectSpawner.build_quick_s = 60``""",
     )
     build_mem_limit = Int(
         None,
