@@ -179,6 +179,8 @@ class Hub:
                 "GPULAB_BASE_IMAGE": f"{PREFIX}/base:latest",
                 "GPULAB_BASE_FROM": f"{PREFIX}/debian:bookworm",
                 "GPULAB_MAX_PROJECTS": str(max(10, n)),
+                # no background builds of the starting points: what is timed runs alone
+                "GPULAB_PREBUILD": "none",
             }
         )
         self.user: HubUser | None = None

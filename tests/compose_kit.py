@@ -89,6 +89,7 @@ class Deployment:
                 "GPULAB_HUB_PORT",
                 "GPULAB_PROXY_API_PORT",
                 "GPULAB_BUILD_DISK_LIMIT_MB",
+                "GPULAB_PREBUILD",
                 "GPULAB_LOOP_GUARD",
             )
         }

@@ -163,6 +163,10 @@ def hub_env(home: Path, **extra) -> dict:
             "GPULAB_TORCH": os.environ.get("GPULAB_TORCH") or cpu_torch_wheel(),  # CPU, on disk
             # a disk-filling build is stopped well before it fills the test machine
             "GPULAB_BUILD_DISK_LIMIT_MB": "768",
+            # no background builds of the starting points (minutes of CPU on a 2-core CI
+            # machine, the Hugging Face one a large download): test_prebuild.py's hub
+            # builds two of them
+            "GPULAB_PREBUILD": "none",
         }
     )
     env.update(extra)

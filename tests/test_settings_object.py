@@ -82,6 +82,9 @@ SAMPLES = {
     "GPULAB_TORCH": "torch==2.9.1",
     "GPULAB_IMAGE_REPO": "lab/project",
     "GPULAB_BUILD_DISK_LIMIT_MB": "768",
+    "GPULAB_PREBUILD": "minimal,pytorch",
+    "GPULAB_STARTING_POINT_TORCH": "cuda",
+    "GPULAB_CPU_TORCH_INDEX": "https://mirror.example.org/whl/cpu",
     "GPULAB_GPU_POLICY": "shared",
     "GPULAB_GPU_ISOLATION": "devices",
     "GPULAB_DRIVER_DIR": "/opt/nvidia-driver",
@@ -198,6 +201,9 @@ def test_a_bad_value_stops_the_start_naming_the_variable():
         ("GPULAB_SSH_FAILURE_WINDOW", "0"),
         ("GPULAB_GPU_POLICY", "fair"),
         ("GPULAB_BUILD_DISK_LIMIT_MB", "1e9"),
+        ("GPULAB_PREBUILD", "pytorch, minimal"),
+        ("GPULAB_STARTING_POINT_TORCH", "rocm"),
+        ("GPULAB_CPU_TORCH_INDEX", "https://x.org/cpu --extra-index-url=http://evil"),
     ]:
         with pytest.raises(ValueError, match=name):
             hubconfig.apply(Config(), {name: bad}, images_dir="/i")

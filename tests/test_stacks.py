@@ -179,3 +179,70 @@ def test_the_docs_table_says_what_each_stack_installs():
         run = stacks.lines(stack.name).split("RUN ", 1)[-1].replace(" \\\n", "")
         if stack.requirements:
             assert f"`RUN {run.strip()}`" in section, run
+
+
+# --- the torch of the PyTorch and Hugging Face starting points ----------------------------
+
+
+def test_a_host_without_a_gpu_gets_the_cpu_torch_unless_the_admin_says_cuda():
+    index = stacks.CPU_TORCH_INDEX
+    assert stacks.torch_index("auto", host_has_gpu=False) == index
+    assert stacks.torch_index("auto", host_has_gpu=True) == ""
+    assert stacks.torch_index("cpu", host_has_gpu=True) == index
+    assert stacks.torch_index("cuda", host_has_gpu=False) == ""
+    mirror = "https://mirror.example.org/whl/cpu"
+    assert stacks.torch_index("cpu", False, mirror) == mirror
+    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+        stacks.torch_index("rocm", False)
+    with pytest.raises(ValueError, match="http"):
+        stacks.torch_index("cpu", False, 'https://x.org/cpu" && curl evil')
+
+
+def test_the_cpu_torch_line_is_one_shared_layer_of_the_torch_stacks_only():
+    index = stacks.CPU_TORCH_INDEX
+    torch_line = f'RUN python -m pip install --no-cache-dir --index-url {index} "torch>=2"\n'
+    for name in ("pytorch", "huggingface"):
+        text = stacks.lines(name, index)
+        assert torch_line in text
+        # before the stack's own install, which then keeps that torch ("torch>=2")
+        own = 'RUN python -m pip install --no-cache-dir "torch>=2"'
+        assert text.index(torch_line) < text.index(own)
+        assert torch_line not in stacks.lines(name)  # a GPU host: the base's CUDA torch
+    assert "index-url" not in stacks.lines("data-science", index)
+    assert stacks.lines("minimal", index) == ""
+
+
+@pytest.mark.parametrize("stack", ["pytorch", "huggingface"])
+def test_each_cpu_torch_stack_passes_hadolint(stack, tmp_path):
+    hadolint = Path(sys.executable).with_name("hadolint")
+    if not hadolint.exists():
+        hadolint = Path(shutil.which("hadolint") or hadolint)
+    path = tmp_path / "Dockerfile"
+    params = {"base_image": BASE, "display_name": "My lab"}
+    params["stack_lines"] = options.stack_lines({"stack": stack}, stacks.CPU_TORCH_INDEX)
+    path.write_text(images.render(REPO / "images", "project.Dockerfile.j2", **params))
+    done = subprocess.run(
+        [str(hadolint), "--no-color", "--ignore", "DL3007", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_admin_names_the_starting_points_built_in_the_background():
+    from traitlets import TraitError
+    from traitlets.config import Config
+
+    from gpulab_hub import hubconfig, hubsettings
+
+    def prebuilt(value: str | None) -> list[str]:
+        c = Config()
+        hubconfig.apply(c, {} if value is None else {"GPULAB_PREBUILD": value}, "/i")
+        return list(hubsettings.spawner_of(c).prebuild_stacks)
+
+    every = [s.name for s in stacks.STACKS]
+    assert prebuilt(None) == prebuilt("all") == every  # `make up`: all of them
+    assert prebuilt("none") == []
+    assert prebuilt("pytorch,minimal") == ["pytorch", "minimal"]
+    with pytest.raises(TraitError, match="no starting point 'tensorflow'"):
+        prebuilt("minimal,tensorflow")

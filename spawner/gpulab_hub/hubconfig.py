@@ -37,6 +37,7 @@ from gpulab_hub import (
 from gpulab_hub.accounts import identities, providers
 from gpulab_hub.gpus import keeper, usage
 from gpulab_hub.home import buildlog
+from gpulab_hub.images import prebuild
 from gpulab_hub.projects import objects, title
 from gpulab_hub.settings import Settings
 from gpulab_hub.sharing import accept, groupshares, origins
@@ -213,6 +214,14 @@ def apply(c, site: Settings | Mapping[str, str], images_dir: str | Path) -> Sett
     ]
     if s.images.build_disk_limit_mb is not None:
         c.ProjectSpawner.build_disk_limit = s.images.build_disk_limit_mb << 20
+    # The starting points built after the start, and their torch (images/prebuild.py).
+    if s.images.prebuild is not None:
+        c.ProjectSpawner.prebuild_stacks = list(s.images.prebuild)
+    if s.images.starting_point_torch is not None:
+        c.ProjectSpawner.starting_point_torch = s.images.starting_point_torch
+    if s.images.cpu_torch_index is not None:
+        c.ProjectSpawner.cpu_torch_index = s.images.cpu_torch_index
+    prebuild.install()  # once the hub runs (its first database commit)
     # Builds report progress on the spawn page; give them time. A start may also wait
     # in the GPU queue (up to ProjectSpawner.gpu_queue_max_wait, a day by default, and
     # cancelled by the user's Stop): JupyterHub's limit covers the whole start.

@@ -88,6 +88,35 @@ def choice(*allowed: str) -> Callable[[str, str], str]:
     return parse
 
 
+# A package index URL as it may stand unquoted in a Dockerfile's RUN line (projects/stacks).
+INDEX_URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~/%+@:-]*)?")
+
+
+def index_url(name: str, value: str) -> str:
+    if not INDEX_URL.fullmatch(value):
+        raise SettingError(
+            f"{name} must be an http or https URL (letters, digits and -._~/:%+@ only); "
+            f"it is {value[:80]!r}."
+        )
+    return value
+
+
+_NAMES = re.compile(r"[a-z0-9][a-z0-9-]{0,39}(?:,[a-z0-9][a-z0-9-]{0,39}){0,31}")
+
+
+def names_or_all(name: str, value: str) -> tuple[str, ...] | None:
+    """``all`` (None: every one), ``none`` (()) or names with commas, no spaces."""
+    if value == "all":
+        return None
+    if value == "none":
+        return ()
+    if not _NAMES.fullmatch(value):
+        raise SettingError(
+            f"{name} must be all, none or names with commas (pytorch,minimal); it is {value!r}."
+        )
+    return tuple(value.split(","))
+
+
 def host_or_empty(name: str, value: str) -> str:
     """An IP address or a host name, whole; "" where unset."""
     if value and not valid_host(value):
@@ -261,6 +290,13 @@ class Images:
     build_disk_limit_mb: int | None = var(
         "GPULAB_BUILD_DISK_LIMIT_MB", None, optional(whole(1, 999_999_999, "a number of MiB"))
     )
+    # the starting points built in the background after the hub starts (None: the trait's
+    # default, all; () for "none"), and the torch of the PyTorch and Hugging Face ones
+    prebuild: tuple[str, ...] | None = var("GPULAB_PREBUILD", None, optional(names_or_all))
+    starting_point_torch: str | None = var(
+        "GPULAB_STARTING_POINT_TORCH", None, optional(choice("auto", "cpu", "cuda"))
+    )
+    cpu_torch_index: str | None = var("GPULAB_CPU_TORCH_INDEX", None, optional(index_url))
 
 
 @dataclass(frozen=True)
@@ -590,8 +626,8 @@ def _typed(cls, data: Mapping) -> Any:
             value = _typed(hint, value)
         elif hint is Path or hint == Path | None:
             value = None if value is None else Path(value)
-        elif typing.get_origin(hint) is tuple:
-            value = _tuples(value)
+        elif typing.get_origin(hint) is tuple or isinstance(value, list):
+            value = _tuples(value)  # a tuple, or one that may be None (its list in JSON)
         values[f.name] = value
     return cls(**values)
 

@@ -10,7 +10,10 @@ and within process, memory and CPU limits (docs/security.md).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import re
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +30,7 @@ from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuTraits
 from gpulab_hub.home import buildlog
-from gpulab_hub.images import builds, confine
+from gpulab_hub.images import builds, confine, prebuild
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.images.startfail import MIN_FAILURE_S, SpawnError, build_failed
 from gpulab_hub.projects import (
@@ -39,6 +42,7 @@ from gpulab_hub.projects import (
     options,
     project_name,
     safe_owner,
+    stacks,
 )
 from gpulab_hub.projects.safefs import ensure_project
 from gpulab_hub.projects.title import title
@@ -178,6 +182,12 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             event["gpulab_note"] = True
         self._progress_events.append(event)
 
+    def _emit_build_wait(self, progress: int, message: str) -> None:
+        """The build pool's word on this start's build (which lane, what it waits for):
+        on the spawn page, and in the hub's log for the admin."""
+        self._emit(progress, message)
+        self.log.info("gpulab: build of %s: %s", self._log_name, message)
+
     async def progress(self):
         sent = 0
         while True:
@@ -204,12 +214,26 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             self._emit(progress, f"Building image: step {step}/{total}: {line.strip()[:200]}")
 
     def _render_dockerfile(self, project: Project) -> str:
+        return self.new_project_dockerfile(
+            options.stack_of(self.user_options),
+            title(self) if self.orm_spawner else options.one_line(project.name),
+        )
+
+    def torch_index(self) -> str:
+        """Blocking (the GPU inventory): where the torch starting points' CPU PyTorch
+        comes from on this host ("" for none: PyPI's CUDA build; stacks.torch_index)."""
+        has_gpu = bool(gpu_spawner.cached_inventory().devices)
+        return stacks.torch_index(self.starting_point_torch, has_gpu, self.cpu_torch_index)
+
+    def new_project_dockerfile(self, stack: str, display_name: str) -> str:
+        """Blocking: the Dockerfile a new project of the starting point ``stack`` gets
+        (the one rendering: a project's first start, the background builds' prebuild.py)."""
         return images.render(
             self.images_dir,
             self.project_template,
             base_image=self.base_image,
-            display_name=title(self) if self.orm_spawner else options.one_line(project.name),
-            stack_lines=options.stack_lines(self.user_options),
+            display_name=display_name,
+            stack_lines=stacks.lines(stack, self.torch_index()),
         )
 
     def _plan_image(self, use_last_good: bool) -> projectimage.Plan:
@@ -252,16 +276,20 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
             logs_kept=self.build_logs_kept,
         )
 
-    def _build_image(self, plan: projectimage.Plan) -> str:
-        """Blocking (build pool): build the planned image."""
+    def _build_image(self, plan: projectimage.Plan, quick: threading.Event | None = None) -> str:
+        """Blocking (build pool): build the planned image (``quick``: in the quick lane,
+        stopped past ``build_quick_s`` or once the event is set: builds.py)."""
         self._build_step, self._last_line_at = (0, 1), 0.0
+        limits = self.build_limits()
+        if quick is not None:
+            limits = dataclasses.replace(limits, quick_s=self.build_quick_s, quick_stop=quick)
         return projectimage.build_planned(
             self._docker,
             self.project,
             plan,
             Path(self.projects_root) / ".locks",
             self._on_build_line,
-            self.build_limits(),
+            limits,
             repo=self.image_repo,
             network=self.network_name,
         )
@@ -273,8 +301,13 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
         try:
             if plan.context is None:
                 return plan.tag
-            pool = builds.pool(self.build_threads, self.build_max_per_user)
-            return await pool.run(self.user.name, self._emit, self._build_image, plan)
+            # the starting point being built in the background now, where this is its
+            # project's first build: the same work, so this start waits and reuses it
+            await prebuild.wait_for(plan.context.dockerfile, self._emit)
+            pool = builds.pool(self.build_threads, self.build_max_per_user, self.build_quick_s)
+            who = options.one_line(title(self) if self.orm_spawner else self.name)[:60]
+            build = functools.partial(self._build_image, plan)
+            return await pool.run(self.user.name, who, self._emit_build_wait, build)
         finally:
             plan.close()
 

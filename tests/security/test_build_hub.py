@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -64,31 +65,68 @@ def build_log(hub, user, name: str) -> str:
     return path.read_text(errors="replace") if path else ""
 
 
+def slow_steps(dk, marker: str) -> list[dict]:
+    """The running build steps of the endless builds whose echo starts with ``marker``."""
+    return [c for c in running_steps(dk) if "sleep 600" in c["Command"] and marker in c["Command"]]
+
+
+def stop_all(user) -> None:
+    for name in user.api("GET", f"/hub/api/users/{user.name}").json()["servers"]:
+        user.stop_project(name)
+
+
 def test_hostile_builds_never_make_another_users_start_wait(hub, admin, docker_engine):
-    """A fork bomb, a disk fill and endless builds (one user's three: one at a time),
-    each by its own attacker, all at once: another user's unchanged start stays within
-    2x its quiet time; the fork bomb stops at the process limit, the disk fill at the
-    hub's disk limit (768 MiB in tests: GPULAB_BUILD_DISK_LIMIT_MB)."""
+    """Two attackers each start endless builds (three and two projects), then a fork bomb
+    and a disk fill, each by its own attacker. Each attacker runs at most one build in
+    their slot plus one in the quick lane (4 builds: all the hub's build_threads), and
+    that quick build is stopped at build_quick_s; another user's new build starts at
+    once (a quick build gives its slot up) and is ready within 2x its quiet time; their
+    unchanged start stays within 2x its quiet time; the fork bomb stops at the process
+    limit, the disk fill at the hub's disk limit (768 MiB in tests:
+    GPULAB_BUILD_DISK_LIMIT_MB)."""
     quiet = make_user(hub, admin, "bldquiet")
-    attacker = make_user(hub, admin, "bldattack")
+    attackers = [make_user(hub, admin, "bldattack"), make_user(hub, admin, "bldattack2")]
     forker = make_user(hub, admin, "bldfork")
     filler = make_user(hub, admin, "bldfill")
-    quiet.start_project("calm")  # its first build
-    quiet.stop_project("calm")
-    quiet_s = timed(lambda: quiet.start_project("calm"))  # unchanged: no build
-    quiet.stop_project("calm")
-
+    run = uuid.uuid4().hex[:12]  # no layer of an earlier run fits the victim's steps
     base = f"FROM {PREFIX}/base:latest\n"
-    for i in range(3):
-        put_project(hub, attacker, f"slow{i}", base + f"RUN echo slow{i}; sleep 600\n")
-    put_project(
-        hub, forker, "bomb", base + "COPY probe.py /\nRUN python3 /probe.py forks 40\n", True
-    )
-    put_project(
-        hub, filler, "fill", base + "COPY probe.py /\nRUN python3 /probe.py disk slow\n", True
-    )
     try:
-        wait_for(lambda: len(running_steps(docker_engine)) >= 3)
+        quiet.start_project("calm")  # its first build
+        quiet.stop_project("calm")
+        quiet_s = timed(lambda: quiet.start_project("calm"))  # unchanged: no build
+        quiet.stop_project("calm")
+        build_s = timed(lambda: put_project(hub, quiet, "warm", base + f"RUN echo w{run}\n"))
+        build_s += timed(lambda: quiet.wait_ready("warm"))  # one new step: a small build
+        quiet.stop_project("warm")
+
+        for who, count in zip(attackers, (3, 2), strict=True):
+            for i in range(count):
+                put_project(hub, who, f"slow{i}", base + f"RUN echo {who.name}-{i}; sleep 600\n")
+        # each attacker: one build in their slot, one in the quick lane; the hub's 4 taken
+        wait_for(lambda: len(slow_steps(docker_engine, "bldattack")) >= 4)
+        began = time.monotonic()
+        for who in attackers:
+            assert len(slow_steps(docker_engine, f"echo {who.name}-")) == 2
+
+        # the victim's new build: a quick build gives its slot up, this one runs at once
+        put_project(hub, quiet, "fresh", base + f"RUN echo f{run}\n")
+        quiet.wait_ready("fresh", timeout=600)
+        fresh_s = time.monotonic() - began
+        print(f"a small build: quiet {build_s:.1f} s, beside the endless builds {fresh_s:.1f} s")
+        assert fresh_s <= 2 * build_s + 10, (build_s, fresh_s)
+        assert fresh_s < 100  # well before the attackers' quick builds end (120 s)
+        assert len(slow_steps(docker_engine, "bldattack")) <= 3  # one quick build gave way
+        for who in attackers:
+            assert len(slow_steps(docker_engine, f"echo {who.name}-")) <= 2
+        quiet.stop_project("fresh")
+
+        put_project(
+            hub, forker, "bomb", base + "COPY probe.py /\nRUN python3 /probe.py forks 40\n", True
+        )
+        put_project(
+            hub, filler, "fill", base + "COPY probe.py /\nRUN python3 /probe.py disk slow\n", True
+        )
+        wait_for(lambda: len(running_steps(docker_engine)) >= 4)
         # The better of two starts: a start that waits on the builds waits both times,
         # while one slowed once by this 2-core machine's other work does not fail it.
         tries = []
@@ -101,8 +139,8 @@ def test_hostile_builds_never_make_another_users_start_wait(hub, admin, docker_e
         print(f"unchanged start: quiet {quiet_s:.1f} s, beside hostile builds {tries} s")
         # within 2x its quiet time (plus the 0.5 s of wait_ready's polling)
         assert loaded_s <= 2 * quiet_s + 0.5, (quiet_s, tries)
-        slow = [c for c in running_steps(docker_engine) if "sleep 600" in c["Command"]]
-        assert len(slow) <= 1  # one build per user at a time
+        for who in attackers:  # one build in the slot, at most one quick one
+            assert len(slow_steps(docker_engine, f"echo {who.name}-")) <= 2
 
         # the disk fill fails at the limit, and says so; the fork bomb's build ends
         told = filler.progress_events("fill")
@@ -113,6 +151,12 @@ def test_hostile_builds_never_make_another_users_start_wait(hub, admin, docker_e
         forked = json.loads(result[-1].split("PROBE ", 1)[1])
         assert forked["fork_refused"] and forked["forked"] < 1024, forked
         forker.stop_project("bomb")
+
+        # the quick builds are stopped at build_quick_s: one build per attacker then
+        wait_for(
+            lambda: all(len(slow_steps(docker_engine, f"echo {w.name}-")) <= 1 for w in attackers),
+            timeout=max(1, 120 + 30 - (time.monotonic() - began)),
+        )
 
         # the running project reaches the hub, and no other service of the host
         service = HostService()
@@ -141,11 +185,16 @@ def test_hostile_builds_never_make_another_users_start_wait(hub, admin, docker_e
         def all_failed():
             for c in running_steps(docker_engine):
                 docker_engine.call("kill", c["Id"])
-            model = attacker.api("GET", f"/hub/api/users/{attacker.name}").json()
-            return not any(f"slow{i}" in model["servers"] for i in range(3))
+            left = []
+            for who in attackers:
+                left += who.api("GET", f"/hub/api/users/{who.name}").json()["servers"]
+            return not left
 
-        wait_for(all_failed, timeout=180)
-    quiet.stop_project("calm")
+        try:
+            wait_for(all_failed, timeout=180)
+        finally:
+            for who in (quiet, forker, filler, *attackers):
+                stop_all(who)
     wait_for(lambda: not running_steps(docker_engine) and not build_networks(docker_engine))
 
 

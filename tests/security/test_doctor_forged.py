@@ -28,11 +28,11 @@ from gpulab_hub.images import project as projectimage
 from gpulab_hub.projects import Project, objects
 
 pytestmark = pytest.mark.docker
+# this site's own container prefix: the doctor counts the running project containers of
+# its prefix, and other tests' hubs (PREFIX) may have some running or left by a failure
+SITE = f"{PREFIX}doc"
 
 VICTIM = "victim/vproj"
-# The site's container prefix, of its own: the doctor counts the project containers of
-# its prefix, and the run's other tests (the session hub's projects) may have some running.
-SITE = f"{PREFIX}doc"
 FORGED = "6.6.6+forged"  # what the attacker's probe claims; must never reach a finding
 FORGED_ANSWER = {
     "python": "6.6.6",
@@ -139,7 +139,7 @@ def site(docker_engine, local_debian, tmp_path_factory) -> Site:
     c.ProjectSpawner.projects_root = str(root / "projects")
     c.ProjectSpawner.state_root = str(root / "hub" / "projects")
     c.ProjectSpawner.data_root = str(root / "data")
-    c.ProjectSpawner.image_repo = f"{PREFIX}/project"
+    c.ProjectSpawner.image_repo = f"{PREFIX}/project"  # removed with the tests' images
     c.ProjectSpawner.mem_limit = 1 << 30
     c.ProjectSpawner.pids_limit = 256
     c.ProjectSpawner.allowed_base_images = [local_debian]  # what the test projects start FROM
@@ -170,7 +170,7 @@ def attack(site: Site) -> dict:
         ATTACKER_DOCKERFILE.format(base=site.base, prefix=SITE),
         {"python3": fake_python(marker(FORGED_ANSWER))},
     )
-    step = site.run("mallory/evil", attacker, name=f"{PREFIX}-mallory-build-step")
+    step = site.run("mallory/evil", attacker, name=f"{SITE}-mallory-build-step")
     labels = site.dk.call("inspect_container", step)["Config"]["Labels"]
     assert labels["gpulab.owner"] == "victim" and labels["gpulab.project"] == "vproj"
     labelled = site.dk.call(
@@ -298,13 +298,13 @@ def test_the_probe_container_is_confined_as_a_project_container(site, tmp_path):
     # A project container as the spawner makes it, with the same settings (created only).
     sp = site.probes
     settings = objects.ContainerInputs(
-        name=f"{PREFIX}-compare",
+        name=f"{SITE}-compare",
         image=image,
         command=["sleep", "1"],
         env={},
         project_dir=str(site.project(spec).path),
         data_root=str(tmp_path),
-        hf_cache_volume=f"{PREFIX}-hf-doctor",
+        hf_cache_volume=f"{SITE}-hf-doctor",
         network=sp.network,
         port=8888,
         owner="mallory",

@@ -21,11 +21,17 @@ from gpulab_hub import blocking, hubsettings
 from gpulab_hub.accounts import USERNAME_PATTERN
 from gpulab_hub.admin import facts, userdelete
 from gpulab_hub.home import facts as home_facts
+from gpulab_hub.images import prebuild
 from gpulab_hub.sharing.received import server_state
 
 ACTIONS = ("stop", "delete", "approve", "delete-user")
 STOP_WAIT_S = 60.0  # how long an action waits for a project to stop
-BUILDING = ("Building image", "Waiting for a build slot", "Waiting for your other image build")
+BUILDING = (
+    "Building image",
+    "Waiting for a build slot",
+    "Waiting for your other image build",
+    "Your other image build",  # the quick lane's first words (images/builds.py)
+)
 REFUSED = "Only admins may see the admin overview and use its actions."
 
 
@@ -176,6 +182,7 @@ class AdminHandler(BaseHandler):
             projects=projects,
             records=records,
             builds=builds,
+            starting_points=prebuild.states(),
             cpu_only=cpu_only,
             said=said,
             error=error,

@@ -49,6 +49,11 @@ class BuildError(Exception):
         super().__init__(text)
 
 
+class QuickBuildOver(BuildError):
+    """A build in the quick lane (builds.py) ran past ``BuildLimits.quick_s`` and was
+    stopped: not a failure of the project's Dockerfile; it waits for a slot and goes on."""
+
+
 def render(images_dir: str | Path, template: str, **params) -> str:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(images_dir)),
@@ -206,6 +211,14 @@ def _stream(docker_call, context, tag, labels, limits, info, net, watch, log, ta
             on_line(line)
         if failed:
             break
+    if watch.stopped == "quick":
+        raise QuickBuildOver(
+            f"The image build for {tag} ran past {limits.quick_s:.0f} s beside your other "
+            "build and was stopped; it goes on once that build ended.",
+            list(tail),
+            log.path,
+            limit=True,
+        )
     if watch.stopped == "time":
         raise BuildError(
             f"The image build for {tag} took longer than {limits.timeout:.0f} s and was stopped.",

@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpulab_hub import egress, firewall
@@ -51,10 +51,21 @@ class BuildLimits:
     disk: int = 20 << 30  # bytes the build may add (its layers and the running step)
     log_bytes: int = 4 << 20  # head + tail of the build log that are kept
     logs_kept: int = 10  # build logs kept per project
+    # relative CPU weight of each step (Docker's default 1024; 2, the least, for the
+    # starting points' background builds: any other work gets the CPUs first)
+    cpu_shares: int | None = None
+    # a build in the quick lane (builds.py): its running step is stopped past this
+    # many seconds (images.QuickBuildOver), well before ``timeout``, or at once when
+    # ``quick_stop`` is set (the pool gives its slot to another user's build)
+    quick_s: float | None = None
+    quick_stop: threading.Event | None = field(default=None, compare=False)
 
     def container_limits(self) -> dict:
         """docker-py's ``container_limits`` of each step."""
-        return {"memory": int(self.memory), "memswap": int(self.memory)} if self.memory else {}
+        out = {"memory": int(self.memory), "memswap": int(self.memory)} if self.memory else {}
+        if self.cpu_shares:
+            out["cpushares"] = int(self.cpu_shares)
+        return out
 
     def engine_params(self, cgroup_driver: str) -> dict:
         """Build API parameters docker-py does not pass (host.APIClient.build): the CPU
@@ -192,8 +203,9 @@ class StepWatch(threading.Thread):
             every,
         )
         self.deadline = time.monotonic() + limits.timeout
+        self.quick_deadline = time.monotonic() + limits.quick_s if limits.quick_s else None
         self.base_size = self.layer_size = 0
-        self.stopped: str = ""  # "time" or "disk" once it killed a step for that
+        self.stopped: str = ""  # "time", "quick" or "disk" once it killed a step for that
         self.used_bytes = 0
         self.exact_checks = 0  # times Docker was asked for the sizes
         self.root_dir = root_dir if root_dir and os.path.isdir(root_dir) else None
@@ -248,19 +260,29 @@ class StepWatch(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(self.every):
-            if time.monotonic() > self.deadline:
-                self.stopped = "time"
-            elif self._may_be_over():
-                self.exact_checks += 1
-                self.used_bytes = self.layer_size + sum(
-                    int(c.get("SizeRw") or 0)
-                    for c in steps_on(self.docker_call, self.network, size=True)
-                )
-                if self.used_bytes > self.limits.disk:
-                    self.stopped = "disk"
+            if not self.stopped:
+                self.stopped = self._over()
             if self.stopped:
+                # and at every tick after, until the build ended: a step that begins
+                # after the first kill (the builder goes on to the next) runs no longer
                 self.kill_steps()
-                return
+
+    def _over(self) -> str:
+        """The limit the build is past now ("" for none)."""
+        now = time.monotonic()
+        if now > self.deadline:
+            return "time"
+        if self.quick_deadline is not None and now > self.quick_deadline:
+            return "quick"
+        if self.limits.quick_stop is not None and self.limits.quick_stop.is_set():
+            return "quick"
+        if self._may_be_over():
+            self.exact_checks += 1
+            steps = steps_on(self.docker_call, self.network, size=True)
+            self.used_bytes = self.layer_size + sum(int(c.get("SizeRw") or 0) for c in steps)
+            if self.used_bytes > self.limits.disk:
+                return "disk"
+        return ""
 
     def stop(self) -> None:
         self._done.set()

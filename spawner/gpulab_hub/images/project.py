@@ -549,6 +549,8 @@ def build_planned(
                     network=network,
                     limits=limits,
                 )
+            except images.QuickBuildOver:
+                raise  # not the Dockerfile's failure: the build goes on in a slot
             except images.BuildError:
                 record(project, None, failed=True, failed_tag=tag)
                 raise

@@ -65,9 +65,10 @@ def stack_of(user_options: dict | None) -> str:
         raise OptionsError(str(e)) from e
 
 
-def stack_lines(user_options: dict | None) -> str:
-    """The Dockerfile lines of the starting point in ``user_options`` (see stack_of)."""
-    return stacks.lines(stack_of(user_options))
+def stack_lines(user_options: dict | None, cpu_torch_index: str = "") -> str:
+    """The Dockerfile lines of the starting point in ``user_options`` (see stack_of), its
+    torch from ``cpu_torch_index`` where given (stacks.lines)."""
+    return stacks.lines(stack_of(user_options), cpu_torch_index)
 
 
 def check_display_name(name: str) -> str:

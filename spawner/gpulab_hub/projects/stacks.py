@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpulab_hub.settings import INDEX_URL
+
 DEFAULT = "minimal"
 
 
@@ -28,6 +30,10 @@ class Stack:
 # only for a base without it.
 TORCH = "torch>=2"
 TQDM = "tqdm==4.70.1"
+# Where a base without torch gets a CPU build on a host without a GPU (PyPI's Linux
+# torch is the CUDA build, several GB): PyTorch's own CPU index (GPULAB_CPU_TORCH_INDEX).
+CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_CHOICES = ("auto", "cpu", "cuda")  # GPULAB_STARTING_POINT_TORCH
 
 STACKS: tuple[Stack, ...] = (
     Stack(
@@ -77,13 +83,33 @@ def get(name: str) -> Stack:
     return stack
 
 
-def lines(name: str) -> str:
+def torch_index(choice: str, host_has_gpu: bool, index: str = CPU_TORCH_INDEX) -> str:
+    """The package index a torch stack's first line installs torch from ("" for none: pip's
+    own, PyPI's CUDA build), for the admin's ``choice`` (auto, cpu, cuda) on this host."""
+    if choice not in TORCH_CHOICES:
+        raise ValueError(f"the starting points' torch must be auto, cpu or cuda, not {choice!r}")
+    if not INDEX_URL.fullmatch(index):
+        raise ValueError(f"the CPU torch index must be an http(s) URL, not {index[:80]!r}")
+    cpu = choice == "cpu" or (choice == "auto" and not host_has_gpu)
+    return index if cpu else ""
+
+
+def lines(name: str, cpu_torch_index: str = "") -> str:
     """The Dockerfile lines of the stack ``name`` ("" for minimal), each ending in a
-    newline, followed by one empty line."""
+    newline, followed by one empty line. With ``cpu_torch_index`` (torch_index) a stack
+    with torch first installs it from that index, in a line of its own: the same text in
+    the PyTorch and the Hugging Face stacks, so both reuse one layer."""
     stack = get(name)
     if not stack.requirements:
         return ""
     out = [f"# Starting point: {stack.label}. Change or remove these lines freely."]
+    if TORCH in stack.requirements and cpu_torch_index:
+        out.append(
+            "# This hub has no GPU: a CPU PyTorch, unless the base image has a PyTorch already."
+        )
+        out.append(
+            f'RUN python -m pip install --no-cache-dir --index-url {cpu_torch_index} "{TORCH}"'
+        )
     if TORCH in stack.requirements:
         out.append(
             f'# "{TORCH}" keeps the base image\'s PyTorch; pip fetches one only for a base'

@@ -5,10 +5,21 @@ shared data. Every setting is a trait with help (docs/reference.md is made from 
 
 from __future__ import annotations
 
-from traitlets import Bool, Enum, Float, HasTraits, Int, List, Unicode, default
+from traitlets import (
+    Bool,
+    Enum,
+    Float,
+    HasTraits,
+    Int,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
 
 from gpulab_hub.hubsettings import default_layout
-from gpulab_hub.projects import objects
+from gpulab_hub.projects import objects, stacks
 from gpulab_hub.settings import DEFAULT
 
 # Where things live and what images are called, unless the site says otherwise (the
@@ -200,6 +211,20 @@ class ProjectTraits(HasTraits):
         build wait for it, and say so); starts that need no build never wait.
         Default: 1. Example: ``c.ProjectSpawner.build_max_per_user = 2``""",
     )
+    build_quick_s = Float(
+        120,
+        config=True,
+        help="""How long a rebuild may run beside the same user's other builds, in
+        seconds. A start whose build would wait for the user's own build
+        (``build_max_per_user``) runs at once in a lane of its own, one per user: a
+        rebuild that takes all but its last steps from Docker's cache (a line that
+        %gpu_install appended) ends within seconds. Past this time its running step is
+        stopped and the build waits for the user's slot, then goes on from the steps it
+        finished. It takes one of the hub's ``build_threads`` only while one is free,
+        and gives it up (stopped the same way) to another user's build that finds them
+        all taken. 0 turns the lane off. Default: 120.
+        Example: ``c.ProjectSpawner.build_quick_s = 60``""",
+    )
     build_mem_limit = Int(
         None,
         allow_none=True,
@@ -277,3 +302,51 @@ class ProjectTraits(HasTraits):
         (members can change each other's files there). Default: [] (none).
         Example: ``c.ProjectSpawner.data_groups = ["vision-lab"]``""",
     )
+    prebuild_stacks = List(
+        Unicode(),
+        [s.name for s in stacks.STACKS],
+        config=True,
+        help="""Starting points whose image the hub builds in the background after it
+        starts (one at a time, at the lowest CPU priority, never while a user's build
+        runs), so the first project from each opens like a cached one. The build is of
+        the very Dockerfile a new project of that starting point gets, so its layers are
+        the ones that project reuses. Set by ``GPULAB_PREBUILD`` (``all``, ``none`` or
+        names with commas). Default: every starting point.
+        Example: ``c.ProjectSpawner.prebuild_stacks = ["minimal", "pytorch"]``""",
+    )
+    starting_point_torch = Enum(
+        list(stacks.TORCH_CHOICES),
+        "auto",
+        config=True,
+        help="""Which PyTorch the PyTorch and Hugging Face starting points install where
+        the base image has none: ``cpu`` from ``cpu_torch_index`` (a few hundred MB),
+        ``cuda`` PyPI's own (the CUDA build, several GB), ``auto`` the CPU one on a host
+        without a GPU and the CUDA one on a GPU host. A base image's own PyTorch (the GPU
+        base's CUDA build, or ``GPULAB_TORCH``) is always kept. Set by
+        ``GPULAB_STARTING_POINT_TORCH``. Default: "auto".
+        Example: ``c.ProjectSpawner.starting_point_torch = "cuda"``""",
+    )
+    cpu_torch_index = Unicode(
+        stacks.CPU_TORCH_INDEX,
+        config=True,
+        help=f"""The package index (pip's ``--index-url``) a starting point's CPU PyTorch
+        comes from (``starting_point_torch``): an http(s) URL without spaces or quotes.
+        Set by ``GPULAB_CPU_TORCH_INDEX``. Default: {stacks.CPU_TORCH_INDEX}.
+        Example: ``c.ProjectSpawner.cpu_torch_index = "https://mirror.example.org/cpu"``""",
+    )
+
+    @validate("prebuild_stacks")
+    def _check_prebuild_stacks(self, proposal):
+        try:
+            return [stacks.get(name).name for name in proposal["value"]]
+        except stacks.UnknownStack as e:
+            raise TraitError(f"ProjectSpawner.prebuild_stacks: {e}") from e
+
+    @validate("cpu_torch_index")
+    def _check_cpu_torch_index(self, proposal):
+        if not stacks.INDEX_URL.fullmatch(proposal["value"]):
+            raise TraitError(
+                "ProjectSpawner.cpu_torch_index must be an http or https URL (letters, digits"
+                f" and -._~/:%+@ only); it is {proposal['value'][:80]!r}"
+            )
+        return proposal["value"]
