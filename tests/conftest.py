@@ -332,3 +332,18 @@ def browser():
         b = launch(pw)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def pg_server():
+    """A PostgreSQL server of the tests' own for a module (tests/pg_kit.py); its URL."""
+    import shutil
+
+    import pg_kit
+
+    folder = Path(tempfile.mkdtemp(prefix="gpulab-test-pg-"))  # the postgres account's too
+    try:
+        with pg_kit.server(folder) as url:
+            yield url
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

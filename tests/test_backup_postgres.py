@@ -8,10 +8,8 @@ is refused before anything is written. On a PostgreSQL server of the tests' own
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import tarfile
-import tempfile
 from pathlib import Path
 
 import pg_kit
@@ -26,14 +24,6 @@ from gpulab_hub.db import engine as db_engine
 SECRET = "pg-backup-passw0rd-5150"
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    folder = Path(tempfile.mkdtemp(prefix="gpulab-test-pg-"))  # the postgres account's too
-    try:
-        with pg_kit.server(folder) as url:
-            yield url
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def database(pg_server, *users: str) -> str:

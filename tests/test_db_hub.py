@@ -10,14 +10,12 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pg_kit
-import pytest
 import sqlalchemy as sa
 from conftest import free_port
 from jupyterhub import orm
@@ -150,15 +148,6 @@ def test_gpulab_upgrade_db_upgrades_by_hand_and_then_finds_nothing_to_do(tmp_pat
 SECRET = "db-passw0rd-5150"
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    # a folder the postgres account reaches (pytest's own is root's alone)
-    folder = Path(tempfile.mkdtemp(prefix="gpulab-test-pg-"))
-    try:
-        with pg_kit.server(folder) as url:
-            yield url
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_hub_on_postgresql_keeps_every_table_there_and_a_restart_changes_nothing(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import pg_kit
@@ -30,15 +29,6 @@ H = 3600.0
 NOW = 1_800_000_000.0
 
 
-@pytest.fixture(scope="module")
-def pg_server():
-    # a folder the postgres account reaches (pytest's own is root's alone)
-    folder = Path(tempfile.mkdtemp(prefix="gpulab-test-pg-"))
-    try:
-        with pg_kit.server(folder) as url:
-            yield url
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
