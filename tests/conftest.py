@@ -115,6 +115,16 @@ def _controller(config) -> bool:
     return not hasattr(config, "workerinput")
 
 
+def pytest_configure(config):
+    """Every browser test: navigations survive the other worker's Docker networks, and
+    Playwright's assertions wait as long as a loaded machine needs (browser_kit.py)."""
+    from browser_kit import EXPECT_TIMEOUT_MS, survive_network_changes
+    from playwright.sync_api import expect
+
+    survive_network_changes()
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+
+
 def pytest_sessionstart(session):
     if _controller(session.config):
         (SHARED / DOCKERD_STARTED).unlink(missing_ok=True)

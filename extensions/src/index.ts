@@ -6,7 +6,8 @@
  * job, their end and the idle notice (jobsplugin.ts); and cells run on the server's
  * side, a cell run while its notebook's kernel is still starting once it has started
  * (firstrun.ts, serverexec.ts), with the status bar's "running while you were away"
- * (cellsstatus.ts).
+ * (cellsstatus.ts); and the tab a person opened while JupyterLab restores their
+ * workspace stays in front (restorefocus.ts).
  */
 import {
   ILayoutRestorer,
@@ -30,6 +31,7 @@ import sharing from './share';
 import { GpuStatusItem } from './statusbar';
 import jobs from './jobsplugin';
 import reclaimWarning from './reclaimwarn';
+import restoreFocus from './restorefocus';
 import runtime from './runtime';
 import { IGpuStatus } from './tokens';
 
@@ -136,5 +138,6 @@ export default [
   reclaimWarning,
   runtime,
   firstRun,
-  cellsStatus
+  cellsStatus,
+  restoreFocus
 ];
