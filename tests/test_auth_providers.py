@@ -17,7 +17,7 @@ from traitlets.config import Config
 
 from gpulab_hub import hubconfig
 from gpulab_hub.accounts import auth, providers
-from gpulab_hub.settings import SettingError
+from gpulab_hub.settingvalues import SettingError
 
 BASE = {"GPULAB_HOME": "/nonexistent", "GPULAB_HUB_IP": "127.0.0.1"}
 

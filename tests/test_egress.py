@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab_hub import egress, settings
+from gpulab_hub import egress, settings, settingvalues
 from gpulab_hub.doctor import egress as doctor
 from gpulab_hub.doctor.findings import FAIL, OK, WARN
 
@@ -57,7 +57,7 @@ def test_what_the_admin_allows_passes_before_any_refusal():
 
 
 def test_the_networks_settings_read_lan_none_and_refuse_nonsense():
-    assert settings.DEFAULT.egress.refused_networks == settings.LAN_NETWORKS
+    assert settings.DEFAULT.egress.refused_networks == settingvalues.LAN_NETWORKS
     assert settings.parse({"GPULAB_REFUSED_NETWORKS": "none"}).egress.refused_networks == ()
     got = settings.parse({"GPULAB_ALLOWED_NETWORKS": "10.0.0.7/8, fd00:ec2::254"})
     assert got.egress.allowed_networks == ("10.0.0.0/8", "fd00:ec2::254/128")

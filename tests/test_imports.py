@@ -27,15 +27,18 @@ PACKAGES = ("gpulab_hub", "gpulab_jupyter", "gpulab_contract")
 # first. A new package must be named here: the test says so.
 LAYERS = {
     "foundation": {
-        "gpulab_hub", "jsonfile", "pidfile", "hubsettings", "settings", "hubfiles", "firewall",
-        "egress", "buildruntime", "blocking", "records", "projects", "stateversion", "db",
+        "gpulab_hub", "jsonfile", "pidfile", "hubsettings", "settings", "settingvalues",
+        "layout", "hubfiles", "firewall", "egress", "buildruntime", "blocking", "records",
+        "projects", "stateversion", "db",
     },
     "capabilities": {
         "images", "gpus", "cluster", "sharing", "secrets", "ssh", "tls", "accounts", "host",
         "culling", "serverready",
     },
     "workflows": {"workflows", "backup"},
-    "surfaces": {"spawner", "home", "usagepage", "doctor", "cli", "admin", "hubconfig"},
+    "surfaces": {
+        "spawner", "spawnerimage", "home", "usagepage", "doctor", "cli", "admin", "hubconfig",
+    },
 }  # fmt: skip
 # Modules JupyterHub loads by the dotted name an admin writes in jupyterhub_config.py
 # (README, docs/reference.md): entry points, in the surfaces layer whichever folder

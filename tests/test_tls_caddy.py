@@ -21,7 +21,7 @@ from tls_kit import TlsUser, ca_of, https_hub, nss_home
 from traitlets.config import Config
 
 from gpulab_hub import hubconfig, settings, tls
-from gpulab_hub.settings import SettingError
+from gpulab_hub.settingvalues import SettingError
 from gpulab_hub.tls import web
 
 PROJECT = "tlsproj"

@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpulab_hub import blocking, firewall, settings
+from gpulab_hub import blocking, firewall, settings, settingvalues
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Policy:
     """What projects and builds may reach (from the site's settings, settings.Egress)."""
 
     allow_metadata: bool = False
-    refused: tuple[str, ...] = settings.LAN_NETWORKS
+    refused: tuple[str, ...] = settingvalues.LAN_NETWORKS
     allowed: tuple[str, ...] = ()
     resolvers: tuple[str, ...] = ()  # the host's DNS servers: port 53 passes
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 from traitlets.utils.importstring import import_item
 
-# The layout's type and the names of the hub's record files are the settings' (the
-# layout is part of them); this module derives the layout.
-from gpulab_hub.settings import (
-    DEFAULT,
+# The layout's type and the names of the hub's record files are layout.py's (the
+# layout is part of the settings); this module derives the layout.
+from gpulab_hub.layout import (
     DELETED,
     DOCTOR_REPORT,
     GROUP_SHARE_ROLES,
@@ -29,8 +28,8 @@ from gpulab_hub.settings import (
     SHARING_POLICY,
     USAGE,
     Layout,
-    parse,
 )
+from gpulab_hub.settings import DEFAULT, parse
 
 __all__ = [
     "DELETED", "DOCTOR_REPORT", "GROUP_SHARE_ROLES", "PUBLIC_LINKS", "QUEUE", "SECRETS",

@@ -5,9 +5,12 @@ Three words, each meaning one thing (docs/architecture.md, "Settings"):
 - **settings**: the :class:`Settings` object here: every value the site sets with a
   ``GPULAB_*`` environment variable, parsed and checked by :func:`parse` (the one
   reader of those variables on the hub side), plus the :attr:`Settings.layout` the
-  hub's traits give. Every default is a field's default below, and nowhere else.
-- **layout**: where files live (:class:`Layout`, derived by hubsettings.py): paths from
-  ``GPULAB_HOME``, moved where the admin's traits move them.
+  hub's traits give. Every default is a field's default below (those the layout
+  shares: layout.py's), and nowhere else. How one variable's text is read, and the
+  ``SettingError`` that says it is not allowed: settingvalues.py.
+- **layout**: where files live (:class:`~gpulab_hub.layout.Layout` in layout.py,
+  derived by hubsettings.py): paths from ``GPULAB_HOME``, moved where the admin's
+  traits move them.
 - **traits**: the ``config=True`` traits of gpulab's configurable classes
   (``c.ProjectSpawner.* = ...`` in jupyterhub_config.py, docs/reference.md).
 
@@ -18,141 +21,44 @@ The hub parses the settings once when it reads jupyterhub_config.py
 :data:`SERVICE_VAR`, written by :func:`service_env` and read by :func:`of_service`).
 The ``gpulab`` command and the doctor parse them once per run (:func:`parse`).
 
-Nothing here imports gpulab's capabilities: this module sits at the bottom of the
-house, and everything may read it.
+Nothing here imports gpulab's capabilities (only settingvalues.py and layout.py, at
+the bottom with it): this module sits at the bottom of the house, and everything may
+read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gpulab_hub.layout import DATABASE, DRIVER_DIR, Layout, sqlite_url
+from gpulab_hub.settingvalues import (
+    LAN_NETWORKS,
+    PORT,
+    SECONDS,
+    choice,
+    database_url,
+    dns,
+    flag,
+    host_or_empty,
+    index_url,
+    is_ip,
+    names,
+    names_or_all,
+    networks,
+    optional,
+    url_or_empty,
+    var,
+    whole,
+)
+
 APP_KEY = "gpulab"  # the tornado setting that holds the hub's Settings (pages)
 SERVICE_VAR = "GPULAB_SETTINGS"  # the variable that hands them to a hub service
-
-_HOSTNAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")  # fmt: skip
-
-
-# --- how one variable is read ----------------------------------------------------------
-
-
-class SettingError(ValueError):
-    """A site variable's value is not allowed; the sentence names it and what it may be."""
-
-
-def text(name: str, value: str) -> str:
-    return value
-
-
-def flag(name: str, value: str) -> bool:
-    if value not in ("0", "1"):
-        raise SettingError(f"{name} must be 1 (on) or 0 (off); it is {value!r}.")
-    return value == "1"
-
-
-def whole(low: int, high: int, unit: str = "a whole number") -> Callable[[str, str], int]:
-    """A whole number from ``low`` to ``high``, digits only."""
-
-    def parse(name: str, value: str) -> int:
-        if not re.fullmatch(r"[0-9]{1,9}", value) or not low <= int(value) <= high:
-            raise SettingError(f"{name} must be {unit} from {low} to {high}; it is {value!r}.")
-        return int(value)
-
-    return parse
-
-
-def optional(parse: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
-    """``parse``, or None where the variable is empty: the trait's own default then."""
-
-    def read(name: str, value: str) -> Any:
-        return parse(name, value) if value else None
-
-    return read
-
-
-def choice(*allowed: str) -> Callable[[str, str], str]:
-    def parse(name: str, value: str) -> str:
-        if value not in allowed:
-            words = " or ".join(repr(a) for a in allowed)
-            raise SettingError(f"{name} must be {words}; it is {value!r}.")
-        return value
-
-    return parse
-
-
-# A package index URL as it may stand unquoted in a Dockerfile's RUN line (projects/stacks).
-INDEX_URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~/%+@:-]*)?")
-
-
-def index_url(name: str, value: str) -> str:
-    if not INDEX_URL.fullmatch(value):
-        raise SettingError(
-            f"{name} must be an http or https URL (letters, digits and -._~/:%+@ only); "
-            f"it is {value[:80]!r}."
-        )
-    return value
-
-
-_NAMES = re.compile(r"[a-z0-9][a-z0-9-]{0,39}(?:,[a-z0-9][a-z0-9-]{0,39}){0,31}")
-
-
-def names_or_all(name: str, value: str) -> tuple[str, ...] | None:
-    """``all`` (None: every one), ``none`` (()) or names with commas, no spaces."""
-    if value == "all":
-        return None
-    if value == "none":
-        return ()
-    if not _NAMES.fullmatch(value):
-        raise SettingError(
-            f"{name} must be all, none or names with commas (pytorch,minimal); it is {value!r}."
-        )
-    return tuple(value.split(","))
-
-
-def host_or_empty(name: str, value: str) -> str:
-    """An IP address or a host name, whole; "" where unset."""
-    if value and not valid_host(value):
-        raise SettingError(f"{name} must be an IP address or a host name; it is {value!r}.")
-    return value
-
-
-def is_ip(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-        return True
-    except ValueError:
-        return False
-
-
-def valid_host(value: str) -> bool:
-    """An IP address or a host name, whole."""
-    try:
-        ipaddress.ip_address(value)
-        return True
-    except ValueError:
-        return _HOSTNAME.fullmatch(value) is not None
-
-
-def var(name: str, default: Any, parse: Callable[[str, str], Any] = text, *, secret=False):
-    """A field read from the environment variable ``name``; empty or unset: ``default``.
-    ``secret``: never handed to a service (:func:`service_env`)."""
-    return field(default=default, metadata={"var": name, "parse": parse, "secret": secret})
-
-
-# Defaults of traits that other parts read too (the traits take them from here).
-GPU_USAGE_WINDOW_S = 7 * 24 * 3600.0  # ProjectSpawner.gpu_usage_window: a week
-GPU_USAGE_RETENTION_DAYS = 90.0  # ProjectSpawner.gpu_usage_retention_days
-
-PORT = whole(1, 65535, "a port number")
-SECONDS = whole(0, 999_999_999, "a whole number of seconds")
 
 
 # --- the settings ---------------------------------------------------------------------
@@ -176,49 +82,6 @@ class Accounts:
     login_attempts: int = var("GPULAB_LOGIN_ATTEMPTS", 5, whole(0, 1000))
     login_lockout_s: int = var("GPULAB_LOGIN_LOCKOUT_SECONDS", 300, whole(1, 86_400))
     deleted_files: str = var("GPULAB_DELETED_FILES", "archive", choice("archive", "remove"))
-
-
-def names(name: str, value: str) -> tuple[str, ...]:
-    """A comma-separated list of names (spaces around each are dropped)."""
-    return tuple(n.strip() for n in value.split(",") if n.strip())
-
-
-def dns(name: str, value: str) -> tuple[str, ...]:
-    """LDAP DNs separated by semicolons (a DN holds commas)."""
-    return tuple(n.strip() for n in value.split(";") if n.strip())
-
-
-def url_or_empty(name: str, value: str) -> str:
-    """An http(s) URL with a host, whole; "" where unset."""
-    if value and (urlsplit(value).scheme not in ("http", "https") or not urlsplit(value).hostname):
-        raise SettingError(f"{name} must be an https:// URL; it is {value!r}.")
-    return value
-
-
-DATABASE_BACKENDS = {"sqlite": ("", "pysqlite"), "postgresql": ("", "psycopg", "psycopg2")}
-
-
-def database_url(name: str, value: str) -> str:
-    """The hub's database as SQLAlchemy names it: SQLite (``sqlite:///<file>``) or
-    PostgreSQL (``postgresql+psycopg://user:password@host/db``, or its socket:
-    ``postgresql+psycopg://user@/db?host=/run/postgresql``); "" where unset."""
-    if not value:
-        return value
-    import sqlalchemy as sa
-
-    try:
-        url = sa.make_url(value)
-    except sa.exc.ArgumentError:
-        raise SettingError(
-            f"{name} is not a database URL (like postgresql+psycopg://gpulab@db/gpulab)."
-        ) from None
-    drivers = DATABASE_BACKENDS.get(url.get_backend_name())
-    if drivers is None or (url.drivername.partition("+")[2] not in drivers):
-        raise SettingError(
-            f"{name} names a database gpulab does not run on ({url.drivername}): use "
-            "sqlite:///<file> or postgresql+psycopg://..."
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -305,38 +168,12 @@ class Gpus:
 
     policy: str = var("GPULAB_GPU_POLICY", "exclusive", choice("exclusive", "shared"))
     isolation: str = var("GPULAB_GPU_ISOLATION", "auto")
-    driver_dir: str = var("GPULAB_DRIVER_DIR", "/usr/local/nvidia")
+    driver_dir: str = var("GPULAB_DRIVER_DIR", DRIVER_DIR)
     # Seconds (None: the ProjectSpawner traits gpu_reclaim_idle, gpu_reclaim_grace,
     # gpu_idle_release, whose defaults are gpus/reclaim.py's)
     reclaim_idle: float | None = var("GPULAB_GPU_RECLAIM_IDLE", None, optional(SECONDS))
     reclaim_grace: float | None = var("GPULAB_GPU_RECLAIM_GRACE", None, optional(SECONDS))
     idle_release: float | None = var("GPULAB_GPU_IDLE_RELEASE", None, optional(SECONDS))
-
-
-def networks(name: str, value: str) -> tuple[str, ...]:
-    """Comma-separated IPv4 and IPv6 networks (``10.0.0.0/8``) or addresses; ``lan``
-    stands for every private and link-local range (LAN_NETWORKS), ``none`` for none."""
-    found: list[str] = []
-    for item in names(name, value):
-        if item.lower() == "none":
-            continue
-        if item.lower() == "lan":
-            found += LAN_NETWORKS
-            continue
-        try:
-            found.append(str(ipaddress.ip_network(item, strict=False)))
-        except ValueError:
-            raise SettingError(
-                f"{name} must be networks such as 10.0.0.0/8 or 192.168.1.20, comma-separated "
-                f"(or lan, or none); {item!r} is not one."
-            ) from None
-    return tuple(dict.fromkeys(found))
-
-
-# The LAN: private IPv4 ranges, carrier-grade NAT, link-local, unique-local and
-# link-local IPv6 (what GPULAB_REFUSED_NETWORKS=lan stands for, its default).
-LAN_NETWORKS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
-                "169.254.0.0/16", "fc00::/7", "fe80::/10")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -365,88 +202,6 @@ class Backup:
     project_mb: int = var(
         "GPULAB_BACKUP_PROJECT_MB", 0, whole(0, 999_999_999, "a whole number of MiB")
     )
-
-
-# --- the layout: where things live (hubsettings.py derives it) -----------------------------
-
-# Files in ``records_dir`` (the hub's folder), each kept by one module.
-SHARING_POLICY = "sharing.json"
-GROUP_SHARE_ROLES = "group-share-roles.json"
-PUBLIC_LINKS = "public-links.json"
-DOCTOR_REPORT = "doctor-last.json"
-DELETED = "deleted"
-SECRETS = "secrets"  # one file per user (secrets/store.py)
-DATABASE = "jupyterhub.sqlite"  # the hub's database (JupyterHub's tables and gpulab's)
-
-
-# Files beside the GPU allocation record, unless the traits say otherwise.
-QUEUE = "gpu-queue.json"  # starts waiting for a GPU
-USAGE = "gpu-usage.jsonl"  # ended GPU holdings
-
-
-def sqlite_url(path: Path) -> str:
-    """The SQLAlchemy URL of the SQLite database file ``path``."""
-    return f"sqlite:///{path}"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where gpulab keeps things, and the names it gives Docker objects."""
-
-    records_dir: Path  # hub-owned: sharing records, public links, doctor report, archives
-    projects_root: Path
-    data_root: Path
-    state_root: Path
-    allocations_file: Path
-    image_repo: str
-    base_image: str
-    allowed_base_images: tuple[str, ...]  # what project Dockerfiles may name (policy.py)
-    prefix: str
-    network: str
-    queue_file: Path | None = None  # None: QUEUE beside allocations_file
-    usage_file: Path | None = None  # None: USAGE beside allocations_file
-    usage_window: float = GPU_USAGE_WINDOW_S  # seconds budgets are measured over
-    # seconds a usage record is kept after its holding ended (gpu_usage_retention_days)
-    usage_retention: float = GPU_USAGE_RETENTION_DAYS * 24 * 3600.0
-    # the hub's database (JupyterHub.db_url), where gpulab's tables live (db/); "": the
-    # SQLite file DATABASE in records_dir
-    db_url: str = ""
-    budget_hours: tuple[tuple[str, float], ...] = ()  # ProjectSpawner.gpu_budget_hours
-    driver_dir: str = Gpus.driver_dir  # ProjectSpawner.driver_dir (GPULAB_DRIVER_DIR's)
-    # how GPUs are granted: the allocator.Policy fields the ProjectSpawner gpu_* traits set
-    # other than its defaults (gpu_policy, gpu_shared_cap, gpu_max_per_user, ...)
-    allocation_policy: tuple[tuple[str, Any], ...] = ()
-
-    def __post_init__(self) -> None:
-        for name, file in (("queue_file", QUEUE), ("usage_file", USAGE)):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, Path(self.allocations_file).parent / file)
-        if not self.db_url:
-            object.__setattr__(self, "db_url", sqlite_url(Path(self.records_dir) / DATABASE))
-
-    @property
-    def sharing_policy(self) -> Path:
-        return self.records_dir / SHARING_POLICY
-
-    @property
-    def group_share_roles(self) -> Path:
-        return self.records_dir / GROUP_SHARE_ROLES
-
-    @property
-    def public_links(self) -> Path:
-        return self.records_dir / PUBLIC_LINKS
-
-    @property
-    def doctor_report(self) -> Path:
-        return self.records_dir / DOCTOR_REPORT
-
-    @property
-    def deleted_dir(self) -> Path:
-        return self.records_dir / DELETED
-
-    @property
-    def secrets_dir(self) -> Path:
-        return self.records_dir / SECRETS
 
 
 @dataclass(frozen=True)

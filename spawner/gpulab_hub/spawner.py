@@ -4,16 +4,13 @@ Each project's image is built from the Dockerfile the project keeps (content
 hash tag, so an unchanged project reuses its image), and its directory is
 mounted at /workspace. Containers join gpulab's bridge network (never the
 host's), run as the notebook user with no capabilities and no privilege gain,
-and within process, memory and CPU limits (docs/security.md).
+and within process, memory and CPU limits (docs/security.md). How a start finds or
+builds its image is ImageSteps' (spawnerimage.py), mixed in here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
-import re
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,8 +26,6 @@ from gpulab_hub import blocking, host, images, serverready
 from gpulab_hub.gpus import allocator, waiting
 from gpulab_hub.gpus import spawner as gpu_spawner
 from gpulab_hub.gpus.spawner import GpuTraits
-from gpulab_hub.home import buildlog
-from gpulab_hub.images import builds, confine, prebuild
 from gpulab_hub.images import project as projectimage
 from gpulab_hub.images.startfail import MIN_FAILURE_S, SpawnError, build_failed
 from gpulab_hub.projects import (
@@ -42,15 +37,11 @@ from gpulab_hub.projects import (
     options,
     project_name,
     safe_owner,
-    stacks,
 )
-from gpulab_hub.projects.safefs import ensure_project
 from gpulab_hub.projects.title import title
 from gpulab_hub.projects.traits import ProjectTraits
 from gpulab_hub.settings import DEFAULT, network_of
-
-_STEP = re.compile(r"^Step (\d+)/(\d+)")
-
+from gpulab_hub.spawnerimage import ImageSteps
 
 # DockerSpawner's settings that ProjectSpawner's container spec does not apply
 # (objects.container_spec builds the whole container); setting one is refused.
@@ -67,8 +58,9 @@ UNAPPLIED_SETTINGS = (
 )
 
 
-class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
-    """Spawn each project (named server) in its own container and image."""
+class ProjectSpawner(ImageSteps, DockerSpawner, ProjectTraits, GpuTraits):
+    """Spawn each project (named server) in its own container and image (ImageSteps, ahead
+    of DockerSpawner: its ``progress`` is the spawn page's)."""
 
     _progress_events: list
     _gpus: objects.GpuAssignment = objects.GpuAssignment()
@@ -174,149 +166,6 @@ class ProjectSpawner(DockerSpawner, ProjectTraits, GpuTraits):
     def _run(self, fn, *args):
         """``fn(*args)`` on the hub's Docker pool (starts, stops, polls, their records)."""
         return asyncio.wrap_future(self.executor.submit(fn, *args))
-
-    def _emit(self, progress: int, message: str, note: bool = False):
-        """A progress event; ``note``: the spawn page keeps it in view (spawn_pending.html)."""
-        event = {"progress": progress, "message": message}
-        if note:
-            event["gpulab_note"] = True
-        self._progress_events.append(event)
-
-    def _emit_build_wait(self, progress: int, message: str) -> None:
-        """The build pool's word on this start's build (which lane, what it waits for):
-        on the spawn page, and in the hub's log for the admin."""
-        self._emit(progress, message)
-        self.log.info("gpulab: build of %s: %s", self._log_name, message)
-
-    async def progress(self):
-        sent = 0
-        while True:
-            events = getattr(self, "_progress_events", [])
-            while sent < len(events):
-                yield events[sent]
-                sent += 1
-            await asyncio.sleep(0.25)
-
-    def _on_build_line(self, line: str):
-        """Build output -> spawn progress: every step, other lines twice a second."""
-        m = _STEP.match(line)
-        now = time.monotonic()
-        if m:
-            self._build_step = (int(m.group(1)), int(m.group(2)))
-        elif now - self._last_line_at < 0.5 or not line.strip():
-            return
-        self._last_line_at = now
-        step, total = self._build_step
-        progress = 10 + int(60 * step / max(total, 1))
-        if m:
-            self._emit(progress, f"Building image: {line}")
-        else:
-            self._emit(progress, f"Building image: step {step}/{total}: {line.strip()[:200]}")
-
-    def _render_dockerfile(self, project: Project) -> str:
-        return self.new_project_dockerfile(
-            options.stack_of(self.user_options),
-            title(self) if self.orm_spawner else options.one_line(project.name),
-        )
-
-    def torch_index(self) -> str:
-        """Blocking (the GPU inventory): where the torch starting points' CPU PyTorch
-        comes from on this host ("" for none: PyPI's CUDA build; stacks.torch_index)."""
-        has_gpu = bool(gpu_spawner.cached_inventory().devices)
-        return stacks.torch_index(self.starting_point_torch, has_gpu, self.cpu_torch_index)
-
-    def new_project_dockerfile(self, stack: str, display_name: str) -> str:
-        """Blocking: the Dockerfile a new project of the starting point ``stack`` gets
-        (the one rendering: a project's first start, the background builds' prebuild.py)."""
-        return images.render(
-            self.images_dir,
-            self.project_template,
-            base_image=self.base_image,
-            display_name=display_name,
-            stack_lines=stacks.lines(stack, self.torch_index()),
-        )
-
-    def _plan_image(self, use_last_good: bool) -> projectimage.Plan:
-        """Blocking (Docker pool): project folder + Dockerfile, and what its image needs:
-        a tag that exists, or a build (Plan.context) that runs on the build pool."""
-        project = self.project
-        if ensure_project(project, self._render_dockerfile(project), *self.notebook_owner()):
-            self._emit(5, f"Created project folder with a Dockerfile from {self.project_template}")
-        if use_last_good:
-            good = projectimage.last_good(project, self._docker, self.image_repo)
-            if good is None:
-                raise ProjectError(
-                    "This project has no earlier image that built. Start it again to build "
-                    "its Dockerfile."
-                )
-            self._image_note = ("last-good", projectimage.last_good_note(project, good))
-            self._emit(70, projectimage.last_good_note(project, good, "Starting"), note=True)
-            return projectimage.Plan(good.tag)
-        self._emit(8, "Checking the project's image")
-        self._image_note = ("latest", "Running the image built from the project's Dockerfile.")
-        plan = projectimage.plan_image(
-            self._docker, project, self.image_repo, allowed=tuple(self.allowed_base_images)
-        )
-        if plan.context is None:
-            # the image exists (built before, by this project or one with its content):
-            # it is this project's last good image, as after a build
-            projectimage.record(project, plan.tag, failed=False)
-            self._emit(70, f"Using the image {plan.tag} (the Dockerfile is unchanged)")
-        return plan
-
-    def build_limits(self) -> confine.BuildLimits:
-        """The limits of this hub's builds (the ``build_*`` settings)."""
-        return confine.BuildLimits(
-            timeout=self.build_timeout,
-            memory=self.build_mem_limit or self.mem_limit or None,
-            cpus=self.build_cpu_limit or self.cpu_limit or None,
-            pids=self.build_pids_limit,
-            disk=self.build_disk_limit,
-            log_bytes=self.build_log_limit,
-            logs_kept=self.build_logs_kept,
-        )
-
-    def _build_image(self, plan: projectimage.Plan, quick: threading.Event | None = None) -> str:
-        """Blocking (build pool): build the planned image (``quick``: in the quick lane,
-        stopped past ``build_quick_s`` or once the event is set: builds.py)."""
-        self._build_step, self._last_line_at = (0, 1), 0.0
-        limits = self.build_limits()
-        if quick is not None:
-            limits = dataclasses.replace(limits, quick_s=self.build_quick_s, quick_stop=quick)
-        return projectimage.build_planned(
-            self._docker,
-            self.project,
-            plan,
-            Path(self.projects_root) / ".locks",
-            self._on_build_line,
-            limits,
-            repo=self.image_repo,
-            network=self.network_name,
-        )
-
-    async def _prepare_image(self, use_last_good: bool) -> str:
-        """The image this start runs: found on the Docker pool, built (when its content
-        is new) on the build pool, within this user's share of it (builds.py)."""
-        plan = await self._run(self._plan_image, use_last_good)
-        try:
-            if plan.context is None:
-                return plan.tag
-            # the starting point being built in the background now, where this is its
-            # project's first build: the same work, so this start waits and reuses it
-            await prebuild.wait_for(plan.context.dockerfile, self._emit)
-            pool = builds.pool(self.build_threads, self.build_max_per_user, self.build_quick_s)
-            who = options.one_line(title(self) if self.orm_spawner else self.name)[:60]
-            build = functools.partial(self._build_image, plan)
-            return await pool.run(self.user.name, who, self._emit_build_wait, build)
-        finally:
-            plan.close()
-
-    def build_log_url(self) -> str:
-        """The hub page of this project's latest build log ('' when it has none)."""
-        project = self.project
-        if projectimage.latest_log(project) is None:
-            return ""
-        return buildlog.page_url(self.hub.base_url, self.user.name, project.name)
 
     @default("options_form")
     def _default_options_form(self):

@@ -197,7 +197,7 @@ def discover(issuer: str, timeout_s: float = 10) -> dict[str, str]:
         if missing:
             problem = f"its discovery document names no {', '.join(missing)}"
     if problem:
-        from gpulab_hub.settings import SettingError
+        from gpulab_hub.settingvalues import SettingError
 
         raise SettingError(
             f"gpulab could not read the OpenID Connect provider at GPULAB_OIDC_ISSUER "

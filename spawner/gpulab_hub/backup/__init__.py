@@ -30,7 +30,7 @@ one, ``unpack.py`` writes members below a folder from descriptors.
 
 from __future__ import annotations
 
-from gpulab_hub.settings import DATABASE as DATABASE  # the hub's database (gpulab's tables too)
+from gpulab_hub.layout import DATABASE as DATABASE  # the hub's database (gpulab's tables too)
 
 FORMAT = 2  # the archive's layout; a newer layout is refused by an older gpulab
 MANIFEST = "gpulab-backup.json"

@@ -21,6 +21,7 @@ from gpulab_hub import (
     hubsettings,
     pidfile,
     settings,
+    settingvalues,
     tls,
 )
 from gpulab_hub.cli import backup as cli_backup
@@ -346,7 +347,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.fn(args, os.environ)
-    except (host.HostError, allocator.AllocationError, settings.SettingError) as e:
+    except (host.HostError, allocator.AllocationError, settingvalues.SettingError) as e:
         print(f"gpulab: {e}", file=sys.stderr)
         return 1
 

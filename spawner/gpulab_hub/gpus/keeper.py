@@ -51,6 +51,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpulab_hub import blocking, gpus, jsonfile, settings
 from gpulab_hub.gpus import allocator, queue, reclaim, reclaimrecord, usage
 from gpulab_hub.gpus.reclaimrecord import Warning
+from gpulab_hub.layout import GPU_USAGE_RETENTION_DAYS, GPU_USAGE_WINDOW_S
 
 SERVICE = "gpulab-gpu-keeper"
 # list users and their servers (stopped ones included), start and stop servers
@@ -330,8 +331,8 @@ class Keeper:
     posted: dict[Key, float] = field(default_factory=dict)
     budget_hours: Mapping[str, float] = field(default_factory=dict)  # gpu_budget_hours
     db_url: str | None = None  # the hub's database: the usage ledger (None: no fair share)
-    usage_window: float = settings.GPU_USAGE_WINDOW_S
-    usage_retention: float = settings.GPU_USAGE_RETENTION_DAYS * 24 * 3600.0
+    usage_window: float = GPU_USAGE_WINDOW_S
+    usage_retention: float = GPU_USAGE_RETENTION_DAYS * 24 * 3600.0
     release_looked: float = float("-inf")  # when the hub was last asked for idle release
     policy: allocator.Policy = allocator.Policy()  # the spawner's (gpu_* traits)
     inventory: Callable[[], gpus.Inventory] = gpus.inventory  # the host's GPUs (NVML)

@@ -15,17 +15,19 @@ import docker.errors
 from sqlalchemy.exc import SQLAlchemyError
 from traitlets import Bool, Dict, Float, HasTraits, Int, List, Unicode, default
 
-from gpulab_hub import blocking, gpus, hubsettings, settings
+from gpulab_hub import blocking, gpus, hubsettings
 from gpulab_hub.gpus import allocator, reclaim, usage, utilmeter, wsl
 from gpulab_hub.hubsettings import default_layout
-from gpulab_hub.projects import objects
-from gpulab_hub.settings import (
-    DEFAULT,
+from gpulab_hub.layout import (
+    DATABASE,
     GPU_USAGE_RETENTION_DAYS,
     GPU_USAGE_WINDOW_S,
     QUEUE,
     USAGE,
+    sqlite_url,
 )
+from gpulab_hub.projects import objects
+from gpulab_hub.settings import DEFAULT
 
 INVENTORY_TTL = 300.0  # seconds an inventory read through NVML is reused
 
@@ -482,7 +484,7 @@ def db_url_of(s: GpuTraits, config=None) -> str:
     config = config if config is not None else getattr(s, "config", None)
     url = hubsettings.db_url_of(config) if config is not None else ""
     folder = getattr(s, "records_dir", None) or Path(s.allocations_file).parent
-    return url or settings.sqlite_url(Path(folder) / settings.DATABASE)
+    return url or sqlite_url(Path(folder) / DATABASE)
 
 
 def ledger_of(s: GpuTraits) -> usage.UsageLedger:

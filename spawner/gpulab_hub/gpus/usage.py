@@ -29,17 +29,18 @@ from typing import TextIO
 
 import sqlalchemy as sa
 
-from gpulab_hub import jsonfile, settings
+from gpulab_hub import jsonfile
 from gpulab_hub.db import engine as db_engine
 from gpulab_hub.db import tables
 from gpulab_hub.gpus.allocator import Held
+from gpulab_hub.layout import GPU_USAGE_RETENTION_DAYS
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}")  # owner and project
 UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_.:-]{0,127}")  # GPU-…, MIG-…, or a slice's id
 LABEL = re.compile(r"[A-Za-z0-9 ()/._:+-]{0,128}")  # "GPU 1 (NVIDIA H100 80GB HBM3)"
 HOUR = 3600.0
 DAY = 24 * HOUR
-RETENTION_DAYS = settings.GPU_USAGE_RETENTION_DAYS  # ProjectSpawner.gpu_usage_retention_days
+RETENTION_DAYS = GPU_USAGE_RETENTION_DAYS  # ProjectSpawner.gpu_usage_retention_days
 
 
 class UsageError(Exception):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpulab_hub.settings import INDEX_URL
+from gpulab_hub.settingvalues import INDEX_URL
 
 DEFAULT = "minimal"
 

@@ -26,7 +26,7 @@ from tornado import web
 
 from gpulab_hub import blocking
 from gpulab_hub.projects.title import title
-from gpulab_hub.settings import valid_host
+from gpulab_hub.settingvalues import valid_host
 from gpulab_hub.sharing import roles
 from gpulab_hub.ssh import names
 from gpulab_hub.ssh.keys import KeyRefused, KeyStore, StoredKey

@@ -23,7 +23,8 @@ from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpulab_hub.settings import SettingError, Settings, service_env
+from gpulab_hub.settings import Settings, service_env
+from gpulab_hub.settingvalues import SettingError
 
 SERVICE = "gpulab-tls"
 ASK = "/gpulab/tls-ask"  # under the hub's /hub/: Caddy's ask (tls/web.py)
