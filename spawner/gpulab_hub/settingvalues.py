@@ -113,11 +113,7 @@ def is_ip(value: str) -> bool:
 
 def valid_host(value: str) -> bool:
     """An IP address or a host name, whole."""
-    try:
-        ipaddress.ip_address(value)
-        return True
-    except ValueError:
-        return _HOSTNAME.fullmatch(value) is not None
+    return is_ip(value) or _HOSTNAME.fullmatch(value) is not None
 
 
 def var(name: str, default: Any, parse: Callable[[str, str], Any] = text, *, secret=False):
