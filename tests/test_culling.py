@@ -14,6 +14,7 @@ from conftest import hub_env, start_hub
 from security.people import log_in_admin, make_user
 
 from gpulab_hub import culling
+from gpulab_hub.gpus import allocator, keeper, reclaim
 
 # Seconds without activity before a project is stopped: the culler then looks every 2 s
 # and servers report every 2 s, so a project kept by a job is 4 s stale at most.
@@ -106,11 +107,23 @@ def test_the_culler_stops_idle_projects_but_not_one_with_a_running_job(culling_h
 SILENT = "import time\ntime.sleep(40)\nprint('slept', flush=True)\n"
 
 
+def reclaim_plan(user, project: str, now: float) -> keeper.Plan:
+    """What GPU reclaim decides at ``now`` on the hub's own record of ``user``'s servers
+    (their ``last_activity``, what the keeper reads), were ``project`` holding a GPU:
+    idle release after ``TIMEOUT`` seconds, nobody waiting."""
+    model = user.api("GET", f"/hub/api/users/{user.name}").json()
+    held = {"GPU-0": (allocator.Holder(user.name, project, since=now - 3600),)}
+    rules = reclaim.Rules(grace=60, idle_after=TIMEOUT, release_after=TIMEOUT)
+    return keeper.plan([], keeper.state_of([model]), keeper.Host(holdings=held), {}, now, rules)
+
+
 @pytest.mark.docker
 def test_a_cell_running_on_the_server_keeps_its_project_then_idle_it_is_culled(culling_hub):
     """A cell that prints nothing for 40 s, run on the server's side with no browser open
     (gpulab_jupyter/cells.py): four timeouts long, and the project stays; once it has
-    ended and nothing else runs, the project is stopped like any idle one."""
+    ended and nothing else runs, the project is stopped like any idle one. GPU reclaim,
+    deciding on the same hub's record, never picks it while the cell runs and picks it
+    once it has been idle as long as its rule says."""
     from cells_kit import (
         cell_text,
         code_cell,
@@ -139,10 +152,18 @@ def test_a_cell_running_on_the_server_keeps_its_project_then_idle_it_is_culled(c
     while time.monotonic() - started < 36:
         assert "cells" in servers(dana), "the project with a running cell was stopped"
         kept_by |= set(dana.api("GET", f"{server}/api/gpulab/v1/activity").json()["kept_by"])
+        if time.monotonic() - started > 2 * TIMEOUT:  # silent for twice the idle rule
+            plan = reclaim_plan(dana, "cells", time.time())
+            assert not plan.warn and not plan.stop, f"reclaim picked a running cell: {plan}"
         time.sleep(2)
     assert "cell" in kept_by, kept_by
     done = wait_done(dana.token, dana.base, server, kernel, r.json()["request_id"], timeout=60)
     assert done.get("status") == "ok", done
+    # Idle from here: on the hub's record as it stands, reclaim picks the project once
+    # it has been idle for the rule's time, and not before.
+    assert not reclaim_plan(dana, "cells", time.time()).warn
+    later = reclaim_plan(dana, "cells", time.time() + TIMEOUT + 5)
+    assert [w.key for w in later.warn] == [("dana", "cells")], later
     time.sleep(3)
     assert cell_text(saved(dana, server, path), "s1") == "slept\n"
     cull = culling.intervals(TIMEOUT)
