@@ -35,5 +35,8 @@ site = hubconfig.finish(c)
 # gpulab's tables in the hub's database brought up to date, a SQLite database backed up
 # first (db/migrate.py; `gpulab upgrade-db` does the same by hand).
 hubconfig.upgrade_database(site)
+# A project's rename or deletion that a killed hub left half done, finished first
+# (workflows/recovery.py).
+hubconfig.finish_interrupted(c, site)
 # gpulab's GPU figures on /hub/metrics, beside JupyterHub's (gpus/metrics.py).
 metrics.register(metrics.Sources.of_config(c))

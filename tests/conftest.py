@@ -116,12 +116,11 @@ def _controller(config) -> bool:
 
 
 def pytest_configure(config):
-    """Every browser test: navigations survive the other worker's Docker networks, and
-    Playwright's assertions wait as long as a loaded machine needs (browser_kit.py)."""
-    from browser_kit import EXPECT_TIMEOUT_MS, survive_network_changes
+    """Every browser test: Playwright's assertions wait as long as a loaded machine
+    needs (browser_kit.py)."""
+    from browser_kit import EXPECT_TIMEOUT_MS
     from playwright.sync_api import expect
 
-    survive_network_changes()
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
 
 

@@ -15,8 +15,10 @@ the accept page are also written to docs/img/ for docs/sharing.md.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import time
 from urllib.parse import quote
 
 import pytest
@@ -157,6 +159,18 @@ def server_answer(page: Page, method: str, api_path: str) -> int:
     )
 
 
+def saved_by_server(user, name: str, text: str, within: float = 30) -> None:
+    """Wait until the project's ``name`` on disk holds ``text`` (the server saved it)."""
+    deadline = time.monotonic() + within
+    path = f"/user/{OWNER}/{PROJECT}/api/contents/{quote(name)}"
+    while time.monotonic() < deadline:
+        got = user.api("GET", path)
+        if got.status_code == 200 and text in json.dumps(got.json().get("content")):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{name} on disk never held {text!r}")
+
+
 def share_dialog(page: Page):
     """Open the Share dialog from the top bar; the dialog and its frame."""
     page.locator(".jp-gpulab-ShareButton").click()
@@ -203,6 +217,11 @@ def test_owner_shares_viewer_reads_and_saves_a_copy(hub, people, projects, conte
     owner.keyboard.insert_text(CODE)
     owner.keyboard.press("Shift+Enter")
     expect(panel.locator(".jp-OutputArea-output").first).to_have_text(OUTPUT, timeout=60_000)
+    # The server has written the output to disk by itself (real-time collaboration) and
+    # the tab has heard of it: a save within that moment meets jupyter-collaboration's
+    # race, "File Changed" (docs/cells-on-the-server.md, known edges).
+    saved_by_server(people[OWNER], "Untitled.ipynb", OUTPUT)
+    owner.wait_for_timeout(1_000)
     # The first save asks for a name.
     owner.keyboard.press("Control+s")
     rename = owner.locator(".jp-Dialog")

@@ -74,9 +74,11 @@ def test_a_fresh_database_gets_jupyterhubs_tables_and_gpulabs_from_the_migration
     orm.new_session_factory(url_of(path)).kw["bind"].dispose()
     # The migration made exactly what tables.py defines (the migration made them: no
     # create_all anywhere), indexes included.
-    # (tables.py names JupyterHub's users only by foreign key: its table is JupyterHub's.)
+    # (tables.py names JupyterHub's users and servers only by foreign key: their tables
+    # are JupyterHub's, compared by nobody here.)
     whole = sa.MetaData()
-    orm.User.__table__.to_metadata(whole)
+    for t in orm.Base.metadata.tables.values():
+        t.to_metadata(whole)
     for t in tables.METADATA.tables.values():
         t.to_metadata(whole)
     engine = sa.create_engine(url_of(path))

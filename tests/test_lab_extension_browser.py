@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 import requests
+from browser_kit import CHROMIUM, CHROMIUM_ARGS, CHROMIUM_BINARY
 
 pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "test-output"
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+ARGS = CHROMIUM_ARGS
 GPU_TEXT = re.compile(r"^(\d+ GPUs|GPU) (\d+%|n/a) · [\d.?]+/[\d.?]+ GiB$")
 
 
@@ -46,7 +46,7 @@ def running_lab(
 ):
     """A real JupyterLab with the extension in ``home`` (serving ``root``, by default
     ``home``, with more command line ``args``); yields (url, token, log path)."""
-    if not os.path.exists(CHROMIUM):
+    if not os.path.exists(CHROMIUM_BINARY):
         pytest.skip("Debian's chromium is not installed (scripts/setup.sh test installs it)")
     port, token = free_port(), secrets.token_hex(16)
     log = home / "lab.log"

@@ -18,7 +18,7 @@ import os
 from urllib.parse import quote
 
 import pytest
-from browser_kit import CHROMIUM, SHOTS, launch
+from browser_kit import CHROMIUM_BINARY, SHOTS, launch
 from hubclient import HubUser
 
 pytestmark = [
@@ -106,7 +106,7 @@ def install_in_jupyterlab(base: str, mona: HubUser) -> None:
     """mona types the install into a new notebook, runs it, saves it, reloads the page."""
     from playwright.sync_api import expect, sync_playwright
 
-    assert os.path.exists(CHROMIUM), "Debian's chromium is not installed"
+    assert os.path.exists(CHROMIUM_BINARY), "Debian's chromium is not installed"
     SHOTS.mkdir(exist_ok=True)
     done = f"✔ {PACKAGE} {VERSION}: installed, verified and written to the Dockerfile"
     with sync_playwright() as pw:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import asyncssh
+import hubdb_kit
 import pytest
 from jupyterhub import orm, scopes
 
@@ -52,13 +53,13 @@ NOT_PER_PROJECT = {
 
 # --- one planter and one reader per registered store ---------------------------------
 class Hub:
-    """A JupyterHub database in memory and gpulab's records folder."""
+    """A JupyterHub database (with gpulab's tables) and gpulab's records folder."""
 
     def __init__(self, tmp_path: Path):
         scopes.define_custom_scopes(roles.CUSTOM_SCOPES)
         self.dir = tmp_path / "hub"
         self.dir.mkdir()
-        self.db = orm.new_session_factory("sqlite://")()
+        self.url, self.db = hubdb_kit.database(tmp_path / "db")
         self.team = orm.Group(name="team")
         self.db.add_all([self.team, orm.OAuthClient(identifier="jupyterhub")])
         for owner, project in PLANTED:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 
+import hubdb_kit
 import pytest
 from hubclient import HubUser
 from jupyterhub import orm
@@ -201,9 +202,9 @@ def test_rename_keeps_files_shares_and_image(hub, people, shared):
 
 # --- without a hub: every record moves, and a failed step puts everything back -------
 def records_hub(tmp_path):
-    """A JupyterHub database in memory, and gpulab's folders and records of alice/one:
-    files, image record, a user share, a group share (with its role), a share code, a
-    token naming the server, sharing settings and a public link."""
+    """A JupyterHub database (gpulab's tables beside its own), and gpulab's folders and
+    records of alice/one: files, image record, a user share, a group share (with its
+    role), a share code, a token naming the server, sharing settings and a public link."""
     import logging
 
     from jupyterhub import scopes
@@ -212,7 +213,7 @@ def records_hub(tmp_path):
     from gpulab_hub.workflows import rename
 
     scopes.define_custom_scopes(roles.CUSTOM_SCOPES)
-    db = orm.new_session_factory("sqlite://")()
+    db = hubdb_kit.database(tmp_path / "db")[1]
     alice, bob = orm.User(name="alice"), orm.User(name="bob")
     team = orm.Group(name="team", users=[bob])
     db.add_all([alice, bob, team, orm.OAuthClient(identifier="jupyterhub")])

@@ -16,6 +16,12 @@ class GPULabExtension(ExtensionApp):
     description = "gpulab: the GPU status of this project's container"
     load_other_extensions = True
 
+    def _link_jupyter_server_extension(self, serverapp):
+        super()._link_jupyter_server_extension(serverapp)
+        from .contents import choose
+
+        choose(serverapp, self.log)  # before the server makes its file manager
+
     def initialize_settings(self):
         from .activity import ActivityReporter
         from .jobs.cli import project_dir

@@ -320,6 +320,27 @@ def upgrade_database(s: Settings):
     return done
 
 
+def finish_interrupted(c, s: Settings) -> list[str]:
+    """The renames and deletions of projects that a killed hub left half done, finished
+    before the hub serves anyone (workflows/recovery.py); what the hub's output says of
+    each. The group shares' roles the hub loads are read again after them. Nothing
+    happens where anything but JupyterHub reads the configuration."""
+    from jupyterhub.app import JupyterHub
+
+    from gpulab_hub import blocking
+    from gpulab_hub.workflows import recovery
+
+    if not JupyterHub.initialized():
+        return []
+    with blocking.allowed("finishing interrupted renames and deletions as the hub starts"):
+        said = recovery.finish_interrupted(s.layout.db_url)
+    for line in said:
+        print(f"gpulab: {line[0].upper()}{line[1:]}", flush=True)
+    if said:
+        c.JupyterHub.load_roles = [sharing.USER_ROLE, *groupshares.load_roles(s.hub_dir)]
+    return said
+
+
 def _with_gpulab_routes(c) -> None:
     cls = c.JupyterHub.authenticator_class if "authenticator_class" in c.JupyterHub else None
     if cls is None:

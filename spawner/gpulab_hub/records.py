@@ -71,6 +71,11 @@ class ProjectRecords(Protocol):
         """``owner``'s records of ``old`` as those of ``new`` (anything recorded under
         ``new`` is dropped first); how to put it back, or None when neither had any."""
 
+    def holds(self, owner: str, project: str) -> bool:
+        """Whether anything is recorded for ``owner``'s ``project``. A rename finished
+        after a crash (workflows/recovery.py) moves a store only while the old name
+        holds something: a move again would drop what moved under the new name."""
+
     def forget(self, owner: str, project: str) -> None:
         """Drop the records of a deleted project: a new one of the name gets nothing."""
 
@@ -90,6 +95,11 @@ class Records:
 
     def move(self, owner: str, old: str, new: str) -> Undo | None:
         return None
+
+    def holds(self, owner: str, project: str) -> bool:
+        if self.per_project and self.moves and type(self).move is not Records.move:
+            raise NotImplementedError(f"{type(self).__name__} moves records but has no holds()")
+        return False
 
     def forget(self, owner: str, project: str) -> None:
         return None

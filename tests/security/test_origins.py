@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 import pytest
 import requests
+from browser_kit import CHROMIUM, CHROMIUM_ARGS
 from conftest import free_port, hub_env, start_hub
 from people import log_in_admin, make_user, password, share_by_link
 from playwright.sync_api import expect, sync_playwright
@@ -27,8 +28,6 @@ pytestmark = [
     pytest.mark.docker,
 ]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 ATTACKER, VICTIM, PROJECT = "orevil", "orvictim", "site"
 PAGE = "innocent.html"
 

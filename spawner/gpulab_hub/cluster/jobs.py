@@ -105,6 +105,14 @@ class JobsRecord(jsonfile.LockedRecord):
                 self._write(kept)
             return moved
 
+    def holds(self, owner: str, project: str) -> bool:
+        """Whether a job of ``owner``'s ``project`` is recorded."""
+        if not self.path.exists():
+            return False
+        with self.locked():
+            entries = self._read().values()
+            return any((e["owner"], e["project"]) == (owner, project) for e in entries)
+
     def forget(self, owner: str, project: str | None = None) -> int:
         """Forget the jobs of ``owner``'s project (every project: None); how many. A job
         still running runs on; a new project of the same name never sees it."""

@@ -20,6 +20,9 @@ class JobsRecords(records.Records):
             return None
         return lambda: record.move_project(owner, new, old)
 
+    def holds(self, owner: str, project: str) -> bool:
+        return jobs.record_of(self.where.records_dir).holds(owner, project)
+
     def forget(self, owner: str, project: str) -> None:
         jobs.record_of(self.where.records_dir).forget(owner, project)
 

@@ -52,3 +52,30 @@ imports = sa.Table(
     sa.Column("skipped", sa.Integer, nullable=False),  # damaged or torn lines
     sa.Column("at", sa.Float, nullable=False),  # epoch seconds
 )
+
+# Workflows under way that change a project in several places (workflows/journal.py): a
+# rename or a deletion, written before its first step and removed after its last, so a
+# hub that died in between finishes it as it starts. The row names JupyterHub's server
+# row by foreign key: deleting the server (the deletion's last step, JupyterHub's) or
+# its user deletes the row with it, in the same transaction.
+workflows = sa.Table(
+    "gpulab_workflows",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column(
+        "server_id",
+        sa.Integer,
+        sa.ForeignKey("spawners.id", ondelete="CASCADE"),
+        nullable=False,
+        unique=True,  # one workflow a project at a time
+    ),
+    sa.Column("kind", sa.Unicode(16), nullable=False),  # "rename" or "delete"
+    sa.Column("owner", sa.Unicode(NAME_LEN), nullable=False),
+    sa.Column("project", sa.Unicode(NAME_LEN), nullable=False),  # the name it had
+    sa.Column("new_name", sa.Unicode(NAME_LEN)),  # rename: the name it gets
+    sa.Column("display_name", sa.UnicodeText),  # rename: the display name it gets
+    # rename: "begun", then "moving" once records left under the new name were dropped
+    sa.Column("stage", sa.Unicode(16), nullable=False),
+    sa.Column("place", sa.UnicodeText, nullable=False),  # JSON: the hub's folders it touches
+    sa.Column("started", sa.Float, nullable=False),  # epoch seconds
+)

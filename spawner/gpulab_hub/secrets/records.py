@@ -24,6 +24,13 @@ class SecretChoiceRecords(records.Records):
             old, new
         )
 
+    def holds(self, owner: str, project: str) -> bool:
+        try:
+            store = secret_store.SecretStore(self._folder(), owner, self.where.log)
+            return project in store.selections()
+        except ValueError:
+            return False  # not an account name gpulab allows: it never had secrets
+
     def forget(self, owner: str, project: str) -> None:
         self._forget(owner, project)
 

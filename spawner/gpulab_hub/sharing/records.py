@@ -47,6 +47,11 @@ class SharingPolicyRecords(records.Records):
 
         return undo
 
+    def holds(self, owner: str, project: str) -> bool:
+        store = self._store()
+        with store.locked():
+            return _key(owner, project) in store._read()
+
     def forget(self, owner: str, project: str) -> None:
         self._store().forget(owner, project)
 
@@ -83,6 +88,11 @@ class PublicLinkRecords(records.Records):
                 links._write([*others, *back, *stale])
 
         return undo
+
+    def holds(self, owner: str, project: str) -> bool:
+        links = self._store()
+        with links.locked():
+            return any((x.owner, x.project) == (owner, project) for x in links._read())
 
     def forget(self, owner: str, project: str) -> None:
         self._store().forget(owner, project)
@@ -168,6 +178,13 @@ class LinkAccessRecords(records.Records):
                 store._write({**now, **touched})
 
         return undo
+
+    def holds(self, owner: str, project: str) -> bool:
+        store = self._store()
+        if not store.path.exists():
+            return False
+        with store.locked():
+            return any(_project_of(k) == (owner, project) for k in store._read())
 
     def forget(self, owner: str, project: str) -> None:
         self._drop(lambda o, p: (o, p) != (owner, project))

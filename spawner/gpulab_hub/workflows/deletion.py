@@ -52,6 +52,7 @@ from traitlets.config import Configurable
 
 from gpulab_hub import blocking, hubsettings, records
 from gpulab_hub.projects import objects, project_name, safe_owner
+from gpulab_hub.workflows import journal
 from gpulab_hub.workflows import records as registry
 
 LOG = logging.getLogger("gpulab.deletion")
@@ -87,6 +88,16 @@ class Place:
     allocations_file: Path
     prefix: str
     hf_volume: str  # the user's volume name, formatted
+
+    def saved(self) -> dict:
+        """As the deletion's row in the journal keeps it (JSON)."""
+        kept = (bool, str, type(None))
+        return {k: v if isinstance(v, kept) else str(v) for k, v in vars(self).items()}
+
+    @classmethod
+    def of_saved(cls, saved: dict) -> Place:
+        paths = ("projects_root", "state_root", "data_root", "hub_dir", "allocations_file")
+        return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in saved.items()})
 
     def records(self, db=None, on_loop=records.run_here) -> records.Where:
         """Where the registered records of this hub are (records.Where)."""
@@ -223,14 +234,35 @@ def _remove_volume(client, name: str) -> str | None:
 
 
 # --- entry points -----------------------------------------------------------------
+def finish(db, place: Place, owner: str, project: str, orm_spawner) -> list[str]:
+    """Blocking, JupyterHub's session in this thread (a hub finishing a deletion it
+    was killed in, as it starts: workflows/recovery.py): the project's records and
+    files, then its server row, whose removal takes the journal's row with it."""
+    forget_server_records(place.records(db), owner, project)
+    done = project_files(place, owner, project)
+    db.delete(orm_spawner)
+    db.commit()
+    return done
+
+
 async def delete_project(spawner) -> None:
-    """ProjectSpawner.delete_forever: the server is stopped (JupyterHub checks)."""
+    """ProjectSpawner.delete_forever: the server is stopped (JupyterHub checks). The
+    deletion is written in the journal first (workflows/journal.py); JupyterHub's
+    removal of the server row, after this, takes that row with it. A hub killed in
+    between finishes the deletion as it starts."""
     owner, project = spawner.user.name, project_name(spawner.name)
     place = place_of(spawner, owner)
     loop = asyncio.get_running_loop()
-    where = place.records(spawner.user.db, records.on_loop_of(loop))
-    await blocking.run(blocking.RECORDS, forget_server_records, where, owner, project)
-    done = await blocking.run(blocking.RECORDS, project_files, place, owner, project)
+    db = spawner.user.db
+    where = place.records(db, records.on_loop_of(loop))
+    server_id = spawner.orm_spawner.id
+    entry = journal.begin(db, server_id, journal.DELETE, owner, project, place.saved())
+    try:
+        await blocking.run(blocking.RECORDS, forget_server_records, where, owner, project)
+        done = await blocking.run(blocking.RECORDS, project_files, place, owner, project)
+    except BaseException:
+        journal.end(db, entry)  # as before: the deletion failed and says so; tried again
+        raise
     spawner.log.info("gpulab: deleted project %s/%s: %s", owner, project, "; ".join(done) or "-")
 
 

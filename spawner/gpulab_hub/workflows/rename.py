@@ -28,7 +28,10 @@ becomes the new one; the owner may give another. The project must be stopped (no
 container of it left). The new name follows the rules of every project name
 (projects.project_name, checked whole) and must be free: no project, folder or hub
 record of that name. If a step fails, what was moved is put back and one message says
-so. Nothing is left under the old name: a new project of that name starts empty.
+so. Nothing is left under the old name: a new project of that name starts empty. The
+rename is written in a journal in the hub's database before its first step
+(workflows/journal.py): a hub killed in the middle finishes it as it starts
+(workflows/recovery.py).
 
 One rename of an owner's projects at a time (a file lock per owner, in the hub's
 records folder); while it runs, the project is pending "rename" as JupyterHub's own
@@ -65,7 +68,10 @@ from gpulab_hub.projects import (
     project_name,
     safe_owner,
 )
-from gpulab_hub.workflows import TEMPLATES  # noqa: F401 (the rename page)
+from gpulab_hub.workflows import (
+    TEMPLATES,  # noqa: F401 (the rename page)
+    journal,
+)
 from gpulab_hub.workflows import records as registry
 from gpulab_hub.workflows.deletion import place_of
 
@@ -101,6 +107,14 @@ class Where:
     def records(self, db, on_loop, log) -> records.Where:
         """Where the registered records are (records.Where)."""
         return records.Where(self.hub_dir, self.allocations_file, log, db, on_loop)
+
+    def saved(self) -> dict[str, str | None]:
+        """As the rename's row in the journal keeps it (JSON)."""
+        return {k: None if v is None else str(v) for k, v in vars(self).items()}
+
+    @classmethod
+    def of_saved(cls, saved: dict) -> Where:
+        return cls(**{k: None if v is None else Path(v) for k, v in saved.items()})
 
     def folders(self, owner: str) -> list[tuple[str, Path]]:
         """(what, the owner's hub folder holding one entry per project) that move."""
@@ -280,13 +294,32 @@ def _rename_row_if_free(db, orm_spawner, old: str, new: str, display: str | None
     rename_row(db, orm_spawner, old, new, display)
 
 
+def _begin(db, orm_spawner, where: Where, new: str, display: str | None) -> int:
+    """On the loop: the rename's row in the journal (workflows/journal.py)."""
+    owner, old = orm_spawner.user.name, orm_spawner.name
+    saved = where.saved()
+    return journal.begin(db, orm_spawner.id, journal.RENAME, owner, old, saved, new, display)
+
+
+def _end(db, entry: int, log) -> None:
+    """On the loop: the rename's row crossed out; if that fails, the hub's next start
+    finds the row and finishes the rename (each of its steps is done already)."""
+    try:
+        journal.end(db, entry)
+    except sa.exc.SQLAlchemyError as e:
+        db.rollback()
+        log.error("gpulab: rename: its row in the journal stays (%s); the next start ends it", e)
+
+
 def move(
     db, orm_spawner, where: Where, new: str, display: str | None, log, on_loop=records.run_here
 ) -> list[str]:
     """Blocking (a thread of the records pool, holding the owner's rename lock): rename
     the stopped project of ``orm_spawner`` to ``new``; what was moved. JupyterHub's
     database is changed through ``on_loop`` (records.Where.on_loop). RenameError if a
-    step fails, after putting back what was done."""
+    step fails, after putting back what was done. The rename is written in the journal
+    before its first step and crossed out after its last (or once all was put back): a
+    hub killed in between finishes it as it starts (workflows/recovery.py)."""
     owner, old, old_display = on_loop(_names, orm_spawner)
     owner = safe_owner(owner)
     if display is None:
@@ -294,10 +327,13 @@ def move(
     at = where.records(db, on_loop, log)
     steps, moved = Steps(), []
     step = "checking the names"
+    entry = None
     try:
         if on_loop(_taken, orm_spawner, new):
             raise RenameError(409, f"You have a project named {new!r} already.")
         check_folders_free(where, owner, new)
+        step = "writing the rename down"
+        entry = on_loop(_begin, db, orm_spawner, where, new, display)
         for what, parent in where.folders(owner):
             step = f"moving the {what}"
             if move_folder(parent, old, new):
@@ -326,6 +362,7 @@ def move(
             step = f"moving the {record.what}"
             if record.move(owner, old, new) is not None:
                 moved.append(record.what)
+        on_loop(_end, db, entry, log)
     except RenameError:
         raise
     except Exception as e:
@@ -333,13 +370,16 @@ def move(
         log.exception("gpulab: renaming %s/%s to %s failed while %s", owner, old, new, step)
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         failed = steps.undo(log)
-        if failed:
+        if failed:  # the journal's row stays: the hub's next start finishes the rename
             left = "; ".join(failed)
             raise RenameError(
                 500,
                 f"Renaming {old!r} to {new!r} failed while {step} ({reason}), and this could "
-                f"not be put back: {left}. Ask the administrator to finish it by hand.",
+                f"not be put back: {left}. The hub finishes the rename to {new!r} when it "
+                "next starts; ask the administrator to restart it.",
             ) from e
+        if entry is not None:
+            on_loop(_end, db, entry, log)
         raise RenameError(
             500,
             f"Renaming {old!r} to {new!r} failed while {step} ({reason}); everything was "
