@@ -54,7 +54,8 @@ def test_the_migration_makes_gpulabs_tables_beside_jupyterhubs_and_runs_once(pg)
         ours = conn.execute(sa.text(f"SELECT version_num FROM {tables.VERSION_TABLE}")).scalar()
         theirs = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
         whole = sa.MetaData()
-        orm.User.__table__.to_metadata(whole)
+        for t in orm.Base.metadata.tables.values():  # JupyterHub's: named by foreign keys
+            t.to_metadata(whole)
         for t in tables.METADATA.tables.values():
             t.to_metadata(whole)
         ctx = MigrationContext.configure(conn, opts={"include_object": _gpulabs})

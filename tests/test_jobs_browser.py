@@ -16,6 +16,7 @@ import time
 
 import pytest
 import requests
+from playwright.sync_api import Error as PlaywrightError
 from test_lab_extension_browser import (
     ARGS,
     CHROMIUM,
@@ -48,6 +49,11 @@ NOTEBOOK = {
                                 "name": "python3"}},
     "nbformat": 4, "nbformat_minor": 5,
 }  # fmt: skip
+
+
+# The file browser's entries (jupyter-collaboration's Online Collaborators panel lists
+# open files with the same class).
+FILES = "#filebrowser .jp-DirListing-item"
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +110,8 @@ def api(lab, path: str, method: str = "GET") -> dict:
 
 def run_from_file_browser(page, name: str) -> None:
     """Right-click ``name`` in the file browser, then "Run as job"."""
-    item = page.locator(".jp-DirListing-item").filter(has=page.get_by_text(name, exact=True))
-    selected = page.locator(".jp-DirListing-item.jp-mod-selected .jp-DirListing-itemText")
+    item = page.locator(FILES).filter(has=page.get_by_text(name, exact=True))
+    selected = page.locator(f"{FILES}.jp-mod-selected .jp-DirListing-itemText")
     if not item.is_visible():  # the Jobs panel has the sidebar: show the file browser
         page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
     for _ in range(3):
@@ -257,7 +263,7 @@ def test_the_jobs_tab_is_named_and_a_command_job_shows_its_command_line(lab, pag
 
 def test_the_browser_tab_names_the_project_once(lab, page):
     # A document open: "train.py — Alice First — gpulab".
-    item = page.locator(".jp-DirListing-item").filter(has=page.get_by_text("train.py", exact=True))
+    item = page.locator(FILES).filter(has=page.get_by_text("train.py", exact=True))
     if not item.is_visible():  # the Jobs panel has the sidebar: show the file browser
         page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
     item.dblclick()
@@ -380,7 +386,7 @@ def test_a_viewer_is_offered_no_run_stop_or_rerun(lab, page):
     assert panel.locator("[data-gpulab=job-log]").count() == job_item(viewer).count()
     assert panel.locator("[data-gpulab=job-rerun], [data-gpulab=job-stop]").count() == 0
     viewer.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
-    item = viewer.locator(".jp-DirListing-item").filter(
+    item = viewer.locator(FILES).filter(
         has=viewer.get_by_text("train.py", exact=True)
     )
     item.click(button="right")
@@ -420,14 +426,18 @@ def test_idle_notice_and_keep_it_running(lab, page):
 def test_a_notebook_runs_as_job_from_its_toolbar(lab, page):
     project = lab[3]
     page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
-    item = page.locator(".jp-DirListing-item").filter(has=page.get_by_text("hello.ipynb"))
+    item = page.locator(FILES).filter(has=page.get_by_text("hello.ipynb"))
     item.dblclick()
     button = page.locator(".jp-NotebookPanel-toolbar [data-jp-item-name=gpulab-run-as-job]")
     button.wait_for(timeout=60_000)
     button.locator("button").click()
     # The Jobs panel opens on it; it ends, announced, with the executed notebook.
     toast = page.locator(".Toastify__toast").filter(has_text="Job hello.ipynb succeeded after")
-    toast.wait_for(timeout=90_000)
+    try:
+        toast.wait_for(timeout=90_000)
+    except PlaywrightError:
+        page.screenshot(path=str(OUT / "jobs-run-notebook-failure.png"))
+        raise
     assert toast.get_by_role("button", name="Open executed notebook").is_visible()
     done = job_item(page, "succeeded").first
     assert done.locator(".jp-gpulab-JobTitle").inner_text() == "hello.ipynb"

@@ -12,7 +12,7 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette, Notification } from '@jupyterlab/apputils';
-import { IDocumentWidget } from '@jupyterlab/docregistry';
+import { DocumentRegistry, IDocumentWidget } from '@jupyterlab/docregistry';
 import { IFileBrowserFactory } from '@jupyterlab/filebrowser';
 import { runIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
@@ -30,6 +30,34 @@ export const OPEN_JOBS = 'gpulab:open-jobs';
 export const RUN_AS_JOB = 'gpulab:run-as-job';
 /** Run the file selected in the file browser as a job (its context menu). */
 export const RUN_FILE_AS_JOB = 'gpulab:run-file-as-job';
+
+
+/** How long Run as job waits for the server to save a collaborative notebook. */
+const SERVER_SAVE_MS = 10_000;
+
+/**
+ * Whether ``model`` (a collaborative document) became clean, saved by the server, within
+ * ``ms``.
+ */
+function savedByServer(model: DocumentRegistry.IModel, ms: number): Promise<boolean> {
+  if (!model.dirty) {
+    return Promise.resolve(true);
+  }
+  return new Promise(resolve => {
+    const onState = (_: DocumentRegistry.IModel, change: { name: string }) => {
+      if (change.name === 'dirty' && !model.dirty) {
+        done(true);
+      }
+    };
+    const timer = setTimeout(() => done(false), ms);
+    const done = (saved: boolean) => {
+      clearTimeout(timer);
+      model.stateChanged.disconnect(onState);
+      resolve(saved);
+    };
+    model.stateChanged.connect(onState);
+  });
+}
 
 const RUNNABLE = /\.(py|ipynb)$/;
 
@@ -150,7 +178,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const path = current(args);
         const widget = app.shell.currentWidget as Partial<IDocumentWidget> | null;
         if (widget?.context?.path === path && widget.context.model.dirty) {
-          await widget.context.save(); // the job runs what is on disk
+          // The job runs what is on disk. A collaborative document is saved by the server
+          // itself within a second: a Save of the tab's meanwhile can meet that save and
+          // stop at JupyterLab's "File Changed" question, and the job would never start.
+          const model = widget.context.model;
+          if (!(model.collaborative && (await savedByServer(model, SERVER_SAVE_MS)))) {
+            await widget.context.save();
+          }
         }
         return run(path);
       }
