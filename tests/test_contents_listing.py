@@ -69,20 +69,23 @@ async def test_a_folder_that_keeps_changing_still_fails_and_a_missing_one_is_404
 
 def test_a_jupyter_server_with_gpulab_jupyter_uses_it_unless_configured_otherwise(tmp_path):
     """The server's file manager, as a JupyterLab with gpulab-jupyter makes it; an admin's
-    ``ServerApp.contents_manager_class`` wins."""
-    from jupyter_server.serverapp import ServerApp
+    ``ServerApp.contents_manager_class`` wins. (In a process of its own: a server's
+    extensions patch jupyter_server's classes for the rest of the process.)"""
+    import subprocess
+    import sys
 
-    def manager(*argv: str):
-        app = ServerApp()
-        app.initialize(argv=["--allow-root", "--port=0", f"--ServerApp.root_dir={tmp_path}",
-                             "--ServerApp.open_browser=False", *argv])  # fmt: skip
-        try:
-            return type(app.contents_manager)
-        finally:
-            type(app).clear_instance()
-
-    assert manager() is GpulabContentsManager
-    chosen = "jupyter_server.services.contents.filemanager.AsyncFileContentsManager"
-    assert manager(f"--ServerApp.contents_manager_class={chosen}").__name__ == (
-        "AsyncFileContentsManager"
+    code = (
+        "import sys; from jupyter_server.serverapp import ServerApp; a = ServerApp(); "
+        "a.initialize(argv=sys.argv[1:]); print(type(a.contents_manager).__name__)"
     )
+
+    def manager(*argv: str) -> str:
+        args = ["--allow-root", "--port=0", f"--ServerApp.root_dir={tmp_path}", *argv]
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1]
+
+    assert manager() == "GpulabContentsManager"
+    chosen = "jupyter_server.services.contents.filemanager.AsyncFileContentsManager"
+    assert manager(f"--ServerApp.contents_manager_class={chosen}") == "AsyncFileContentsManager"
