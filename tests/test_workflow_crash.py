@@ -291,17 +291,23 @@ def test_the_whole_runs_end_as_the_workflows_say(renamed_whole, deleted_whole):
     assert deleted_whole["two"]["server"] is None
 
 
-def test_a_rename_that_cannot_be_finished_stays_in_the_journal(tmp_path):
-    """A folder of the new name made while the hub was down: the start says so, moves
-    nothing onto it, and keeps the row for the next start."""
+@pytest.mark.parametrize("in_the_way", ["folder", "link"])
+def test_a_rename_that_cannot_be_finished_stays_in_the_journal(tmp_path, in_the_way):
+    """A folder of the new name made while the hub was down, or a link there to a folder
+    elsewhere (as a hostile hand would plant it): the start says so, moves nothing onto
+    it and writes nothing through it, and keeps the row for the next start."""
     url, where = _hub(tmp_path)
     assert _run_child("rename", url, where, "journal") == -signal.SIGKILL
-    (where.projects_root / "alice" / "two").mkdir()
+    way = where.projects_root / "alice" / "two"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    way.mkdir() if in_the_way == "folder" else way.symlink_to(elsewhere)
     said = _restart(url)
     assert len(said) == 1 and "could not be finished" in said[0], said
     assert len(_journal(url)) == 1
     assert (where.projects_root / "alice" / "one" / "kept.txt").exists()
-    (where.projects_root / "alice" / "two").rmdir()
+    assert list(elsewhere.iterdir()) == []
+    way.rmdir() if in_the_way == "folder" else way.unlink()
     assert "finished as the hub started" in _restart(url)[0]
     assert _journal(url) == []
 
