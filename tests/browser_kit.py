@@ -24,3 +24,19 @@ def launch(playwright):
 
 
 EXPECT_TIMEOUT_MS = 15_000  # Playwright's 5 s default is short on a loaded 2-core machine
+
+
+def jupyterhub_admin(page, base: str, name_prefix: str) -> None:
+    """JupyterHub's own admin page listing the users whose names start with
+    ``name_prefix``, typed into its Search Users box as an admin does.
+
+    JupyterHub 6.1's page does not take the filter from the address
+    (``/hub/admin?name_filter=…`` fetches ``name_filter=`` empty): it lists the first
+    50 users by id, and a test hub that made more users than that never shows a new one.
+    """
+    page.goto(f"{base}/hub/admin")
+    search = page.get_by_placeholder("Search Users")
+    with page.expect_response(
+        lambda r: "/hub/api/users?" in r.url and f"name_filter={name_prefix}&" in r.url
+    ):
+        search.fill(name_prefix)

@@ -18,7 +18,7 @@ import re
 import time
 
 import pytest
-from browser_kit import CHROMIUM, CHROMIUM_ARGS, SHOTS
+from browser_kit import CHROMIUM, CHROMIUM_ARGS, SHOTS, jupyterhub_admin
 from hubclient import HubUser
 from playwright.sync_api import Page, expect
 from security.people import log_in_admin, make_user
@@ -179,7 +179,7 @@ def test_the_admin_page_shows_projects_not_a_default_server(hub, page):
         time.sleep(0.3)
 
     log_in(page, base, "admin", hub.admin_password)
-    page.goto(f"{base}/hub/admin?name_filter=acctp")
+    jupyterhub_admin(page, base, "acctp")
     rows = page.locator("tr.user-row")
     expect(rows.filter(has_text=WITHOUT_PROJECT)).to_have_count(1)
     page.screenshot(path=SHOTS / "accounts-admin-page.png")

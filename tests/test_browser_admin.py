@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from browser_kit import SHOTS
+from browser_kit import SHOTS, jupyterhub_admin
 from hubclient import HubUser
 from playwright.sync_api import expect
 from security.people import log_in_admin, make_user, password
@@ -146,7 +146,7 @@ def test_a_user_is_deleted_only_when_the_admin_typed_their_name(hub, browser):
         expect(page).to_have_url(re.compile(r".*/hub/(home|admin).*"))
 
         # JupyterHub's admin page: Edit User, Delete user (one click, no question).
-        page.goto(f"{hub.url}/hub/admin?name_filter={GONER}")
+        jupyterhub_admin(page, hub.url, GONER)
         user_rows = page.locator("tr.user-row").filter(has_text=GONER).locator("visible=true")
         expect(user_rows).to_have_count(1)  # the project's row
         user_rows.get_by_role("button", name="Edit User").click()
