@@ -326,6 +326,38 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_FILE_SECONDS: dict[tuple[str, str], float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add up each test file's setup, call and teardown seconds per worker (below)."""
+    gateway = getattr(getattr(report, "node", None), "gateway", None)
+    key = (gateway.id if gateway else "main", report.nodeid.split("::")[0])
+    _FILE_SECONDS[key] = _FILE_SECONDS.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where a whole run's minutes went: each worker's busy seconds and the slowest test
+    files, printed and written to test-output/file-seconds.json (docs/testing.md)."""
+    if not _FILE_SECONDS:
+        return
+    import json
+
+    workers: dict[str, float] = {}
+    files: dict[str, float] = {}
+    for (worker, file), seconds in _FILE_SECONDS.items():
+        workers[worker] = workers.get(worker, 0.0) + seconds
+        files[file] = files.get(file, 0.0) + seconds
+    busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(workers.items()))
+    terminalreporter.write_sep("-", f"busy per worker: {busy}")
+    for file, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:12]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {file}")
+    out = Path(__file__).resolve().parents[1] / "test-output"
+    out.mkdir(exist_ok=True)
+    rows = [{"worker": w, "file": f, "seconds": round(s, 2)} for (w, f), s in _FILE_SECONDS.items()]
+    (out / "file-seconds.json").write_text(json.dumps(rows, indent=1))
+
+
 @pytest.fixture(scope="module")
 def localhost_names():
     """``localhost`` and ``*.localhost`` resolve to 127.0.0.1 in this process for the
