@@ -118,9 +118,17 @@ def _controller(config) -> bool:
 def pytest_configure(config):
     """Every browser test: Playwright's assertions wait as long as a loaded machine
     needs (browser_kit.py). A machine without Playwright (the GPU host's run of the gpu
-    tests) runs no browser test."""
+    tests) runs no browser test.
+
+    The tests that read jupyterhub_config.py in this process start no GPU-figures reader
+    (gpus/metrics.register finds one, never started): the hubs they configure are not
+    running, and a reader left behind kept reading their removed databases for the rest
+    of the run, its warnings in other tests' failure output."""
     import importlib.util
 
+    from gpulab_hub.gpus import metrics
+
+    metrics._registered = metrics._registered or metrics.GpuCollector(lambda: None)
     if importlib.util.find_spec("playwright") is None:
         return
     from browser_kit import EXPECT_TIMEOUT_MS
