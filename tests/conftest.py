@@ -36,6 +36,14 @@ os.environ["GPULAB_TEST_PREFIX"] = PREFIX
 # What the workers of one run share: the Docker engine the run started (stopped by
 # the run's controller once every worker is done) and the ports handed out.
 SHARED = Path(tempfile.gettempdir()) / f"{RUN_PREFIX}-run"
+
+
+def run_file(name: str) -> Path:
+    """A file in SHARED of this run only (its controller's process id, which its
+    workers inherit): a fast-lane run beside a whole run leaves the whole run's alone."""
+    return SHARED / f"{name}-{os.environ.get('GPULAB_TEST_RUN', os.getpid())}"
+
+
 # Blocking work on an event loop's thread (a store lock, a Docker call) fails the test
 # instead of a warning (gpulab_hub/blocking.py); the hubs tests start inherit it (hub_env).
 os.environ["GPULAB_LOOP_GUARD"] = "strict"
@@ -50,7 +58,7 @@ def free_port() -> int:
     from filelock import FileLock
 
     SHARED.mkdir(exist_ok=True)
-    given = SHARED / "ports-given"
+    given = run_file("ports-given")
     with FileLock(str(SHARED / "ports.lock"), timeout=60):
         taken = set(given.read_text().split()) if given.exists() else set()
         while True:
@@ -103,7 +111,7 @@ def docker_engine():
     dk = host.Docker()
     with FileLock(str(SHARED / "dockerd.lock"), timeout=120):
         if host.ensure_dockerd(dk, SHARED / "dockerd"):
-            (SHARED / DOCKERD_STARTED).touch()
+            run_file(DOCKERD_STARTED).touch()
     cleanup_docker(dk)
     yield dk
     cleanup_docker(dk)
@@ -128,6 +136,9 @@ def pytest_configure(config):
 
     from gpulab_hub.gpus import metrics
 
+    if _controller(config):  # before xdist starts the workers, which inherit it
+        os.environ.setdefault("GPULAB_TEST_RUN", str(os.getpid()))
+
     metrics._registered = metrics._registered or metrics.GpuCollector(lambda: None)
     if importlib.util.find_spec("playwright") is None:
         return
@@ -139,16 +150,19 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     if _controller(session.config):
-        (SHARED / DOCKERD_STARTED).unlink(missing_ok=True)
-        (SHARED / "ports-given").unlink(missing_ok=True)
+        run_file(DOCKERD_STARTED).unlink(missing_ok=True)
+        run_file("ports-given").unlink(missing_ok=True)
 
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down
 def pytest_sessionfinish(session):
     """The engine this run started, stopped once every worker is done."""
-    if _controller(session.config) and (SHARED / DOCKERD_STARTED).exists():
+    if not _controller(session.config):
+        return
+    run_file("ports-given").unlink(missing_ok=True)
+    if run_file(DOCKERD_STARTED).exists():
         host.stop_dockerd(SHARED / "dockerd")
-        (SHARED / DOCKERD_STARTED).unlink(missing_ok=True)
+        run_file(DOCKERD_STARTED).unlink(missing_ok=True)
 
 
 class Hub:
