@@ -74,8 +74,6 @@ workflows = sa.Table(
     sa.Column("project", sa.Unicode(NAME_LEN), nullable=False),  # the name it had
     sa.Column("new_name", sa.Unicode(NAME_LEN)),  # rename: the name it gets
     sa.Column("display_name", sa.UnicodeText),  # rename: the display name it gets
-    # rename: "begun", then "moving" once records left under the new name were dropped
-    sa.Column("stage", sa.Unicode(16), nullable=False),
     sa.Column("place", sa.UnicodeText, nullable=False),  # JSON: the hub's folders it touches
     sa.Column("started", sa.Float, nullable=False),  # epoch seconds
 )

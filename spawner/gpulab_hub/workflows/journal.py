@@ -27,7 +27,6 @@ import sqlalchemy as sa
 from gpulab_hub.db import tables
 
 RENAME, DELETE = "rename", "delete"
-STARTED = "begun"  # the one stage: the workflow's steps tell by themselves what is done
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,6 @@ def begin(
             project=project,
             new_name=new_name,
             display_name=display_name,
-            stage=STARTED,
             place=json.dumps(place, sort_keys=True),
             started=time.time(),
         )

@@ -23,7 +23,6 @@ def upgrade() -> None:
         sa.Column("project", sa.Unicode(128), nullable=False),
         sa.Column("new_name", sa.Unicode(128)),
         sa.Column("display_name", sa.UnicodeText),
-        sa.Column("stage", sa.Unicode(16), nullable=False),
         sa.Column("place", sa.UnicodeText, nullable=False),
         sa.Column("started", sa.Float, nullable=False),
         sa.ForeignKeyConstraint(["server_id"], ["spawners.id"], ondelete="CASCADE"),
