@@ -1,9 +1,10 @@
 """Every module of gpulab's distributions imports on its own, no two import each other,
 and the hub's packages keep the layers of docs/architecture.md.
 
-The import graph is read from the source (every ``import``, at the top or inside
-a function, except under ``if TYPE_CHECKING:``), so a cycle hidden in a function
-body counts too: it is still two modules that need each other. A module reading
+The import graph is read from the source (every ``import``, at the top, inside a
+function or under ``if TYPE_CHECKING:``), so a cycle hidden in a function body or in
+type hints counts too: it is still two modules that need each other (a module's
+helpers that need its caller name a protocol of a module below both, as ssh/peer.py). A module reading
 its own package (``from . import __version__``) is no edge: Python has always
 imported the package first.
 
@@ -62,18 +63,8 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(tree: ast.AST):
     for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and _type_checking(node):
-            yield from (n for child in node.orelse for n in _imports_of(child))
-            continue
         yield from _imports_of(node)
 
 

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import asyncssh
 
 from gpulab_hub.ssh.hubclient import HubError
 from gpulab_hub.ssh.names import choose_project
-
-if TYPE_CHECKING:
-    from gpulab_hub.ssh.gateway import Connection
+from gpulab_hub.ssh.peer import Peer
 
 
 class ChooseProject(asyncssh.SSHServerSession):
     """The one session of a login with no project (``ssh alice@host``): it says what
     to type and the account's own projects (names.choose_project), then exits 1."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Peer):
         self.conn = conn
         self.chan = None
         self.tty = False

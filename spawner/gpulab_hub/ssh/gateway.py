@@ -32,7 +32,6 @@ import itertools
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import asyncssh
 
@@ -44,6 +43,7 @@ from gpulab_hub.ssh.dockerexec import Docker, ExecError
 from gpulab_hub.ssh.hubclient import HubClient, HubError
 from gpulab_hub.ssh.limits import Limiter, lockout_message
 from gpulab_hub.ssh.names import Login, parse_account, parse_login
+from gpulab_hub.ssh.peer import Ready
 from gpulab_hub.ssh.sessions import Refused
 from gpulab_hub.ssh.settings import Settings
 
@@ -56,16 +56,6 @@ LOGIN_HELP = (
     "gpulab: log in as <you>+<project> (your own project) or <you>+<owner>~<project> "
     "(one shared with you), e.g. ssh -p <port> alice+one@<host>\r\n"
 )
-
-
-@dataclass(frozen=True)
-class Ready:
-    """Where a session of this connection runs."""
-
-    container_id: str
-    exec_user: str
-    workdir: str
-    role: str
 
 
 def token_may_log_in(model: dict | None, user: str) -> bool:

@@ -18,15 +18,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from typing import TYPE_CHECKING
 
 import asyncssh
 
 from gpulab_hub.ssh import checks, dockerexec
 from gpulab_hub.ssh.dockerexec import STDOUT, ExecError, ExecSpec, ExecStream
-
-if TYPE_CHECKING:
-    from gpulab_hub.ssh.gateway import Connection
+from gpulab_hub.ssh.peer import Peer
 
 HIGH_WATER = 256 * 1024  # bytes from the client waiting for the container: pause it
 LOW_WATER = 64 * 1024
@@ -65,7 +62,7 @@ class _Bridge:
     chan = None
     stream: ExecStream | None = None
 
-    def _bridge_init(self, conn: Connection) -> None:
+    def _bridge_init(self, conn: Peer) -> None:
         self.conn = conn
         self.input = _Input()
         self.writable = asyncio.Event()
@@ -135,7 +132,7 @@ class _Bridge:
 class ProjectSession(_Bridge, asyncssh.SSHServerSession):
     """A shell, a command or sftp in the project's container."""
 
-    def __init__(self, conn: Connection):
+    def __init__(self, conn: Peer):
         self._bridge_init(conn)
         self.tty = False
         self.term = checks.DEFAULT_TERM
@@ -273,7 +270,7 @@ class _Forward(_Bridge):
 
     kind = "forward"
 
-    def __init__(self, conn: Connection, stream: ExecStream, output, fields: dict):
+    def __init__(self, conn: Peer, stream: ExecStream, output, fields: dict):
         self._bridge_init(conn)
         self.stream = stream
         self._output = output
@@ -328,7 +325,7 @@ class UNIXForward(_Forward, asyncssh.SSHUNIXSession):
     pass
 
 
-async def open_forward(conn: Connection, target: tuple[str, ...], fields: dict, cls):
+async def open_forward(conn: Peer, target: tuple[str, ...], fields: dict, cls):
     """Start the relay to ``target`` in the container; the forward's session once the
     relay has connected, else ChannelOpenError with the reason."""
     try:
