@@ -4,9 +4,9 @@ and the hub's packages keep the layers of docs/architecture.md.
 The import graph is read from the source (every ``import``, at the top, inside a
 function or under ``if TYPE_CHECKING:``), so a cycle hidden in a function body or in
 type hints counts too: it is still two modules that need each other (a module's
-helpers that need its caller name a protocol of a module below both, as ssh/peer.py). A module reading
-its own package (``from . import __version__``) is no edge: Python has always
-imported the package first.
+helpers that need its caller name a protocol of a module below both, as ssh/peer.py).
+A module reading its own package (``from . import __version__``) is no edge: Python has
+always imported the package first.
 
 The hub's layers, lowest first (docs/architecture.md, "Layers"): a package may import
 its own layer and those below, never one above, and no two packages need each other.
