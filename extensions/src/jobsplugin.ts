@@ -31,7 +31,6 @@ export const RUN_AS_JOB = 'gpulab:run-as-job';
 /** Run the file selected in the file browser as a job (its context menu). */
 export const RUN_FILE_AS_JOB = 'gpulab:run-file-as-job';
 
-
 /** How long Run as job waits for the server to save a collaborative notebook. */
 const SERVER_SAVE_MS = 10_000;
 

@@ -219,18 +219,10 @@ class PageHub:
 async def page_hub(home: Path, **extra: str) -> PageHub:
     """A MockHub of gpulab's configuration (site settings ``extra``), initialised and
     serving; its managed services are never started."""
-    from gpulab_hub.gpus import metrics
-
     env = site_env(home, **extra)
-    # The hub's GPU-figures reader (gpus/metrics.py) is not started in the test process:
-    # jupyterhub_config.py's register() finds one there already, put back afterwards.
-    kept = metrics._registered
-    metrics._registered = kept or metrics.GpuCollector(lambda: None)
-    try:
-        # Off the event loop's thread, as setup: the configuration reads (and locks) records.
-        config = await asyncio.to_thread(load_config, env)
-    finally:
-        metrics._registered = kept
+    # Off the event loop's thread, as setup: the configuration reads (and locks) records.
+    # (No GPU-figures reader starts: conftest.pytest_configure put an idle one in place.)
+    config = await asyncio.to_thread(load_config, env)
     config.JupyterHub.log_level = "WARN"
     MockHub.clear_instance()
     app = MockHub.instance(config=config)
