@@ -8,9 +8,9 @@ to alice's, never gets into alice's account (each account is bound to its entry)
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import socket
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +20,8 @@ from tornado import web
 from traitlets.config import Config
 
 from gpulab_hub import hubconfig
-from gpulab_hub.accounts import auth, identities
+from gpulab_hub.accounts import auth
+from gpulab_hub.db import migrate
 
 SUFFIX = "dc=gpulab,dc=test"
 GROUP = f"cn=gpu-team,ou=groups,{SUFFIX}"
@@ -148,6 +149,8 @@ def authenticator(slapd, home, env=(), **traits):
         c.LDAPAuthenticator[name] = value
     hubconfig.finish(c)
     assert c.JupyterHub.authenticator_class.endswith("GpulabLDAPAuthenticator")
+    # the database the hub's start makes (its tables; the bindings live there)
+    migrate.upgrade(c.BoundLogin.identities_db_url, backup=False)
     return auth.GpulabLDAPAuthenticator(config=c)
 
 
@@ -196,7 +199,10 @@ def refusal(a, name: str, password: str) -> str:
 
 
 def bound(home) -> dict:
-    return json.loads((home / "hub" / identities.FILE_NAME).read_text())["accounts"]
+    """Each bound account's identity, as the hub's database keeps it."""
+    with sqlite3.connect(home / "hub" / "jupyterhub.sqlite") as con:
+        rows = con.execute("SELECT name, provider, subject FROM gpulab_login_identities")
+        return {name: {"provider": p, "id": sub} for name, p, sub in rows}
 
 
 def test_another_entry_whose_uid_folds_to_alices_never_gets_her_account(slapd, tmp_path):
@@ -234,7 +240,7 @@ def test_the_admins_name_is_only_the_entry_the_admin_set(slapd, tmp_path):
     env = {"GPULAB_ADMIN_IDENTITY": "entryUUID=00000000-0000-0000-0000-000000000000"}
     words = refusal(authenticator(slapd, tmp_path, env), "alice", PASSWORDS["alice"])
     assert "The gpulab account 'alice' is kept for another account of your lab's" in words
-    assert not (tmp_path / "hub" / identities.FILE_NAME).exists() or not bound(tmp_path)
+    assert not bound(tmp_path)
 
 
 def entry_uuid(slapd, name: str) -> str:

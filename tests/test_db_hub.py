@@ -20,6 +20,8 @@ import sqlalchemy as sa
 from conftest import free_port
 from jupyterhub import orm
 
+from gpulab_hub.accounts import identities
+from gpulab_hub.db import engine as db_engine
 from gpulab_hub.db import migrate, tables
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,19 +82,47 @@ def _revision(db: Path) -> str | None:
         return con.execute(f"SELECT version_num FROM {tables.VERSION_TABLE}").fetchone()[0]
 
 
-def _older_hub(tmp_path: Path) -> Path:
+def _older_hub(tmp_path: Path, url: str | None = None) -> Path:
     """This release's state fixture with the database a hub of gpulab before its tables
-    left: JupyterHub's tables and a user, none of gpulab's."""
+    left (the SQLite file beside, or ``url``): JupyterHub's tables, the user alice and
+    her project thesis, none of gpulab's tables."""
     home = tmp_path / "home"
     shutil.copytree(FIXTURE / "hub", home / "hub")
     db = home / "hub" / "jupyterhub.sqlite"
-    factory = orm.new_session_factory(f"sqlite:///{db}")
+    factory = orm.new_session_factory(url or f"sqlite:///{db}")
     session = factory()
-    session.add(orm.User(name="alice"))
+    alice = orm.User(name="alice")
+    session.add_all([alice, orm.Spawner(user=alice, name="thesis")])
     session.commit()
     session.close()
     factory.kw["bind"].dispose()
     return home / "hub"
+
+
+SECRETS_SQL = (
+    "SELECT users.name, s.name, s.value, s.set_at FROM gpulab_secrets s "
+    "JOIN users ON users.id = s.user_id ORDER BY s.name"
+)
+CHOICES_SQL = (
+    "SELECT sp.name, c.collaborators, s.name FROM gpulab_secret_choices c "
+    "JOIN spawners sp ON sp.id = c.server_id "
+    "JOIN gpulab_secret_chosen n ON n.server_id = c.server_id "
+    "JOIN gpulab_secrets s ON s.id = n.secret_id"
+)
+FIXTURE_SECRETS = [
+    ("alice", "HF_TOKEN", "gAAAAABm-encrypted-by-the-hub-never-plaintext", "2026-11-27T03:35:12Z"),
+    ("alice", "WANDB_API_KEY", "gAAAAABm-another-encrypted-value", "2026-11-27T03:35:12Z"),
+]
+
+
+def _secrets_imported(hub: Path, log: str, rows, choices) -> None:
+    """The fixture's secrets file was imported, each secret and the choice, and its
+    folder kept as the pre-upgrade backup."""
+    assert f"Imported 2 secret(s) from {hub / 'secrets'}" in log, log
+    assert not (hub / "secrets").exists()
+    assert (hub / "secrets.pre-database" / "alice.json").is_file()
+    assert [tuple(r) for r in rows] == FIXTURE_SECRETS
+    assert [(p, bool(c), n) for p, c, n in choices] == [("thesis", False, "HF_TOKEN")]
 
 
 def test_a_hub_start_upgrades_gpulabs_tables_after_a_backup_and_a_restart_changes_nothing(
@@ -121,12 +151,16 @@ def test_a_hub_start_upgrades_gpulabs_tables_after_a_backup_and_a_restart_change
             ("bob", "vision", "GPU-00000001"),
             ("alice", "thesis", "GPU-00000000"),
         ]
+        _secrets_imported(
+            hub, log, con.execute(SECRETS_SQL).fetchall(), con.execute(CHOICES_SQL).fetchall()
+        )
 
     log = _start_and_stop(hub, env, tmp_path / "second.log")
     assert sorted(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*")) == backups
     assert "backed up first" not in log and "Imported" not in log
     with sqlite3.connect(db) as con:
         assert con.execute("SELECT count(*) FROM gpulab_usage").fetchone() == (2,)
+        assert [tuple(r) for r in con.execute(SECRETS_SQL)] == FIXTURE_SECRETS
     with sqlite3.connect(db) as con:
         assert ("alice",) in con.execute("SELECT name FROM users").fetchall()
 
@@ -143,24 +177,42 @@ def test_gpulab_upgrade_db_upgrades_by_hand_and_then_finds_nothing_to_do(tmp_pat
     assert again.returncode == 0, again.stderr
     assert "up to date" in again.stdout
     assert len(list(hub.glob("jupyterhub.sqlite.gpulab-upgrade-*"))) == 1
+    # the fixture's login identities were imported; an admin forgets some (a move to
+    # another provider): those accounts are bound again at their next login
+    assert "Imported the login identities of 2 account(s)" in first.stdout
+    store = identities.IdentityStore(f"sqlite:///{hub / 'jupyterhub.sqlite'}")
+    assert store.bound("bob") == ("ldap", "entryUUID=5e2f3b14-8a1c-4d6e-9f00-bob")
+    forgot = subprocess.run(
+        [GPULAB, "forget-logins", "bob", "nobody"], env=env, capture_output=True, text=True
+    )
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.splitlines() == [
+        "Forgot the login identity of bob: its next login binds it again.",
+        "No login identity of nobody was kept.",
+    ]
+    assert store.bound("bob") is None and store.bound("alice") is not None
+    refused = subprocess.run([GPULAB, "forget-logins"], env=env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "name the accounts, or say --all" in refused.stderr
+    done = subprocess.run(
+        [GPULAB, "forget-logins", "--all"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and store.bound("alice") is None
+    db_engine.dispose()
 
 
 SECRET = "db-passw0rd-5150"
-
-
 
 
 def test_a_hub_on_postgresql_keeps_every_table_there_and_a_restart_changes_nothing(
     tmp_path, pg_server
 ):
     """GPULAB_DB_URL: JupyterHub's tables and gpulab's in one PostgreSQL database, none
-    in a SQLite file; the usage ledger file imported there once; a second start (and
+    in a SQLite file; the usage ledger file and the secrets imported there once; a second start (and
     `gpulab upgrade-db`) finds it up to date."""
     # a password in the URL, as production has one (the tests' server trusts 127.0.0.1)
     url = pg_kit.fresh_database(pg_server).replace("postgres@", f"postgres:{SECRET}@", 1)
     assert SECRET in url
-    hub = _older_hub(tmp_path)
-    (hub / "jupyterhub.sqlite").unlink()  # the fixture's SQLite database is not this hub's
+    hub = _older_hub(tmp_path, url)
     env = {**_env(hub.parent, tmp_path), "GPULAB_DB_URL": url}
 
     log = _start_and_stop(hub, env, tmp_path / "first.log")
@@ -176,6 +228,8 @@ def test_a_hub_on_postgresql_keeps_every_table_there_and_a_restart_changes_nothi
             assert "admin" in users, users  # the first admin, JupyterHub's row
             got = conn.execute(sa.text("SELECT owner, project FROM gpulab_usage ORDER BY started"))
             assert got.fetchall() == [("bob", "vision"), ("alice", "thesis")]
+            secrets = conn.execute(sa.text(SECRETS_SQL)).fetchall()
+            _secrets_imported(hub, log, secrets, conn.execute(sa.text(CHOICES_SQL)).fetchall())
         assert (hub / "gpu-usage.jsonl.imported").is_file()
 
         log = _start_and_stop(hub, env, tmp_path / "second.log")

@@ -29,8 +29,6 @@ H = 3600.0
 NOW = 1_800_000_000.0
 
 
-
-
 @pytest.fixture
 def pg(pg_server):
     yield pg_kit.fresh_database(pg_server)
@@ -118,3 +116,65 @@ def test_the_old_ledger_is_imported_into_postgresql_once(pg, tmp_path):
     assert got == sorted((e["owner"], e["start"], e["end"], e["util"]) for e in expected)
     assert (hub / "gpu-usage.jsonl.imported").is_file() and not path.exists()
     assert not migrate.upgrade(pg, imports=[usagefile.LedgerImport(path)]).changed
+
+
+def test_secrets_on_postgresql_hold_the_limit_follow_renames_and_go_with_the_user(pg, tmp_path):
+    """The secrets store's transactions on PostgreSQL: the limit held by changes at once
+    (the user's row locked), a choice that follows its renamed project and goes with
+    it, and the user's deletion taking every row; then the old files imported."""
+    import concurrent.futures
+
+    from gpulab_hub.secrets import importfile
+    from gpulab_hub.secrets.names import MAX_SECRETS, SecretRefused
+    from gpulab_hub.secrets.store import SecretStore, Selection
+
+    folder = tmp_path / "hub" / "secrets"
+    shutil.copytree(FIXTURE / "hub" / "secrets", folder)
+    factory = orm.new_session_factory(pg)
+    db = factory()
+    alice, bob = orm.User(name="alice"), orm.User(name="bob")
+    db.add_all([alice, bob, orm.Spawner(user=alice, name="thesis")])
+    db.add(orm.Spawner(user=bob, name="p"))
+    db.commit()
+    done = migrate.upgrade(pg, imports=[importfile.SecretsImport(folder)])
+    assert "Imported 2 secret(s)" in " ".join(done.imported)
+    fixture = json.loads((FIXTURE / "expected.json").read_text())["secrets"]
+    store = SecretStore(pg, "alice")
+    assert [s.name for s in store.listing()] == fixture["listing"]
+    assert store.selections() == {"thesis": Selection(("HF_TOKEN",), False)}
+    assert store.encrypted_for("thesis", collaborator=False) == fixture["thesis"]
+
+    bobs = SecretStore(pg, "bob")
+    for n in range(MAX_SECRETS - 3):
+        bobs.put(f"S{n}", "ciphertext")
+
+    def add(n: int) -> str:
+        try:
+            SecretStore(pg, "bob").put(f"NEW{n}", "ciphertext")
+            return "added"
+        except SecretRefused:
+            return "refused"
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        said = list(pool.map(add, range(12)))
+    assert said.count("added") == 3 and len(bobs.listing()) == MAX_SECRETS
+    bobs.choose("p", ["S1", "S2"], collaborators=True)
+    assert bobs.delete("S1") and bobs.selections() == {"p": Selection(("S2",), True)}
+
+    db.query(orm.Spawner).filter_by(name="p").one().name = "p2"  # a rename: the row renamed
+    db.commit()
+    assert bobs.selections() == {"p2": Selection(("S2",), True)}
+    db.delete(db.query(orm.User).filter_by(name="alice").one())
+    db.commit()
+    assert store.listing() == [] and store.selections() == {}
+    with db_engine.begin(pg) as conn:
+        owners = (
+            conn.execute(
+                sa.select(sa.distinct(tables.secrets.c.user_id)).select_from(tables.secrets)
+            )
+            .scalars()
+            .all()
+        )
+    assert owners == [bob.id]
+    db.close()
+    factory.kw["bind"].dispose()

@@ -1,15 +1,20 @@
 """One provider account, one gpulab account (accounts/identities.py), without a provider:
-which names gpulab takes as the provider sends them, the record that binds each account
-to its first identity, and how each provider's login model names the person. The logins
-themselves, against a real slapd and a real OpenID Connect provider, are in
-test_auth_ldap.py and test_auth_oidc.py."""
+which names gpulab takes as the provider sends them, the table that binds each account
+to its first identity (and the import of the file of gpulab before it), and how each
+provider's login model names the person. The logins themselves, against a real slapd
+and a real OpenID Connect provider, are in test_auth_ldap.py and test_auth_oidc.py."""
 
 from __future__ import annotations
 
+import json
+
+import hubdb_kit
 import pytest
 from traitlets.config import Config
 
-from gpulab_hub.accounts import auth, identities
+from gpulab_hub.accounts import auth, identities, identityfile
+from gpulab_hub.db import engine as db_engine
+from gpulab_hub.db import migrate
 
 KELVIN = "\u212aaren"  # KELVIN SIGN: "karen" once lower-cased or folded
 
@@ -35,8 +40,14 @@ def test_a_name_is_taken_only_as_the_provider_writes_its_canonical_form(name, ca
         assert "Ask a gpulab admin" in words
 
 
-def test_the_first_identity_keeps_the_name(tmp_path):
-    store = identities.IdentityStore(tmp_path / identities.FILE_NAME)
+@pytest.fixture
+def store(tmp_path):
+    url = hubdb_kit.database(tmp_path / "hub")[0]
+    yield identities.IdentityStore(url)
+    db_engine.dispose()
+
+
+def test_the_first_identity_keeps_the_name(store):
     carol = ("oidc https://sso.lab.test", "sub-carol")
     other = ("oidc https://sso.lab.test", "sub-mallory")
     assert store.claim("carol", carol) == "bound"
@@ -47,11 +58,11 @@ def test_the_first_identity_keeps_the_name(tmp_path):
     assert store.bound("carol") == carol
     # deleting the account frees the name for a new one
     store.forget("carol")
+    assert store.bound("carol") is None
     assert store.claim("carol", other) == "bound"
 
 
-def test_the_admins_pinned_identity_wins_over_the_record(tmp_path):
-    store = identities.IdentityStore(tmp_path / identities.FILE_NAME)
+def test_the_admins_pinned_identity_wins_over_the_record(store):
     first = ("ldap", "entryUUID=first")
     assert store.claim("admin", first) == "bound"
     assert store.claim("admin", first, pinned="entryUUID=named") == "taken"
@@ -59,13 +70,73 @@ def test_the_admins_pinned_identity_wins_over_the_record(tmp_path):
     assert store.claim("admin", first) == "taken"
 
 
-def test_a_damaged_record_is_moved_aside_and_says_what_that_means(tmp_path, caplog):
-    path = tmp_path / identities.FILE_NAME
-    path.write_text('{"version": 1, "accounts": {"carol": {"id": 7}}}')
-    store = identities.IdentityStore(path)
-    assert store.bound("carol") is None
-    assert list(tmp_path.glob(identities.FILE_NAME + ".corrupt-*"))
-    assert "bound again at its next login" in caplog.text
+def test_two_first_logins_of_one_name_at_once_bind_it_to_one_of_them(store):
+    """Eight people of the provider sign in as ``dora`` at the same moment (threads,
+    one transaction each): one gets the name, every other is refused."""
+    import concurrent.futures
+
+    def claim(n: int) -> str:
+        return identities.IdentityStore(store.url).claim("dora", ("ldap", f"entryUUID={n}"))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        said = list(pool.map(claim, range(8)))
+    assert sorted(said) == ["bound"] + ["taken"] * 7
+    assert store.bound("dora") == ("ldap", f"entryUUID={said.index('bound')}")
+
+
+def test_a_database_the_hub_cannot_read_refuses_the_login(tmp_path):
+    """Fails closed: without its record a name would go to whoever signs in first."""
+    store = identities.IdentityStore(f"sqlite:///{tmp_path / 'gone.sqlite'}")
+    with pytest.raises(identities.IdentityUnavailable, match="cannot be used now"):
+        store.claim("carol", ("ldap", "entryUUID=c"))
+    assert not (tmp_path / "gone.sqlite").exists()
+
+
+def _old_file(path, accounts) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"version": 1, "accounts": accounts}))
+
+
+def test_the_upgrade_imports_the_old_file_once_and_keeps_it(tmp_path):
+    url = hubdb_kit.database(tmp_path / "db")[0]
+    path = tmp_path / "hub" / identities.FILE_NAME
+    alice = {"provider": "oidc https://sso.lab.test", "id": "sub-alice", "since": 1.0}
+    _old_file(path, {"alice": alice, "bob": {"provider": "ldap", "id": "dn=uid=bob"}})
+    done = migrate.upgrade(url, backup=False, imports=[identityfile.IdentitiesImport(path)])
+    assert "Imported the login identities of 2 account(s)" in " ".join(done.imported)
+    assert not path.exists() and path.with_name(path.name + ".imported").is_file()
+    store = identities.IdentityStore(url)
+    assert store.bound("alice") == ("oidc https://sso.lab.test", "sub-alice")
+    assert store.claim("alice", ("oidc https://sso.lab.test", "sub-mallory")) == "taken"
+    assert store.claim("bob", ("ldap", "dn=uid=bob")) == "same"
+    _old_file(path, {"mallory": alice})  # a file again later: never imported twice
+    again = migrate.upgrade(url, backup=False, imports=[identityfile.IdentitiesImport(path)])
+    assert "were imported before" in " ".join(again.imported)
+    assert store.bound("mallory") is None
+    db_engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ('{"version": 1, "accounts": {"carol": {"id": 7}}}', "has no provider and id"),
+        ("{not json", "Expecting property name"),
+        ('{"version": 99, "accounts": {}}', "newer gpulab"),
+    ],
+)
+def test_a_damaged_or_newer_old_file_stops_the_upgrade_and_says_what_to_do(tmp_path, text, why):
+    """Never imported as empty: each account would be bound again to whoever signs in
+    first with its name."""
+    url = hubdb_kit.database(tmp_path / "db")[0]
+    path = tmp_path / "hub" / identities.FILE_NAME
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(db_engine.DatabaseError, match=why) as refused:
+        migrate.upgrade(url, backup=False, imports=[identityfile.IdentitiesImport(path)])
+    if "newer" not in why:
+        assert "Repair it (or restore it from a backup)" in str(refused.value)
+    assert path.read_text() == text and not path.with_name(path.name + ".imported").exists()
+    db_engine.dispose()
 
 
 def github_model(login: str, uid) -> dict:

@@ -79,7 +79,8 @@ class Hub:
         self.keys = KeyStore(ssh.paths(self.dir)["keys_dir"])
 
     def spawner(self, owner: str, project: str):
-        return orm.User.find(self.db, owner).orm_spawners.get(project)
+        user = orm.User.find(self.db, owner)
+        return user.orm_spawners.get(project) if user is not None else None
 
 
 def _policy(hub: Hub, owner: str, project: str, plant: bool) -> bool:
@@ -104,14 +105,14 @@ def _keys(hub: Hub, owner: str, project: str, plant: bool) -> bool:
 
 
 def _identities(hub: Hub, owner: str, project: str, plant: bool) -> bool:
-    store = identities.IdentityStore(hub.dir / identities.FILE_NAME)
+    store = identities.IdentityStore(hub.url)
     if plant:
         store.claim(owner, ("oidc https://sso.lab.test", f"sub-of-{owner}"))
     return store.bound(owner) == ("oidc https://sso.lab.test", f"sub-of-{owner}")
 
 
 def _secrets(hub: Hub, owner: str, project: str, plant: bool) -> bool:
-    store = SecretStore(hub.dir / hubsettings.SECRETS, owner)
+    store = SecretStore(hub.url, owner)
     if plant:
         if not store.listing():
             store.put("HF_TOKEN", "ciphertext")
@@ -243,6 +244,10 @@ def test_a_deletion_forgets_the_record_in_every_store_and_no_one_elses(tmp_path)
     at = hub.where.records(hub.db)
     deletion.forget_server_records(at, "alice", "one")
     deletion.project_files(hub.where, "alice", "one")
+    # The deletion's last step, JupyterHub's: the server row goes, and with it the
+    # records the database keeps by its foreign key (the choice of secrets).
+    hub.db.delete(hub.spawner("alice", "one"))
+    hub.db.commit()
     per_owner = {c.__name__: True for c in registry.REGISTRY if not c.per_project}
     assert kept(hub, "alice", "one") == every(False, but=per_owner)
     assert kept(hub, "alice", "two") == every(True)
@@ -250,6 +255,8 @@ def test_a_deletion_forgets_the_record_in_every_store_and_no_one_elses(tmp_path)
     # The account goes: every record of alice's, her SSH keys among them; bob keeps his.
     deletion.forget_server_records(at, "alice", None)
     deletion._forget_records(hub.where, "alice", None)
+    hub.db.delete(orm.User.find(hub.db, "alice"))  # JupyterHub's, last
+    hub.db.commit()
     assert kept(hub, "alice", "two") == every(False)
     assert kept(hub, "bob", "one") == every(True)
 

@@ -13,7 +13,6 @@ from hubclient import HubUser
 from jupyterhub import orm
 from security.people import execute, log_in_admin, make_user, page_post, share_by_link
 
-from gpulab_hub import hubsettings
 from gpulab_hub.cluster import jobs as cluster_jobs
 from gpulab_hub.secrets.store import SecretStore, Selection
 
@@ -235,7 +234,7 @@ def records_hub(tmp_path):
     (where.state_root / "alice" / "one" / "image.json").write_text('{"failed": false}')
     received.policy_store(hub_dir).set("alice", "one", collaborators_may_start=True)
     public.store(hub_dir).create("alice", "one", "nb.ipynb", 3600)
-    secrets = SecretStore(hub_dir / hubsettings.SECRETS, "alice")
+    secrets = SecretStore(str(db.get_bind().url), "alice")
     secrets.put("HF_TOKEN", "encrypted")
     secrets.choose("one", ["HF_TOKEN"], collaborators=True)
     groupshares.GroupShareRoles(hub_dir / groupshares.FILE_NAME).sync_project(db, spawner)
@@ -271,7 +270,7 @@ def snapshot(db, where, name: str) -> dict:
         ),
         "settings": received.policy_store(where.hub_dir).get("alice", name),
         "links": [x.path for x in public.store(where.hub_dir).list("alice", name)],
-        "secrets": SecretStore(where.hub_dir / hubsettings.SECRETS, "alice").selections().get(name),
+        "secrets": SecretStore(str(db.get_bind().url), "alice").selections().get(name),
         "roles": sorted(s["name"] for s in roles_file.role_specs() if here in s["description"]),
         "hub_roles": sorted(r.name for r in db.query(orm.Role) if any(here in x for x in r.scopes)),
         "jobs": sorted(

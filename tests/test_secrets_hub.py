@@ -7,7 +7,7 @@ terminal and a job the owner starts have it, and ``gpulab_jupyter.secrets.get``
 returns it; a collaborator's kernel does not, until the owner lets collaborators'
 processes have it; viewers, strangers and the project server's own token are
 refused by the hub's API. Then the value is looked for, byte for byte, where it must
-never be: every file of the hub's folder (database, secrets files, logs, build logs),
+never be: every file of the hub's folder (its database, logs, build logs),
 the container's settings and log, the images (``docker history`` and every layer),
 and a copy a viewer saves of the project's notebook.
 """
@@ -231,10 +231,9 @@ def _files_holding(root, needle: bytes) -> tuple[list[str], int]:
 
 def test_the_value_is_in_no_file_image_log_or_copy(hub, people, chosen, docker_engine):
     needle = VALUE.encode()
-    # The hub's folder: database, secrets files (names in clear), logs, build logs.
+    # The hub's folder: its database (names in clear, values encrypted), logs, build logs.
     hub_dir = hub.home / "hub"
-    secrets_file = hub_dir / "secrets" / f"{OWNER}.json"
-    assert b'"HF_TOKEN"' in secrets_file.read_bytes()
+    assert b"HF_TOKEN" in (hub_dir / "jupyterhub.sqlite").read_bytes()
     assert list((hub_dir / "projects" / OWNER / PROJECT).rglob("build-*.log"))
     found, read = _files_holding(hub_dir, needle)
     assert found == [] and read > 10

@@ -40,9 +40,8 @@ def key_text(seed: int) -> str:
 
 def write(hub: Path) -> None:
     """Write the state files under ``hub`` through the stores' own code."""
-    from gpulab_hub import hubsettings, projects, stateversion
+    from gpulab_hub import hubsettings, jsonfile, projects, stateversion
     from gpulab_hub.accounts import identities
-    from gpulab_hub.accounts.identities import IdentityStore
     from gpulab_hub.cluster import jobs
     from gpulab_hub.cluster.multinode import TrainRequest
     from gpulab_hub.gpus import Device
@@ -51,7 +50,6 @@ def write(hub: Path) -> None:
     from gpulab_hub.gpus.reclaimrecord import ReclaimRecord, Warning
     from gpulab_hub.gpus.usage import Record
     from gpulab_hub.images import project as image_state
-    from gpulab_hub.secrets.store import SecretStore
     from gpulab_hub.sharing import groupshares, linkaccess, public
     from gpulab_hub.sharing.policy import SharingPolicyStore
     from gpulab_hub.ssh import keys as sshkeys
@@ -132,19 +130,34 @@ def write(hub: Path) -> None:
         )
         record._write(entries)
 
-    secrets = SecretStore(layout.secrets_dir, "alice")
-    secrets.put("HF_TOKEN", "gAAAAABm-encrypted-by-the-hub-never-plaintext")
-    secrets.put("WANDB_API_KEY", "gAAAAABm-another-encrypted-value")
-    secrets.choose("thesis", ["HF_TOKEN"], collaborators=False)
+    # a user's secrets file as gpulab before its database wrote it; a hub start imports
+    # it into the database (secrets/importfile.py)
+    set_at = "2026-11-27T03:35:12Z"
+    body = {
+        "secrets": {
+            "HF_TOKEN": {"value": "gAAAAABm-encrypted-by-the-hub-never-plaintext", "set": set_at},
+            "WANDB_API_KEY": {"value": "gAAAAABm-another-encrypted-value", "set": set_at},
+        },
+        "projects": {"thesis": {"names": ["HF_TOKEN"], "collaborators": False}},
+    }
+    layout.secrets_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    kind = stateversion.KINDS["secrets"]
+    jsonfile.write_atomic(layout.secrets_dir / "alice.json", kind.stamp({"user": body}))
 
     store = sshkeys.KeyStore(ssh_paths(hub)["keys_dir"])
     store.add("alice", key_text(1))
     store.add("alice", key_text(2))
     store.add("bob", key_text(3))
 
-    logins = IdentityStore(hub / identities.FILE_NAME)
-    logins.claim("alice", ("oidc https://sso.lab.example.org/realms/lab", "0b9a54c2-alice"))
-    logins.claim("bob", ("ldap", "entryUUID=5e2f3b14-8a1c-4d6e-9f00-bob"))
+    # the login identities as gpulab before its database wrote them; a hub start imports
+    # them into the database (accounts/identityfile.py)
+    logins = {
+        "alice": {"provider": "oidc https://sso.lab.example.org/realms/lab",
+                  "id": "0b9a54c2-alice", "since": NOW},
+        "bob": {"provider": "ldap", "id": "entryUUID=5e2f3b14-8a1c-4d6e-9f00-bob", "since": NOW},
+    }  # fmt: skip
+    kind = stateversion.KINDS["login-identities"]
+    jsonfile.write_atomic(hub / identities.FILE_NAME, kind.stamp({"accounts": logins}))
 
     project = projects.Project(hub.parent / "projects", "alice", "thesis", layout.state_root)
     image_state.record(project, "gpulab-project-alice-thesis:0123456789abcdef", failed=False)
@@ -219,13 +232,22 @@ def read_cluster_jobs(hub: Path):
 
 
 def read_secrets(hub: Path):
-    from gpulab_hub.secrets.store import SecretStore
+    from gpulab_hub import jsonfile
+    from gpulab_hub.secrets import importfile
 
-    store = SecretStore(_layout(hub).secrets_dir, "alice")
+    path = _layout(hub).secrets_dir / "alice.json"
+    section = importfile.parse(jsonfile.read_regular(path, importfile.MAX_FILE_BYTES), path)
+    secrets, projects = section["secrets"], section["projects"]
     return {
-        "listing": [s.name for s in store.listing()],
-        "selections": {k: asdict(v) for k, v in store.selections().items()},
-        "thesis": store.encrypted_for("thesis", collaborator=False),
+        "listing": sorted(secrets),
+        "selections": {
+            p: {
+                "names": sorted(n for n in c["names"] if n in secrets),
+                "collaborators": c["collaborators"],
+            }
+            for p, c in projects.items()
+        },  # fmt: skip
+        "thesis": {n: secrets[n]["value"] for n in projects["thesis"]["names"] if n in secrets},
     }
 
 
@@ -247,11 +269,11 @@ def read_project_image(hub: Path):
 
 
 def read_login_identities(hub: Path):
-    from gpulab_hub.accounts import identities
+    from gpulab_hub import jsonfile
+    from gpulab_hub.accounts import identities, identityfile
 
-    store = identities.IdentityStore(hub / identities.FILE_NAME)
-    with store.locked():
-        return store._read()
+    path = hub / identities.FILE_NAME
+    return identityfile.parse(jsonfile.read_regular(path, identityfile.MAX_BYTES), path)
 
 
 READERS = {

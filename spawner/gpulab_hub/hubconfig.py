@@ -34,7 +34,7 @@ from gpulab_hub import (
     tls,
     usagepage,
 )
-from gpulab_hub.accounts import identities, providers
+from gpulab_hub.accounts import providers
 from gpulab_hub.gpus import keeper, usage
 from gpulab_hub.home import buildlog
 from gpulab_hub.images import prebuild
@@ -267,8 +267,8 @@ def _hand_on(c, s: Settings) -> Settings:
     keeper, the SSH gateway: their environment)."""
     s = complete(c, s)
     c.JupyterHub.tornado_settings.update({settings.APP_KEY: s})
-    # Each account's provider identity, in the hub's records folder (accounts/identities.py).
-    c.BoundLogin.identities_file = str(s.layout.records_dir / identities.FILE_NAME)
+    # Each account's provider identity, in the hub's database (accounts/identities.py).
+    c.BoundLogin.identities_db_url = s.layout.db_url
     keeper.configure(c, s)
     ssh.configure_service(c, s)
     tls.configure_service(c, s)  # Caddy, with an https GPULAB_PUBLIC_URL
@@ -306,12 +306,10 @@ def upgrade_database(s: Settings):
     read by anything but JupyterHub (the ``gpulab`` command)."""
     from gpulab_hub.db import engine as db_engine
     from gpulab_hub.db import migrate
-    from gpulab_hub.gpus import usagefile
+    from gpulab_hub.workflows import dbimports
 
     try:
-        done = migrate.at_start(
-            s.layout.db_url, imports=[usagefile.LedgerImport(s.layout.usage_file)]
-        )
+        done = migrate.at_start(s.layout.db_url, imports=dbimports.of(s.layout))
     except db_engine.DatabaseError as e:
         print(f"gpulab: {e}", file=sys.stderr, flush=True)
         raise

@@ -26,7 +26,7 @@ GROUP_SHARE_ROLES = "group-share-roles.json"
 PUBLIC_LINKS = "public-links.json"
 DOCTOR_REPORT = "doctor-last.json"
 DELETED = "deleted"
-SECRETS = "secrets"  # one file per user (secrets/store.py)
+SECRETS = "secrets"  # before the database, one file per user (secrets/importfile.py)
 DATABASE = "jupyterhub.sqlite"  # the hub's database (JupyterHub's tables and gpulab's)
 
 

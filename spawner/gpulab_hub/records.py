@@ -46,6 +46,14 @@ class Where:
     # Runs ``fn(*args)`` on the thread that owns ``db`` and returns what it returned.
     on_loop: Callable[..., Any] = run_here
 
+    @property
+    def db_url(self) -> str | None:
+        """The URL of the database of ``db`` (JupyterHub's), for gpulab's own engine on
+        this thread (db/engine.py); None without ``db``. No database work: the URL only."""
+        if self.db is None:
+            return None
+        return self.db.get_bind().url.render_as_string(hide_password=False)
+
 
 @runtime_checkable
 class ProjectRecords(Protocol):

@@ -14,8 +14,9 @@ gave again to someone new. So:
 - each gpulab account is bound, at its first login, to the provider's stable identity
   of the person (:meth:`BoundLogin.login_identity`: OpenID Connect's issuer and
   ``sub``, the LDAP entry's ``entryUUID`` or ``objectGUID`` or else its DN, GitHub's
-  numeric user id), kept in the hub's record :class:`IdentityStore`; a later login of
-  another identity under that name is refused with a sentence;
+  numeric user id), kept in the hub's database (:class:`IdentityStore`); a later login
+  of another identity under that name is refused with a sentence, and so is every
+  login while the database cannot be read;
 - the admin (GPULAB_ADMIN) is the admin only with the identity that first held the
   name, or the one the admin set (GPULAB_ADMIN_IDENTITY), and must be in an allowed
   group like everyone else (oauthenticator lets admin_users in whatever their
@@ -27,18 +28,22 @@ new account, with nothing of the old one.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import unicodedata
-from pathlib import Path
 
+import sqlalchemy as sa
 from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from tornado import web
 from traitlets import Unicode
 
-from gpulab_hub import blocking, jsonfile, stateversion
+from gpulab_hub import blocking
+from gpulab_hub.db import engine as db_engine
+from gpulab_hub.db import tables
 
-FILE_NAME = "login-identities.json"  # in the hub's records folder
+FILE_NAME = "login-identities.json"  # gpulab before its database: imported (identityfile.py)
 STATE_KEY = "gpulab_identity"  # where the login's identity rides in its auth state
 LDAP_IDS = ("entryUUID", "objectGUID")  # an entry's stable id, where the directory has one
 
@@ -96,67 +101,92 @@ def shown(identity: tuple[str, str]) -> str:
     return f"{identity[0]} {identity[1]}"
 
 
-class IdentityStore(jsonfile.LockedRecord):
-    """``{"accounts": {"carol": {"provider": "oidc https://sso/realms/lab",
-    "id": "<sub>", "since": <time>}}}``: each account's provider identity."""
+class IdentityUnavailable(Exception):
+    """The hub's database cannot be used for login identities now (the log's words): a
+    login is refused rather than let in unchecked."""
 
-    kind = stateversion.KINDS["login-identities"]
-    section = "accounts"
-    what = "The login identities record"
-    on_damage = (
-        "every account is bound again at its next login to whoever signs in with its "
-        "name; restore the old file from a backup if accounts may be claimed by others"
-    )
 
-    def _parse(self, section) -> dict:
-        section = super()._parse(section)
-        for name, rec in section.items():
-            if not isinstance(rec.get("provider"), str) or not isinstance(rec.get("id"), str):
-                raise TypeError(f"the identity of {name} has no provider and id")
-        return section
+class IdentityStore:
+    """Each account's provider identity, one row a bound account in the table
+    ``gpulab_login_identities`` of the hub's database (db/tables.py). Blocking (the
+    records pool). A database the hub cannot use raises :attr:`Error`, so a login is
+    refused, never let in without its check."""
+
+    Error = IdentityUnavailable
+
+    def __init__(self, db_url: str, log=None):
+        self.url = db_url
+        self.log = log
+
+    @contextlib.contextmanager
+    def _tx(self, writing: bool = False):
+        begin = db_engine.begin_write if writing else db_engine.begin
+        try:
+            with begin(self.url) as conn:
+                yield conn
+        except (SQLAlchemyError, db_engine.DatabaseError) as e:
+            raise IdentityUnavailable(
+                f"The login identities in {db_engine.shown(self.url)} cannot be used now: "
+                f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            ) from e
+
+    @staticmethod
+    def _held(conn, name: str, lock: bool = False) -> tuple[str, str] | None:
+        t = tables.login_identities
+        q = sa.select(t.c.provider, t.c.subject).where(t.c.name == name)
+        row = conn.execute(q.with_for_update() if lock else q).first()
+        return (row[0], row[1]) if row else None
 
     def claim(self, name: str, identity: tuple[str, str], pinned: str = "") -> str:
         """Bind ``name`` to ``identity`` at its first login; what happened: "bound",
         "same", or "taken" (another identity holds the name: refuse the login).
         ``pinned``: the id the admin set for this name (GPULAB_ADMIN_IDENTITY), which
-        wins over any recorded one."""
-        with self.locked():
-            accounts = self._read()
-            rec = accounts.get(name)
-            held = (rec["provider"], rec["id"]) if rec else None
-            expected = (identity[0], pinned) if pinned else held
-            if expected is not None and expected != identity:
-                return "taken"
-            if held == identity:
-                return "same"
-            accounts[name] = {"provider": identity[0], "id": identity[1], "since": time.time()}
-            self._write(accounts)
-            return "bound"
+        wins over any recorded one. Two first logins of one name at once: one binds it,
+        the other finds it bound (its insert refused by the primary key, it reads again)."""
+        t = tables.login_identities
+        for last in (False, True):
+            try:
+                with self._tx(writing=True) as conn:
+                    held = self._held(conn, name, lock=True)
+                    expected = (identity[0], pinned) if pinned else held
+                    if expected is not None and expected != identity:
+                        return "taken"
+                    if held == identity:
+                        return "same"
+                    conn.execute(sa.delete(t).where(t.c.name == name))
+                    conn.execute(
+                        sa.insert(t).values(
+                            name=name, provider=identity[0], subject=identity[1], since=time.time()
+                        )
+                    )
+                    return "bound"
+            except IdentityUnavailable as e:
+                if last or not isinstance(e.__cause__, IntegrityError):
+                    raise
+        raise AssertionError("unreachable")
 
     def bound(self, name: str) -> tuple[str, str] | None:
-        with self.locked():
-            rec = self._read().get(name)
-        return (rec["provider"], rec["id"]) if rec else None
+        with self._tx() as conn:
+            return self._held(conn, name)
 
     def forget(self, name: str) -> None:
         """Drop a deleted account's binding: its name is free for a new account."""
-        with self.locked():
-            accounts = self._read()
-            if accounts.pop(name, None) is not None:
-                self._write(accounts)
+        t = tables.login_identities
+        with self._tx(writing=True) as conn:
+            conn.execute(sa.delete(t).where(t.c.name == name))
 
 
 class BoundLogin(Authenticator):
     """The lab's own logins, each account bound to one identity of the provider (see
     the module). Mixed in before gpulab's own part of the authenticator (auth.py)."""
 
-    identities_file = Unicode(
+    identities_db_url = Unicode(
         "",
         config=True,
-        help="""The record of each account's provider identity (its first login's).
-        Set by gpulab's hub wiring (hubconfig.py) to ``<records_dir>/login-identities.json``,
-        not by admins. Default: empty (set by the wiring).
-        Example: ``c.BoundLogin.identities_file = "/srv/gpulab/hub/login-identities.json"``""",
+        help="""The database holding each account's provider identity (its first
+        login's): the hub's own, ``JupyterHub.db_url``. Set by gpulab's hub wiring
+        (hubconfig.py), not by admins. Default: empty (set by the wiring).
+        Example: ``c.BoundLogin.identities_db_url = "sqlite:////srv/gpulab/hub/jupyterhub.sqlite"``""",
     )
     admin_identity = Unicode(
         "",
@@ -223,10 +253,19 @@ class BoundLogin(Authenticator):
         if len(identity) != 2:  # only authenticate() above makes a login model
             raise self.refuse(no_identity_words(self.login_where))
         pinned = self.admin_identity if name in self.admin_users else ""
-        store = IdentityStore(Path(self.identities_file), self.log)
-        done = await blocking.run(blocking.RECORDS, store.claim, name, identity, pinned)
+        store = IdentityStore(self.identities_db_url, self.log)
+        try:
+            done = await blocking.run(blocking.RECORDS, store.claim, name, identity, pinned)
+        except IdentityUnavailable as e:
+            self.log.error("gpulab: refused the login of %r: %s", name, e)
+            raise web.HTTPError(
+                503, "The hub cannot check who you are right now; try again in a minute."
+            ) from e
         if done == "taken":
-            held = await blocking.run(blocking.RECORDS, store.bound, name)
+            try:
+                held = await blocking.run(blocking.RECORDS, store.bound, name)
+            except IdentityUnavailable:
+                held = None
             self.log.warning(
                 "gpulab: refused the login of %s as %r: the account is %s's (%s)",
                 shown(identity), name, "the admin identity" if pinned else "first login",

@@ -1,9 +1,10 @@
-"""Each account's login identity, as delete sees it (records.py): kept per account
-(identities.py), not per project, so only an account's deletion forgets it."""
+"""Each account's login identity, as delete sees it (records.py): kept per account in
+the hub's database (identities.py), not per project, so only an account's deletion
+forgets it. It is named by the account's name, not by foreign key (it is bound before
+JupyterHub has the user's row), so the deletion removes it here, with gpulab's own
+engine (records that live in JupyterHub's database: ``server``)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from gpulab_hub import records
 from gpulab_hub.accounts import identities
@@ -16,7 +17,10 @@ class LoginIdentityRecords(records.Records):
     what = "login identity"
     store = identities.IdentityStore
     per_project = False
+    server = True  # in JupyterHub's database: ``where.db`` names it
 
     def forget_owner(self, owner: str) -> None:
-        path = Path(self.where.records_dir) / identities.FILE_NAME
-        identities.IdentityStore(path, self.where.log).forget(owner)
+        url = self.where.db_url
+        if url is None:
+            raise ValueError("forgetting a login identity needs the hub's database")
+        identities.IdentityStore(url, self.where.log).forget(owner)

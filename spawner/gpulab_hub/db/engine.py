@@ -2,8 +2,11 @@
 
 :func:`of` gives the engine of a ``db_url`` (made on first use, kept for the process);
 ``with begin(url) as conn:`` is one transaction (committed whole when the block ends,
-rolled back if it raises). Both are blocking work: the guard (``blocking.off_loop``)
-refuses them on the event loop's thread under ``GPULAB_LOOP_GUARD=strict``.
+rolled back if it raises); ``with begin_write(url) as conn:`` one that changes rows
+after reading them (SQLite: it takes the write lock as it begins, so two such
+transactions wait for each other instead of one failing when both read first). All
+are blocking work: the guard (``blocking.off_loop``) refuses them on the event loop's
+thread under ``GPULAB_LOOP_GUARD=strict``.
 
 SQLite: a connection never makes a missing database file (the upgrade does); each
 connection turns foreign keys on (so ON DELETE CASCADE holds), waits up to
@@ -49,16 +52,18 @@ def shown(url: str) -> str:
     return sa.make_url(url).render_as_string(hide_password=True)
 
 
-def make(url: str, immediate: bool = False) -> sa.Engine:
+def make(url: str, immediate: bool = False, create: bool | None = None) -> sa.Engine:
     """A new engine for ``url``; ``immediate``: SQLite transactions take the write lock
-    as they begin (``BEGIN IMMEDIATE``: a migration, so two never interleave), and the
-    file is made if missing. Otherwise a missing SQLite file is an error, never made
-    empty: only the upgrade makes the database (with its tables)."""
+    as they begin (``BEGIN IMMEDIATE``: a migration, so two never interleave);
+    ``create`` (by default as ``immediate``): a missing SQLite file is made. Otherwise a
+    missing SQLite file is an error, never made empty: only the upgrade makes the
+    database (with its tables)."""
+    create = immediate if create is None else create
     kwargs: dict = {"pool_pre_ping": True}
     if is_sqlite(url):
         kwargs["connect_args"] = {"timeout": blocking.LOCK_TIMEOUT, "check_same_thread": False}
         path = sqlite_file(url)
-        if path is not None and not immediate:
+        if path is not None and not create:
             where = Path(path).absolute().as_uri() + "?mode=rw"
             kwargs["creator"] = lambda: sqlite3.connect(
                 where, uri=True, timeout=blocking.LOCK_TIMEOUT, check_same_thread=False
@@ -83,14 +88,15 @@ def make(url: str, immediate: bool = False) -> sa.Engine:
     return engine
 
 
-def of(url: str) -> sa.Engine:
-    """This process's engine for ``url`` (made on first use)."""
+def of(url: str, writing: bool = False) -> sa.Engine:
+    """This process's engine for ``url`` (made on first use); ``writing``: the one whose
+    SQLite transactions take the write lock as they begin (:func:`begin_write`)."""
     blocking.off_loop("Opening gpulab's database")
-    key = (url, False)
+    key = (url, writing)
     with _lock:
         made = _engines.get(key)
         if made is None:
-            made = _engines[key] = make(url)
+            made = _engines[key] = make(url, immediate=writing, create=False)
         return made
 
 
@@ -100,6 +106,14 @@ def begin(url: str) -> Iterator[sa.Connection]:
     rolled back if it raises."""
     blocking.off_loop("A transaction on gpulab's database")
     with of(url).begin() as conn:
+        yield conn
+
+
+@contextlib.contextmanager
+def begin_write(url: str) -> Iterator[sa.Connection]:
+    """:func:`begin` for a transaction that reads rows and then changes them."""
+    blocking.off_loop("A transaction on gpulab's database")
+    with of(url, writing=True).begin() as conn:
         yield conn
 
 

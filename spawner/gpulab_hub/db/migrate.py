@@ -31,7 +31,7 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
-from gpulab_hub import blocking
+from gpulab_hub import blocking, jsonfile
 from gpulab_hub.db import engine as db_engine
 from gpulab_hub.db import tables
 
@@ -72,6 +72,24 @@ class Upgraded:
         if self.backup is not None:
             said.append(f"The database was backed up first to {self.backup}.")
         return " ".join([*said, *self.imported])
+
+
+def kept_name(path: str | Path, suffix: str) -> Path:
+    """Where an imported file ``path`` is kept (the pre-upgrade backup): ``<path><suffix>``,
+    or ``<path><suffix>.N`` where that is taken."""
+    first = Path(str(path) + suffix)
+    dest, n = first, 1
+    while os.path.lexists(dest):
+        dest, n = first.with_name(f"{first.name}.{n}"), n + 1
+    return dest
+
+
+def keep(path: str | Path, suffix: str) -> Path:
+    """Rename the imported file (or folder) ``path`` to :func:`kept_name`; where it is now."""
+    dest = kept_name(path, suffix)
+    os.rename(path, dest)
+    jsonfile.fsync_dir(Path(path).parent)
+    return dest
 
 
 def _config(conn: sa.Connection | None = None):

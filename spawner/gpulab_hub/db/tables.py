@@ -20,6 +20,14 @@ METADATA = sa.MetaData()
 # JupyterHub's users (jupyterhub/orm.py: User), as far as gpulab reads them: a
 # lightweight clause, not part of METADATA, so nothing of gpulab's ever makes or alters it.
 USERS = sa.table("users", sa.column("id", sa.Integer), sa.column("name", sa.Unicode))
+# JupyterHub's servers (jupyterhub/orm.py: Spawner, a user's named server is a project),
+# as far as gpulab reads them, in the same way.
+SPAWNERS = sa.table(
+    "spawners",
+    sa.column("id", sa.Integer),
+    sa.column("user_id", sa.Integer),
+    sa.column("name", sa.Unicode),
+)
 
 # GPU holdings that ended (gpus/usage.py): one row a device a holding.
 usage = sa.Table(
@@ -76,4 +84,65 @@ workflows = sa.Table(
     sa.Column("display_name", sa.UnicodeText),  # rename: the display name it gets
     sa.Column("place", sa.UnicodeText, nullable=False),  # JSON: the hub's folders it touches
     sa.Column("started", sa.Float, nullable=False),  # epoch seconds
+)
+
+# Each user's secrets (secrets/store.py): the value only as JupyterHub's CryptKeeper
+# encrypted it. Deleting the user deletes them.
+secrets = sa.Table(
+    "gpulab_secrets",
+    METADATA,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("user_id", sa.Integer, sa.ForeignKey("users.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("name", sa.Unicode(64), nullable=False),  # secrets/names.py's NAME
+    sa.Column("value", sa.UnicodeText, nullable=False),  # a Fernet token, never plaintext
+    sa.Column("set_at", sa.Unicode(32), nullable=False),  # ISO 8601, UTC
+    sa.UniqueConstraint("user_id", "name", name="gpulab_secrets_user_name"),
+)
+
+# A project's choice of its owner's secrets, one row a project that has one: named by
+# JupyterHub's server row, so it follows a rename (the row is renamed in place) and goes
+# with the project's deletion or its owner's, in the database itself.
+secret_choices = sa.Table(
+    "gpulab_secret_choices",
+    METADATA,
+    sa.Column(
+        "server_id",
+        sa.Integer,
+        sa.ForeignKey("spawners.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    # collaborators' kernels, terminals and jobs get them too
+    sa.Column("collaborators", sa.Boolean, nullable=False),
+)
+
+# The secrets a choice names: deleting a secret takes it out of every choice.
+secret_chosen = sa.Table(
+    "gpulab_secret_chosen",
+    METADATA,
+    sa.Column(
+        "server_id",
+        sa.Integer,
+        sa.ForeignKey("gpulab_secret_choices.server_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column(
+        "secret_id",
+        sa.Integer,
+        sa.ForeignKey("gpulab_secrets.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Index("gpulab_secret_chosen_secret_id", "secret_id"),
+)
+
+# Each account's login identity at its provider (accounts/identities.py): bound at the
+# account's first login, before JupyterHub makes its user row, so named by the account's
+# name (JupyterHub's user names are unique) rather than by foreign key; an account's
+# deletion removes it (accounts/records.py).
+login_identities = sa.Table(
+    "gpulab_login_identities",
+    METADATA,
+    sa.Column("name", sa.Unicode(NAME_LEN), primary_key=True),
+    sa.Column("provider", sa.UnicodeText, nullable=False),  # "oidc <issuer>", "ldap", "github"
+    sa.Column("subject", sa.UnicodeText, nullable=False),  # the provider's id of the person
+    sa.Column("since", sa.Float, nullable=False),  # epoch seconds
 )

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 
 from gpulab_hub import jsonfile, stateversion
 from gpulab_hub.db import engine as db_engine
-from gpulab_hub.db import tables
+from gpulab_hub.db import migrate, tables
 from gpulab_hub.gpus import usage
 
 KIND = stateversion.KINDS["gpu-usage"]  # the lines' format (stateversion.py)
@@ -80,10 +80,6 @@ class Read:
 def records(path: str | Path) -> list[usage.Record]:
     """Every record of the ledger file ``path`` (damaged lines skipped)."""
     return list(Read(path))
-
-
-def imported_name(path: Path) -> Path:
-    return path.with_name(path.name + IMPORTED)
 
 
 class LedgerImport:
@@ -141,17 +137,10 @@ class LedgerImport:
         )
 
     def _kept_as(self) -> Path:
-        dest = imported_name(self.path)
-        n = 1
-        while os.path.lexists(dest):
-            dest = imported_name(self.path).with_name(f"{imported_name(self.path).name}.{n}")
-            n += 1
-        return dest
+        return migrate.kept_name(self.path, IMPORTED)
 
     def finish(self) -> None:
         if not self._rename or not os.path.lexists(self.path):
             return
-        dest = self._kept_as()
-        os.rename(self.path, dest)
-        jsonfile.fsync_dir(self.path.parent)
+        dest = migrate.keep(self.path, IMPORTED)
         self.log.info("gpulab: the GPU usage ledger %s is kept as %s", self.path, dest)

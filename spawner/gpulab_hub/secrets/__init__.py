@@ -2,7 +2,8 @@
 
 - names.py: what a secret may be called and hold;
 - crypt.py: the encryption (JupyterHub's CryptKeeper) and its key;
-- store.py: one file per user in the hub's folder (encrypted values, projects' choices);
+- store.py: the tables of users' secrets (encrypted values) and projects' choices in the
+  hub's database; importfile.py: the files of gpulab before its database, imported once;
 - web.py: the page ``/hub/gpulab/secrets``;
 - api.py: ``/hub/api/gpulab/secrets/<owner>/<project>``, which project servers (and the
   SSH gateway) ask when someone starts a kernel, a terminal or a job.

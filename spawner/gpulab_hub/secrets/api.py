@@ -77,8 +77,7 @@ class SecretsAPIHandler(APIHandler):
 
     async def get(self, owner: str, project: str):
         person, role = self._person(owner, project)
-        folder = hubsettings.of_handler(self).secrets_dir
-        store = SecretStore(folder, owner, self.log)
+        store = SecretStore(hubsettings.of_handler(self).db_url, owner, self.log)
         try:
             encrypted = await blocking.run(
                 blocking.RECORDS, store.encrypted_for, project, role == "collaborator"

@@ -1,35 +1,36 @@
-"""Each user's secrets on disk: one file per user in the hub's ``secrets/`` folder.
+"""Each user's secrets and their projects' choices, in the hub's database.
 
-``<records_dir>/secrets/<user>.json``::
+Three tables (db/tables.py): ``gpulab_secrets`` (one row a secret: its user by foreign
+key, its name, the value only as JupyterHub's CryptKeeper encrypted it (crypt.py), when
+it was set), ``gpulab_secret_choices`` (one row a project that gets some: JupyterHub's
+server row by foreign key, and whether collaborators' processes get them too) and
+``gpulab_secret_chosen`` (which secrets a choice names). So the database itself keeps
+them whole: deleting a secret takes it out of every choice, a project's choice follows
+its rename (the server row is renamed in place) and goes with the project, and deleting
+the account deletes its secrets. Each change is one transaction. This store never sees
+a plaintext value. The files of gpulab before its database (``secrets/<user>.json``) are
+imported once at the upgrade (importfile.py).
 
-    {"version": 1, "user": {
-      "secrets": {"HF_TOKEN": {"value": "<Fernet token>", "set": "2026-11-23T14:05:00Z"}},
-      "projects": {"<project>": {"names": ["HF_TOKEN"], "collaborators": false}}}}
-
-Names, dates and choices are in clear; values only as JupyterHub's CryptKeeper
-encrypted them (crypt.py): this store never sees a plaintext value. Files are written
-atomically under a file lock, read without following a link and at most
-``MAX_FILE_BYTES`` (jsonfile.py), in a folder private to the hub. Every call blocks:
-handlers call it on a worker thread.
+Every call blocks (the database): handlers call it on the records pool. A database the
+hub cannot use raises :attr:`SecretStore.Error`, whose words are for the log.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
+import sqlalchemy as sa
 from jupyterhub.slugs import is_valid_safe_slug
+from sqlalchemy.exc import SQLAlchemyError
 
-from gpulab_hub import jsonfile, stateversion
 from gpulab_hub.accounts import USERNAME_PATTERN
-from gpulab_hub.secrets.names import MAX_SECRETS, NAME, SecretRefused
-
-# 50 values of 16 KiB, encrypted (base64: a third more), with room for names and dates.
-MAX_FILE_BYTES = 4 * 1024 * 1024
+from gpulab_hub.db import engine as db_engine
+from gpulab_hub.db import tables
+from gpulab_hub.secrets.names import MAX_SECRETS, SecretRefused
 
 
 @dataclass(frozen=True)
@@ -46,179 +47,171 @@ class Selection:
     collaborators: bool = False  # collaborators' kernels, terminals and jobs get them too
 
 
+class SecretsUnreadable(Exception):
+    """The hub's database cannot be used for secrets now; ``str()`` says why (the log's)."""
+
+
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def user_file(folder: Path, user: str) -> Path:
+def check_user(user) -> str:
     if not isinstance(user, str) or re.fullmatch(USERNAME_PATTERN, user) is None:
         raise ValueError(f"{user!r} is not a gpulab user name")
-    return Path(folder) / f"{user}.json"
+    return user
 
 
-class SecretStore(jsonfile.LockedRecord):
+_S, _C, _N = tables.secrets, tables.secret_choices, tables.secret_chosen
+_SERVERS, _USERS = tables.SPAWNERS, tables.USERS
+
+
+class SecretStore:
     """One user's secrets (encrypted values) and their projects' choices."""
 
-    kind = stateversion.KINDS["secrets"]
-    section = "user"
-    what = "A user's secrets file"
-    on_damage = (
-        "that user's Secrets page is empty until they add their secrets again (the moved "
-        "file holds the encrypted values; nothing of it reaches projects meanwhile)"
-    )
-    max_bytes = MAX_FILE_BYTES
+    Error = SecretsUnreadable
 
-    def __init__(self, folder: Path, user: str, log=None):
-        super().__init__(user_file(folder, user), log)
-        self.user = user
+    def __init__(self, db_url: str, user: str, log=None):
+        self.url = db_url
+        self.user = check_user(user)
+        self.log = log
 
-    def _parse(self, section):
-        if not isinstance(section, dict) or set(section) != {"secrets", "projects"}:
-            raise TypeError('not {"secrets": ..., "projects": ...}')
-        secrets, projects = section["secrets"], section["projects"]
-        if not isinstance(secrets, dict) or not isinstance(projects, dict):
-            raise TypeError("secrets and projects are not mappings")
-        for name, entry in secrets.items():
-            if not NAME.fullmatch(name) or not isinstance(entry, dict):
-                raise ValueError(f"{name[:70]!r} is not a secret's name")
-            if not all(isinstance(entry.get(k), str) for k in ("value", "set")):
-                raise TypeError(f"the secret {name} has no value or date")
-        for project, choice in projects.items():
-            names = choice.get("names") if isinstance(choice, dict) else None
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise TypeError(f"the choice of project {project[:70]!r} is not a list of names")
-            if not isinstance(choice.get("collaborators"), bool):
-                raise TypeError(f"the choice of project {project[:70]!r} has no collaborators flag")
-        return section
+    @contextmanager
+    def _tx(self, writing: bool = False) -> Iterator[sa.Connection]:
+        begin = db_engine.begin_write if writing else db_engine.begin
+        try:
+            with begin(self.url) as conn:
+                yield conn
+        except (SQLAlchemyError, db_engine.DatabaseError) as e:
+            raise SecretsUnreadable(
+                f"The secrets of {self.user} in {db_engine.shown(self.url)} cannot be used "
+                f"now: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            ) from e
 
-    def _missing(self):
-        return {"secrets": {}, "projects": {}}
+    def _user_id(self, conn: sa.Connection, lock: bool = False) -> int | None:
+        """The user's row id; ``lock``: held until the transaction ends (PostgreSQL; a
+        SQLite write transaction holds the whole database already), so two changes of
+        one user's secrets never count past the limit together."""
+        q = sa.select(_USERS.c.id).where(_USERS.c.name == self.user)
+        return conn.execute(q.with_for_update() if lock else q).scalar()
 
-    _recover = _missing
+    def _owner_id(self, conn: sa.Connection) -> int:
+        uid = self._user_id(conn, lock=True)
+        if uid is None:
+            raise SecretRefused("The hub has no account of that name: log in again.")
+        return uid
 
     # --- reading --------------------------------------------------------------------
     def listing(self) -> list[Secret]:
         """The user's secrets (names and dates, never values), by name."""
-        with self.locked():
-            secrets = self._read()["secrets"]
-        return [Secret(name, secrets[name]["set"]) for name in sorted(secrets)]
+        q = (
+            sa.select(_S.c.name, _S.c.set_at)
+            .join(_USERS, _USERS.c.id == _S.c.user_id)
+            .where(_USERS.c.name == self.user)
+            .order_by(_S.c.name)
+        )
+        with self._tx() as conn:
+            return [Secret(name, at) for name, at in conn.execute(q)]
 
     def selections(self) -> dict[str, Selection]:
         """What each of the user's projects gets (only projects with a choice)."""
-        with self.locked():
-            data = self._read()
-        return {p: _selection(c, data["secrets"]) for p, c in data["projects"].items()}
+        q = (
+            sa.select(_SERVERS.c.name, _C.c.collaborators, _S.c.name)
+            .select_from(_C)
+            .join(_SERVERS, _SERVERS.c.id == _C.c.server_id)
+            .join(_USERS, _USERS.c.id == _SERVERS.c.user_id)
+            .outerjoin(_N, _N.c.server_id == _C.c.server_id)
+            .outerjoin(_S, _S.c.id == _N.c.secret_id)
+            .where(_USERS.c.name == self.user)
+        )
+        found: dict[str, tuple[bool, list[str]]] = {}
+        with self._tx() as conn:
+            for project, collaborators, name in conn.execute(q):
+                names = found.setdefault(project, (bool(collaborators), []))[1]
+                if name is not None:
+                    names.append(name)
+        return {p: Selection(tuple(sorted(n)), c) for p, (c, n) in sorted(found.items())}
 
     def encrypted_for(self, project: str, collaborator: bool) -> dict[str, str]:
         """The encrypted values ``project`` gets, by name: for its owner, the project's
         choice; for a collaborator, the same only where the owner allowed it."""
-        with self.locked():
-            data = self._read()
-        choice = data["projects"].get(project)
-        if choice is None:
-            return {}
-        selection = _selection(choice, data["secrets"])
-        if collaborator and not selection.collaborators:
-            return {}
-        return {name: data["secrets"][name]["value"] for name in selection.names}
+        q = (
+            sa.select(_S.c.name, _S.c.value)
+            .select_from(_C)
+            .join(_SERVERS, _SERVERS.c.id == _C.c.server_id)
+            .join(_USERS, _USERS.c.id == _SERVERS.c.user_id)
+            .join(_N, _N.c.server_id == _C.c.server_id)
+            .join(_S, _S.c.id == _N.c.secret_id)
+            .where(_USERS.c.name == self.user, _SERVERS.c.name == project)
+            .order_by(_S.c.name)
+        )
+        if collaborator:
+            q = q.where(_C.c.collaborators.is_(True))
+        with self._tx() as conn:
+            return {name: value for name, value in conn.execute(q)}
 
     # --- changing -------------------------------------------------------------------
     def put(self, name: str, encrypted: str) -> bool:
         """Store the (already encrypted) value of ``name``; whether it is new. The name
         is checked by the caller (names.check_name)."""
-        with self.locked():
-            data = self._read()
-            new = name not in data["secrets"]
-            if new and len(data["secrets"]) >= MAX_SECRETS:
+        with self._tx(writing=True) as conn:
+            uid = self._owner_id(conn)
+            mine = (_S.c.user_id == uid) & (_S.c.name == name)
+            done = conn.execute(sa.update(_S).where(mine).values(value=encrypted, set_at=now_iso()))
+            if done.rowcount:
+                return False
+            held = conn.execute(
+                sa.select(sa.func.count()).select_from(_S).where(_S.c.user_id == uid)
+            ).scalar()
+            if held >= MAX_SECRETS:
                 raise SecretRefused(
                     f"You have {MAX_SECRETS} secrets, the most gpulab keeps: delete one first."
                 )
-            data["secrets"][name] = {"value": encrypted, "set": now_iso()}
-            self._write(data)
-        return new
+            conn.execute(
+                sa.insert(_S).values(user_id=uid, name=name, value=encrypted, set_at=now_iso())
+            )
+        return True
 
     def delete(self, name: str) -> bool:
         """Forget ``name`` (and every project's choice of it); whether it was there."""
-        with self.locked():
-            data = self._read()
-            if data["secrets"].pop(name, None) is None:
+        with self._tx(writing=True) as conn:
+            uid = self._user_id(conn, lock=True)
+            if uid is None:
                 return False
-            for choice in data["projects"].values():
-                choice["names"] = [n for n in choice["names"] if n != name]
-            self._write(data)
-        return True
+            gone = sa.select(_S.c.id).where(_S.c.user_id == uid, _S.c.name == name)
+            conn.execute(sa.delete(_N).where(_N.c.secret_id.in_(gone)))
+            done = conn.execute(sa.delete(_S).where(_S.c.user_id == uid, _S.c.name == name))
+            return bool(done.rowcount)
 
     def choose(self, project: str, names: Iterable[str], collaborators: bool) -> Selection:
-        """What ``project`` gets from now on; SecretRefused for a name not stored."""
+        """What ``project`` gets from now on; SecretRefused for a project that is not the
+        user's or a name not stored."""
         if not is_valid_safe_slug(project or ""):  # a project's name (projects.project_name)
             raise SecretRefused("Choose one of your projects.")
         names = sorted(set(names))
-        with self.locked():
-            data = self._read()
-            unknown = [n for n in names if n not in data["secrets"]]
+        with self._tx(writing=True) as conn:
+            uid = self._owner_id(conn)
+            server_id = conn.execute(
+                sa.select(_SERVERS.c.id).where(
+                    _SERVERS.c.user_id == uid, _SERVERS.c.name == project
+                )
+            ).scalar()
+            if server_id is None:
+                raise SecretRefused("Choose one of your projects.")
+            ids = dict(
+                conn.execute(
+                    sa.select(_S.c.name, _S.c.id).where(_S.c.user_id == uid, _S.c.name.in_(names))
+                ).all()
+            )
+            unknown = [n for n in names if n not in ids]
             if unknown:
                 raise SecretRefused(
                     f"You have no secret named {unknown[0][:70]}: reload the page and choose again."
                 )
+            conn.execute(sa.delete(_N).where(_N.c.server_id == server_id))
+            conn.execute(sa.delete(_C).where(_C.c.server_id == server_id))
             if names or collaborators:
-                data["projects"][project] = {"names": names, "collaborators": collaborators}
-            else:
-                data["projects"].pop(project, None)
-            self._write(data)
+                conn.execute(sa.insert(_C).values(server_id=server_id, collaborators=collaborators))
+                if names:
+                    rows = [{"server_id": server_id, "secret_id": ids[n]} for n in names]
+                    conn.execute(sa.insert(_N), rows)
         return Selection(tuple(names), collaborators)
-
-    def move_project(self, old: str, new: str) -> Callable[[], None] | None:
-        """The choice of project ``old`` as that of ``new`` (a rename); the undo, or None
-        when neither had one."""
-        with self.locked():
-            data = self._read()
-            before = {k: data["projects"][k] for k in (old, new) if k in data["projects"]}
-            if not before:
-                return None
-            data["projects"].pop(new, None)
-            if old in before:
-                data["projects"][new] = data["projects"].pop(old)
-            self._write(data)
-
-        def undo() -> None:
-            with self.locked():
-                now = self._read()
-                for key in (old, new):
-                    now["projects"].pop(key, None)
-                    if key in before:
-                        now["projects"][key] = before[key]
-                self._write(now)
-
-        return undo
-
-    def forget_project(self, project: str) -> None:
-        """A deleted project's choice (a new project of that name gets nothing)."""
-        if not self.path.exists() and not self.path.is_symlink():
-            return
-        with self.locked():
-            data = self._read()
-            if data["projects"].pop(project, None) is not None:
-                self._write(data)
-
-
-def _selection(choice: dict, secrets: dict) -> Selection:
-    return Selection(
-        tuple(n for n in choice["names"] if n in secrets), bool(choice["collaborators"])
-    )
-
-
-def forget_user(folder: Path, user: str) -> list[str]:
-    """Remove a deleted account's secrets file, its lock and any moved-aside copies
-    (never archived: they are secrets); the names of what was removed."""
-    path = user_file(folder, user)
-    if not path.parent.is_dir():
-        return []
-    done = []
-    for entry in os.scandir(path.parent):
-        name = entry.name
-        if name in (path.name, f"{path.name}.lock") or name.startswith(f"{path.name}.corrupt-"):
-            os.unlink(entry.path)  # a link is removed, never followed
-            done.append(name)
-    if done:
-        jsonfile.fsync_dir(path.parent)
-    return sorted(done)

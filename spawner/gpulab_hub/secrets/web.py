@@ -42,8 +42,8 @@ def chosen_message(project: str, names, collaborators: bool) -> str:
 
 class SecretsPageHandler(BaseHandler):
     def _store(self) -> SecretStore:
-        folder = hubsettings.of_handler(self).secrets_dir
-        return SecretStore(folder, self.current_user.name, self.log)
+        db_url = hubsettings.of_handler(self).db_url
+        return SecretStore(db_url, self.current_user.name, self.log)
 
     def _projects(self) -> list[str]:
         """The user's own projects (JupyterHub's named servers), by name."""

@@ -25,12 +25,13 @@ REGISTRY: tuple[type[records.ProjectRecords], ...] = (
     SharingPolicyRecords,
     PublicLinkRecords,
     SshKeyRecords,
-    LoginIdentityRecords,
-    SecretChoiceRecords,
     JobsRecords,
     GpuHoldingRecords,
     LinkAccessRecords,
-    GroupShareRecords,  # server: after JupyterHub's server row (rename)
+    # server: in JupyterHub's database (after its server row, on a rename)
+    LoginIdentityRecords,
+    SecretChoiceRecords,
+    GroupShareRecords,
 )
 
 

@@ -1,0 +1,116 @@
+"""The login identities file of gpulab before its database, imported once at the upgrade.
+
+Before 0004_login_identities, each account's provider identity was a record of the
+hub's folder, ``login-identities.json``::
+
+    {"version": 1, "accounts": {"carol": {"provider": "oidc https://sso/realms/lab",
+                                          "id": "<sub>", "since": 1790000000.0}}}
+
+:class:`IdentitiesImport` (a ``db.migrate.Import``) copies every binding into the table
+(identities.py) within the upgrade's transaction, then keeps the file as
+``login-identities.json.imported``, the pre-upgrade backup. A damaged file stops the
+upgrade with what to do, never imported as empty: an account without its binding would
+be bound again to whoever signs in first with its name. So does a file of a newer
+gpulab. Read bounded, never through a link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from gpulab_hub import jsonfile, stateversion
+from gpulab_hub.db import engine as db_engine
+from gpulab_hub.db import migrate, tables
+
+IMPORT = "login-identities"  # its row in gpulab_imports
+IMPORTED = ".imported"
+KIND = stateversion.KINDS["login-identities"]
+MAX_BYTES = 64 * 1024 * 1024
+
+
+def parse(raw: bytes, path: Path) -> dict:
+    """The file's accounts; ValueError/TypeError/KeyError where it is damaged,
+    stateversion.NewerState where a newer gpulab wrote it."""
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict):
+        raise TypeError(f"a JSON {type(data).__name__}, not an object")
+    accounts = KIND.upgrade(data, path)["accounts"]
+    if not isinstance(accounts, dict):
+        raise TypeError('"accounts" is not a mapping')
+    for name, rec in accounts.items():
+        if not isinstance(name, str) or not 0 < len(name) <= tables.NAME_LEN:
+            raise ValueError(f"{str(name)[:70]!r} is not an account's name")
+        if not isinstance(rec, dict) or not all(
+            isinstance(rec.get(k), str) and rec[k] for k in ("provider", "id")
+        ):
+            raise TypeError(f"the identity of {name} has no provider and id")
+        if not isinstance(rec.get("since", 0), int | float):
+            raise TypeError(f"the identity of {name} has no time it was bound")
+    return accounts
+
+
+class IdentitiesImport:
+    """The import of ``path`` (the hub's ``login-identities.json``) into the table."""
+
+    def __init__(self, path: str | Path, clock=time.time, log=None):
+        self.path = Path(path)
+        self._clock = clock
+        self.log = log or jsonfile.LOG
+        self._rename = False
+
+    def pending(self) -> bool:
+        return os.path.lexists(self.path)
+
+    def run(self, conn: sa.Connection) -> str:
+        self._rename = True
+        kept = migrate.kept_name(self.path, IMPORTED)
+        done = conn.execute(
+            sa.select(tables.imports.c.rows).where(tables.imports.c.name == IMPORT)
+        ).scalar()
+        if done is not None:
+            return (
+                f"The login identities in {self.path} were imported before ({done} accounts); "
+                f"the file is kept as {kept}."
+            )
+        try:
+            accounts = parse(jsonfile.read_regular(self.path, MAX_BYTES), self.path)
+        except stateversion.NewerState as e:
+            self._rename = False
+            raise db_engine.DatabaseError(str(e)) from None
+        except (OSError, jsonfile.NotARecord, ValueError, TypeError, KeyError) as e:
+            self._rename = False
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise db_engine.DatabaseError(
+                f"The login identities file {self.path} cannot be imported ({why}). Repair "
+                "it (or restore it from a backup) and start again; only if every account "
+                "may be bound again at its next login to whoever signs in first with its "
+                "name, move it away instead."
+            ) from None
+        rows = [
+            {"name": name, "provider": rec["provider"], "subject": rec["id"],
+             "since": float(rec.get("since", self._clock()))}
+            for name, rec in sorted(accounts.items())
+        ]  # fmt: skip
+        if rows:
+            conn.execute(sa.insert(tables.login_identities), rows)
+        conn.execute(
+            tables.imports.insert(),
+            {"name": IMPORT, "source": str(self.path), "rows": len(rows), "skipped": 0,
+             "at": self._clock()},
+        )  # fmt: skip
+        return (
+            f"Imported the login identities of {len(rows)} account(s) from {self.path} into "
+            f"the table {tables.login_identities.name}; the file is kept as {kept}, the "
+            "pre-upgrade backup."
+        )
+
+    def finish(self) -> None:
+        if not self._rename or not self.pending():
+            return
+        dest = migrate.keep(self.path, IMPORTED)
+        self.log.info("gpulab: the login identities file %s is kept as %s", self.path, dest)
