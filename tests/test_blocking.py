@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import threading
 import time
+import types
 
 import docker.errors
 import pytest
@@ -17,13 +18,30 @@ import requests
 from filelock import FileLock
 from hubclient import HubUser
 
-from gpulab_hub import blocking, host
-from gpulab_hub.sharing.policy import SharingPolicyStore
+from gpulab_hub import blocking, host, jsonfile
 
 BUSY_WORDS = (
-    "The sharing settings file is busy: another change to the sharing settings file is "
-    "under way; try again in a moment."
+    "The notes record is busy: another change to the notes record is under way; try "
+    "again in a moment."
 )
+
+
+class SharingPolicyStore(jsonfile.LockedRecord):
+    """A record of the hub's folder, as the stores kept in files are (jsonfile.py):
+    ``{"alice/one": {"collaborators_may_start": true}}``."""
+
+    what = "The notes record"
+
+    def set(self, owner: str, project: str, **values: bool) -> None:
+        with self.locked():
+            records = self._read()
+            records[f"{owner}/{project}"] = values
+            self._write(records)
+
+    def get(self, owner: str, project: str):
+        with self.locked():
+            found = self._read().get(f"{owner}/{project}", {})
+        return types.SimpleNamespace(collaborators_may_start=found.get("collaborators_may_start"))
 
 
 def test_the_tests_run_with_the_strict_guard():

@@ -123,6 +123,10 @@ def _secrets_imported(hub: Path, log: str, rows, choices) -> None:
     assert (hub / "secrets.pre-database" / "alice.json").is_file()
     assert [tuple(r) for r in rows] == FIXTURE_SECRETS
     assert [(p, bool(c), n) for p, c, n in choices] == [("thesis", False, "HF_TOKEN")]
+    # the sharing settings of alice's project, which the hub has (bob's vision it has not)
+    assert "Imported the sharing settings of 1 project(s)" in log, log
+    assert "bob/vision (no such project)" in log
+    assert (hub / "sharing.json.imported").is_file() and not (hub / "sharing.json").exists()
 
 
 def test_a_hub_start_upgrades_gpulabs_tables_after_a_backup_and_a_restart_changes_nothing(

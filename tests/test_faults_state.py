@@ -144,26 +144,16 @@ def test_damaged_allocation_record_read_without_docker_says_how_it_is_repaired(t
 # --- the sharing settings -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, text", damages("projects"), ids=[n for n, _ in damages("projects")])
-def test_damaged_sharing_settings_fall_back_to_least_allowed(tmp_path, caplog, name, text):
-    path = tmp_path / "sharing.json"
-    path.write_bytes(text)
-    store = policy.SharingPolicyStore(path)
-    assert store.get("alice", "a") == policy.ProjectSharing()  # nobody may start or reshare
+def test_sharing_settings_the_hub_cannot_read_give_the_least_allowed(tmp_path, caplog):
+    """A database gone or unreadable: nobody may start or reshare, and the log says why;
+    a change says it was not saved instead of pretending."""
+    store = policy.SharingPolicyStore(f"sqlite:///{tmp_path / 'gone.sqlite'}")
     assert store.get("alice", "a") == policy.ProjectSharing()
-    aside = check_one_clear_message(caplog, path)
-    assert aside.read_bytes() == text
-    assert "collaborators may not start the server or share it on" in errors(caplog)[0]
-    assert store.set("alice", "a", collaborators_may_start=True).collaborators_may_start
-    assert policy.SharingPolicyStore(path).get("alice", "a").collaborators_may_start
-
-
-def test_unreadable_sharing_settings_give_the_defaults(tmp_path, caplog):
-    path = tmp_path / "sharing.json"
-    path.mkdir()
-    assert policy.SharingPolicyStore(path).get("alice", "a") == policy.ProjectSharing()
-    (message,) = errors(caplog)
-    assert f"The sharing settings file {path} cannot be read" in message
+    assert store.snapshot() == {}
+    assert "The sharing settings in sqlite:" in errors(caplog)[0]
+    with pytest.raises(policy.SharingPolicyStore.Error, match="cannot be used now"):
+        store.set("alice", "a", collaborators_may_start=True)
+    assert not (tmp_path / "gone.sqlite").exists()
 
 
 # --- public notebook links -------------------------------------------------------------
@@ -242,9 +232,7 @@ def test_record_writes_are_durable(tmp_path, fsyncs):
     jsonfile.write_atomic(tmp_path / "r.json", {"a": 1})
     assert fsyncs == ["file", "folder"]
     fsyncs.clear()
-    policy.SharingPolicyStore(tmp_path / "sharing.json").set(
-        "alice", "a", collaborators_may_start=True
-    )
+    public.store(tmp_path).create("alice", "a", "nb.ipynb", 3600)
     assert fsyncs == ["file", "folder"]
     assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"
 

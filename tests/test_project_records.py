@@ -84,7 +84,7 @@ class Hub:
 
 
 def _policy(hub: Hub, owner: str, project: str, plant: bool) -> bool:
-    store = received.policy_store(hub.dir)
+    store = received.policy_store(hub.url)
     if plant:
         store.set(owner, project, collaborators_may_start=True)
     return store.get(owner, project).collaborators_may_start
@@ -350,7 +350,7 @@ def test_no_jobs_record_none_is_made(tmp_path):
 
 def test_a_store_that_cannot_be_read_stops_the_deletion_with_its_words(tmp_path):
     hub = Hub(tmp_path)
-    path = hub.dir / hubsettings.SHARING_POLICY
+    path = hub.dir / hubsettings.PUBLIC_LINKS
     path.mkdir()  # a folder where the record should be: it cannot be read
-    with pytest.raises(jsonfile.RecordError, match="sharing settings file"):
+    with pytest.raises(jsonfile.RecordError, match="public links"):
         deletion.project_files(hub.where, "alice", "one")

@@ -232,7 +232,7 @@ def records_hub(tmp_path):
     (where.projects_root / "alice" / "one" / "kept.txt").write_text(MARK)
     (where.state_root / "alice" / "one").mkdir(parents=True)
     (where.state_root / "alice" / "one" / "image.json").write_text('{"failed": false}')
-    received.policy_store(hub_dir).set("alice", "one", collaborators_may_start=True)
+    received.policy_store(str(db.get_bind().url)).set("alice", "one", collaborators_may_start=True)
     public.store(hub_dir).create("alice", "one", "nb.ipynb", 3600)
     secrets = SecretStore(str(db.get_bind().url), "alice")
     secrets.put("HF_TOKEN", "encrypted")
@@ -268,7 +268,7 @@ def snapshot(db, where, name: str) -> dict:
             str(p.relative_to(where.data_root))
             for p in (where.data_root / "projects" / "alice" / name).glob("*/*")
         ),
-        "settings": received.policy_store(where.hub_dir).get("alice", name),
+        "settings": received.policy_store(str(db.get_bind().url)).get("alice", name),
         "links": [x.path for x in public.store(where.hub_dir).list("alice", name)],
         "secrets": SecretStore(str(db.get_bind().url), "alice").selections().get(name),
         "roles": sorted(s["name"] for s in roles_file.role_specs() if here in s["description"]),

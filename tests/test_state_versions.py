@@ -86,7 +86,6 @@ def test_every_record_store_names_its_kind():
     import gpulab_hub.gpus.reclaimrecord  # noqa: F401
     import gpulab_hub.sharing.groupshares  # noqa: F401
     import gpulab_hub.sharing.linkaccess  # noqa: F401
-    import gpulab_hub.sharing.policy  # noqa: F401
     import gpulab_hub.sharing.public  # noqa: F401
 
     while todo:
@@ -94,7 +93,7 @@ def test_every_record_store_names_its_kind():
         todo.extend(cls.__subclasses__())
         if cls is not jsonfile.LockedRecord and cls.__module__.startswith("gpulab_hub."):
             stores.add(cls)
-    assert len(stores) >= 8  # secrets and the usage ledger live in the database now
+    assert len(stores) >= 7  # secrets, sharing settings, logins, usage: in the database
     for cls in stores:
         assert stateversion.KINDS.get(cls.kind.name) is cls.kind, (
             f"{cls.__qualname__} names no kind of stateversion.KINDS"
@@ -282,16 +281,16 @@ def test_a_newer_file_is_refused_in_a_sentence_and_left_as_it_is(name, tmp_path,
 
 def test_a_newer_file_is_never_written_over_by_a_change(tmp_path):
     from gpulab_hub.images import project as image_state
-    from gpulab_hub.sharing.policy import SharingPolicyStore
+    from gpulab_hub.sharing import public
     from gpulab_hub.ssh import keys as sshkeys
 
     hub = home_from(FIXTURES[-1], tmp_path)
     layout = fixture_script._layout(hub)
-    policy = hub / "sharing.json"
-    newer = make_newer(policy, stateversion.KINDS["sharing-policy"].current)
+    links = hub / "public-links.json"
+    newer = make_newer(links, stateversion.KINDS["public-links"].current)
     with pytest.raises(Exception, match="written by a newer gpulab"):
-        SharingPolicyStore(policy).set("alice", "thesis", collaborators_may_start=False)
-    assert policy.read_bytes() == newer
+        public.store(hub).create("alice", "thesis", "nb.ipynb", 3600)
+    assert links.read_bytes() == newer
 
     keys = hub / "ssh" / "keys" / "alice.json"
     newer = make_newer(keys, stateversion.KINDS["ssh-keys"].current)

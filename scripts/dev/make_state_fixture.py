@@ -51,15 +51,19 @@ def write(hub: Path) -> None:
     from gpulab_hub.gpus.usage import Record
     from gpulab_hub.images import project as image_state
     from gpulab_hub.sharing import groupshares, linkaccess, public
-    from gpulab_hub.sharing.policy import SharingPolicyStore
     from gpulab_hub.ssh import keys as sshkeys
     from gpulab_hub.ssh import paths as ssh_paths
 
     layout = hubsettings.default_layout(hub.parent)
 
-    policy = SharingPolicyStore(layout.sharing_policy)
-    policy.set("alice", "thesis", collaborators_may_start=True)
-    policy.set("bob", "vision", collaborators_may_start=True, collaborators_may_reshare=True)
+    # the sharing settings as gpulab before its database wrote them; a hub start imports
+    # them into the database (sharing/policyfile.py)
+    settings = {
+        "alice/thesis": {"collaborators_may_start": True, "collaborators_may_reshare": False},
+        "bob/vision": {"collaborators_may_start": True, "collaborators_may_reshare": True},
+    }
+    kind = stateversion.KINDS["sharing-policy"]
+    jsonfile.write_atomic(layout.sharing_policy, kind.stamp({"projects": settings}))
 
     links = public.store(hub)
     links.create("alice", "thesis", "notebooks/results.ipynb", 10 * 365 * 86400)
@@ -173,10 +177,12 @@ def _layout(hub: Path):
 
 
 def read_sharing_policy(hub: Path):
-    from gpulab_hub.sharing.policy import SharingPolicyStore
+    from gpulab_hub import jsonfile
+    from gpulab_hub.sharing import policyfile
 
-    store = SharingPolicyStore(_layout(hub).sharing_policy)
-    return {k: asdict(v) for k, v in store.snapshot().items()}
+    path = _layout(hub).sharing_policy
+    found = policyfile.parse(jsonfile.read_regular(path, policyfile.MAX_BYTES), path)
+    return {k: asdict(v) for k, v in found.items()}
 
 
 def read_public_links(hub: Path):

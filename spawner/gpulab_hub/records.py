@@ -158,3 +158,43 @@ def on_loop_of(loop) -> Callable[..., Any]:
         return asyncio.run_coroutine_threadsafe(run(), loop).result()
 
     return call
+
+
+class ByServerRow(Records):
+    """A store kept in the hub's database whose rows name JupyterHub's server row by
+    foreign key (``table.c.server_id``, ON DELETE CASCADE): a rename renames the row in
+    place, so the records have moved once it has (``server``: after the row); a
+    deletion of the project or its owner takes them with the row. Nothing to move or
+    forget here: a rename only names them among what moved."""
+
+    server: ClassVar[bool] = True
+    table: ClassVar[Any] = None  # the store's table (db/tables.py)
+
+    def _has(self, owner: str, project: str) -> bool:
+        if self.where.db is None:
+            return False
+        return self.where.on_loop(_has_row, self.where.db, self.table, owner, project)
+
+    def move(self, owner: str, old: str, new: str) -> Undo | None:
+        if not self._has(owner, new):
+            return None
+        return lambda: None  # the row carries them back as it is renamed back
+
+    def holds(self, owner: str, project: str) -> bool:
+        return self._has(owner, project)
+
+
+def _has_row(db, table, owner: str, project: str) -> bool:
+    """Whether ``table`` has a row of ``owner``'s ``project`` (JupyterHub's session)."""
+    import sqlalchemy as sa
+
+    from gpulab_hub.db import tables
+
+    servers, users = tables.SPAWNERS, tables.USERS
+    q = (
+        sa.select(table.c.server_id)
+        .join(servers, servers.c.id == table.c.server_id)
+        .join(users, users.c.id == servers.c.user_id)
+        .where(users.c.name == owner, servers.c.name == project)
+    )
+    return db.execute(q).first() is not None

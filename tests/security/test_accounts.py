@@ -361,9 +361,11 @@ class FakeDocker:
 def test_user_deletion_takes_every_record_away(tmp_path, archive):
     """Without a hub: folders, records and GPU holdings of one user go, others' stay."""
     from gpulab_hub.gpus import allocator
-    from gpulab_hub.sharing import policy, public
+    from gpulab_hub.sharing import public
     from gpulab_hub.workflows import deletion
 
+    # (the records of the hub's database, sharing settings among them, go with the
+    # user's row: test_project_records.py)
     hub = tmp_path / "hub"
     place = deletion.Place(
         projects_root=tmp_path / "projects",
@@ -380,9 +382,6 @@ def test_user_deletion_takes_every_record_away(tmp_path, archive):
         (place.state_root / owner / "proj").mkdir(parents=True)
         (place.data_root / "models" / owner).mkdir(parents=True)
         (place.data_root / "projects" / owner / "proj" / "huggingface").mkdir(parents=True)
-        policy.SharingPolicyStore(hub / "sharing.json").set(
-            owner, "proj", collaborators_may_start=True
-        )
         public.store(hub).create(owner, "proj", "nb.ipynb", 3600)
     (place.projects_root / "judy" / "proj" / "secret.txt").write_text("old")
     held = {"uuid-1": [{"owner": "judy", "project": "proj", "since": 1.0}],
@@ -398,7 +397,6 @@ def test_user_deletion_takes_every_record_away(tmp_path, archive):
     assert not (place.data_root / "projects" / "judy").exists()
     assert (place.data_root / "projects" / "kim" / "proj" / "huggingface").is_dir()
     assert (place.projects_root / "kim" / "proj").is_dir()
-    assert "judy" not in (hub / "sharing.json").read_text()
     assert "judy" not in (hub / "public-links.json").read_text()
     assert "kim" in (hub / "public-links.json").read_text()
     holdings = allocator.AllocationStore(place.allocations_file).holdings()

@@ -17,8 +17,6 @@ gpulab. Read bounded, never through a link.
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -54,36 +52,20 @@ def parse(raw: bytes, path: Path) -> dict:
     return accounts
 
 
-class IdentitiesImport:
+class IdentitiesImport(migrate.FileImport):
     """The import of ``path`` (the hub's ``login-identities.json``) into the table."""
 
-    def __init__(self, path: str | Path, clock=time.time, log=None):
-        self.path = Path(path)
-        self._clock = clock
-        self.log = log or jsonfile.LOG
-        self._rename = False
+    name = IMPORT
+    suffix = IMPORTED
+    what = "the login identities"
+    counted = "the login identities of {n} account(s)"
 
-    def pending(self) -> bool:
-        return os.path.lexists(self.path)
-
-    def run(self, conn: sa.Connection) -> str:
-        self._rename = True
-        kept = migrate.kept_name(self.path, IMPORTED)
-        done = conn.execute(
-            sa.select(tables.imports.c.rows).where(tables.imports.c.name == IMPORT)
-        ).scalar()
-        if done is not None:
-            return (
-                f"The login identities in {self.path} were imported before ({done} accounts); "
-                f"the file is kept as {kept}."
-            )
+    def rows(self, conn: sa.Connection) -> tuple[int, list[str]]:
         try:
             accounts = parse(jsonfile.read_regular(self.path, MAX_BYTES), self.path)
         except stateversion.NewerState as e:
-            self._rename = False
             raise db_engine.DatabaseError(str(e)) from None
         except (OSError, jsonfile.NotARecord, ValueError, TypeError, KeyError) as e:
-            self._rename = False
             why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise db_engine.DatabaseError(
                 f"The login identities file {self.path} cannot be imported ({why}). Repair "
@@ -98,19 +80,4 @@ class IdentitiesImport:
         ]  # fmt: skip
         if rows:
             conn.execute(sa.insert(tables.login_identities), rows)
-        conn.execute(
-            tables.imports.insert(),
-            {"name": IMPORT, "source": str(self.path), "rows": len(rows), "skipped": 0,
-             "at": self._clock()},
-        )  # fmt: skip
-        return (
-            f"Imported the login identities of {len(rows)} account(s) from {self.path} into "
-            f"the table {tables.login_identities.name}; the file is kept as {kept}, the "
-            "pre-upgrade backup."
-        )
-
-    def finish(self) -> None:
-        if not self._rename or not self.pending():
-            return
-        dest = migrate.keep(self.path, IMPORTED)
-        self.log.info("gpulab: the login identities file %s is kept as %s", self.path, dest)
+        return len(rows), []

@@ -53,6 +53,61 @@ class Import(Protocol):
         """After the upgrade committed (the file kept as the pre-upgrade backup)."""
 
 
+class FileImport:
+    """An :class:`Import` of one file (or folder) ``path`` of gpulab before its database:
+    done once (its row in ``gpulab_imports`` named :attr:`name`, written in the same
+    transaction), then the file kept as ``<path><suffix>``, the pre-upgrade backup.
+    Subclasses say what it is (:attr:`what`) and import it (:meth:`rows`)."""
+
+    name = ""  # its row in gpulab_imports
+    suffix = ".imported"
+    what = "the file"  # "the sharing settings": how the log names it
+    counted = "{n} record(s)"  # "{n} secret(s)": how the upgrade's words count them
+
+    def __init__(self, path: str | Path, clock=time.time, log=None):
+        self.path = Path(path)
+        self._clock = clock
+        self.log = log or LOG
+        self._keep = False
+
+    def pending(self) -> bool:
+        return os.path.lexists(self.path)
+
+    def rows(self, conn: sa.Connection) -> tuple[int, list[str]]:
+        """Import the file within the upgrade's transaction: how many records, and what
+        was left out (each in words). Raise db_engine.DatabaseError to stop the upgrade."""
+        raise NotImplementedError
+
+    def run(self, conn: sa.Connection) -> str:
+        kept = kept_name(self.path, self.suffix)
+        done = conn.execute(
+            sa.select(tables.imports.c.rows).where(tables.imports.c.name == self.name)
+        ).scalar()
+        if done is not None:
+            self._keep = True
+            return (
+                f"{self.what[:1].upper()}{self.what[1:]} in {self.path} were imported before "
+                f"({self.counted.format(n=done)}); kept as {kept}."
+            )
+        n, left_out = self.rows(conn)
+        conn.execute(
+            tables.imports.insert(),
+            {"name": self.name, "source": str(self.path), "rows": n, "skipped": len(left_out),
+             "at": self._clock()},
+        )  # fmt: skip
+        self._keep = True
+        said = f"Imported {self.counted.format(n=n)} from {self.path}"
+        if left_out:
+            said += f", leaving out {len(left_out)}: " + "; ".join(left_out)
+        return f"{said}. It is kept as {kept}, the pre-upgrade backup."
+
+    def finish(self) -> None:
+        if not self._keep or not self.pending():
+            return
+        dest = keep(self.path, self.suffix)
+        self.log.info("gpulab: %s %s is kept as %s", self.what, self.path, dest)
+
+
 @dataclass(frozen=True)
 class Upgraded:
     before: str | None  # gpulab's revision found (None: no gpulab tables yet)

@@ -146,3 +146,19 @@ login_identities = sa.Table(
     sa.Column("subject", sa.UnicodeText, nullable=False),  # the provider's id of the person
     sa.Column("since", sa.Float, nullable=False),  # epoch seconds
 )
+
+# What an owner allows the people a project is shared with (sharing/policy.py), one row a
+# project whose owner changed it: JupyterHub's server row by foreign key, so it follows a
+# rename and goes with the project or its owner.
+sharing_settings = sa.Table(
+    "gpulab_sharing_settings",
+    METADATA,
+    sa.Column(
+        "server_id",
+        sa.Integer,
+        sa.ForeignKey("spawners.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("collaborators_may_start", sa.Boolean, nullable=False),
+    sa.Column("collaborators_may_reshare", sa.Boolean, nullable=False),
+)

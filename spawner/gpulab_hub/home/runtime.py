@@ -117,7 +117,7 @@ class RuntimeHandler(BaseHandler):
     async def _may_change(self, owner: str, project: str, mine: bool) -> bool:
         if mine:
             return True
-        store = policy_store(hubsettings.of_handler(self).records_dir)
+        store = policy_store(hubsettings.of_handler(self).db_url)
         policy = (await policies_now(store)).get(f"{owner}/{project}", ProjectSharing())
         return policy.collaborators_may_start
 

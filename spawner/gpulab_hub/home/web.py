@@ -128,7 +128,7 @@ class HomeHandler(BaseHandler):
         groups = [g.name for g in user.orm_user.groups]
         gpu_use = await blocking.run(blocking.RECORDS, facts.gpu_use, where, user.name, groups)
         rows = self._rows(user, found)
-        shared = received_rows(self, await policies_now(policy_store(where.records_dir)))
+        shared = received_rows(self, await policies_now(policy_store(where.db_url)))
         html = await self.render_template(
             "home.html",
             user=user,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -74,31 +73,20 @@ def kept_folder(folder: str | Path) -> Path:
     return folder.with_name(folder.name + KEPT)
 
 
-class SecretsImport:
-    """The import of the folder ``folder`` (the hub's ``secrets/``) into the tables."""
+class SecretsImport(migrate.FileImport):
+    """The import of the folder ``path`` (the hub's ``secrets/``) into the tables."""
 
-    def __init__(self, folder: str | Path, clock=time.time, log=None):
-        self.folder = Path(folder)
-        self._clock = clock
-        self.log = log or jsonfile.LOG
-        self._rename = False
+    name = IMPORT
+    suffix = KEPT
+    what = "the secrets"
+    counted = "{n} secret(s)"
 
     def pending(self) -> bool:
-        return os.path.isdir(self.folder) and not os.path.islink(self.folder)
+        return os.path.isdir(self.path) and not os.path.islink(self.path)
 
-    def run(self, conn: sa.Connection) -> str:
-        self._rename = True
-        kept = self._kept_as()
-        done = conn.execute(
-            sa.select(tables.imports.c.rows).where(tables.imports.c.name == IMPORT)
-        ).scalar()
-        if done is not None:
-            return (
-                f"The secrets in {self.folder} were imported before ({done} secrets); the "
-                f"folder is kept as {kept}."
-            )
+    def rows(self, conn: sa.Connection) -> tuple[int, list[str]]:
         n, left_out = 0, []
-        for entry in sorted(os.scandir(self.folder), key=lambda e: e.name):
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
             user = entry.name.removesuffix(".json")
             if not entry.name.endswith(".json") or not _allowed(user):
                 continue
@@ -106,10 +94,8 @@ class SecretsImport:
                 path = Path(entry.path)
                 section = parse(jsonfile.read_regular(path, MAX_FILE_BYTES), path)
             except stateversion.NewerState as e:
-                self._rename = False
                 raise db_engine.DatabaseError(str(e)) from None
             except OSError as e:
-                self._rename = False
                 raise db_engine.DatabaseError(
                     f"The secrets file {entry.path} cannot be read ({e.strerror or e}): give "
                     "the hub's account access to it, then start again."
@@ -120,15 +106,7 @@ class SecretsImport:
             got, missing = self._user(conn, user, section)
             n += got
             left_out.extend(missing)
-        conn.execute(
-            tables.imports.insert(),
-            {"name": IMPORT, "source": str(self.folder), "rows": n, "skipped": len(left_out),
-             "at": self._clock()},
-        )  # fmt: skip
-        said = f"Imported {n} secret(s) from {self.folder} into the table {tables.secrets.name}"
-        if left_out:
-            said += f", leaving out {len(left_out)}: " + "; ".join(left_out)
-        return f"{said}. The folder is kept as {kept}, the pre-upgrade backup."
+        return n, left_out
 
     @staticmethod
     def _user(conn: sa.Connection, user: str, section: dict) -> tuple[int, list[str]]:
@@ -166,15 +144,6 @@ class SecretsImport:
                 rows = [{"server_id": server_id, "secret_id": ids[n]} for n in names]
                 conn.execute(sa.insert(tables.secret_chosen), rows)
         return len(ids), left_out
-
-    def _kept_as(self) -> Path:
-        return migrate.kept_name(self.folder, KEPT)
-
-    def finish(self) -> None:
-        if not self._rename or not self.pending():
-            return
-        dest = migrate.keep(self.folder, KEPT)
-        self.log.info("gpulab: the secrets folder %s is kept as %s", self.folder, dest)
 
 
 def _allowed(user: str) -> bool:

@@ -15,7 +15,6 @@ with the options the owner last started it with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from jupyterhub import orm
 from jupyterhub.handlers import BaseHandler
@@ -27,7 +26,6 @@ from gpulab_hub.sharing import roles
 from gpulab_hub.sharing.policy import ProjectSharing, SharingPolicyStore
 
 PAGE = "/gpulab/shared"
-POLICY_FILE = hubsettings.SHARING_POLICY  # in the hub's records folder
 
 
 @dataclass
@@ -43,8 +41,9 @@ class Received:
     may_start: bool
 
 
-def policy_store(hub_dir: str | Path) -> SharingPolicyStore:
-    return SharingPolicyStore(Path(hub_dir) / POLICY_FILE)
+def policy_store(db_url: str) -> SharingPolicyStore:
+    """The sharing settings in the hub's database ``db_url`` (its Layout's)."""
+    return SharingPolicyStore(db_url)
 
 
 def server_state(spawner) -> str:
@@ -67,8 +66,8 @@ def iso_utc(when) -> str:
 
 
 async def policies_now(store: SharingPolicyStore) -> dict[str, ProjectSharing]:
-    """The sharing settings of every project, read on a worker thread (the store takes
-    a file lock: never on the event loop)."""
+    """The sharing settings of every project, read on the records pool (the database:
+    never on the event loop)."""
     return await blocking.run(blocking.RECORDS, store.snapshot)
 
 
@@ -102,7 +101,7 @@ def received_rows(handler, policies: dict[str, ProjectSharing]) -> list[Received
 
 class SharedWithMeHandler(BaseHandler):
     def initialize(self, **_):
-        self.policies = policy_store(hubsettings.of_handler(self).records_dir)
+        self.policies = policy_store(hubsettings.of_handler(self).db_url)
 
     async def _page(self, status=200, message="", error=""):
         rows = received_rows(self, await policies_now(self.policies))

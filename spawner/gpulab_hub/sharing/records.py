@@ -1,8 +1,9 @@
 """The sharing records of a project, as rename and delete see them (records.py).
 
-Four stores in the hub's records folder name a project: its sharing settings
-(policy.py), its public links (public.py), how long access accepted through its links
-lasts (linkaccess.py) and the roles mirroring its group shares (groupshares.py).
+Four stores name a project: its sharing settings (policy.py, in the hub's database),
+and in the hub's records folder its public links (public.py), how long access accepted
+through its links lasts (linkaccess.py) and the roles mirroring its group shares
+(groupshares.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from jupyterhub import orm
 from jupyterhub import roles as hub_roles
 
 from gpulab_hub import blocking, hubsettings, records
+from gpulab_hub.db import tables
 from gpulab_hub.sharing import groupshares, linkaccess
 from gpulab_hub.sharing.policy import SharingPolicyStore
 from gpulab_hub.sharing.public import PublicLinkStore
@@ -23,41 +25,12 @@ def _key(owner: str, project: str) -> str:
     return f"{owner}/{project}"
 
 
-class SharingPolicyRecords(records.Records):
-    """The owner's sharing settings, ``{"owner/project": {...}}``."""
+class SharingPolicyRecords(records.ByServerRow):
+    """The owner's sharing settings: rows of the hub's database naming the server row."""
 
     what = "sharing settings"
     store = SharingPolicyStore
-
-    def _store(self) -> SharingPolicyStore:
-        return SharingPolicyStore(Path(self.where.records_dir) / hubsettings.SHARING_POLICY)
-
-    def move(self, owner: str, old: str, new: str) -> records.Undo | None:
-        store, old_key, new_key = self._store(), _key(owner, old), _key(owner, new)
-        with store.locked():
-            moved = records.move_keys(store._read(), old_key, new_key)
-            if moved is None:
-                return None
-            after, before = moved
-            store._write(after)
-
-        def undo() -> None:
-            with store.locked():
-                store._write(records.put_back(store._read(), before, old_key, new_key))
-
-        return undo
-
-    def holds(self, owner: str, project: str) -> bool:
-        store = self._store()
-        with store.locked():
-            return _key(owner, project) in store._read()
-
-    def forget(self, owner: str, project: str) -> None:
-        self._store().forget(owner, project)
-
-    def forget_owner(self, owner: str) -> None:
-        self._store().forget_owner(owner)
-
+    table = tables.sharing_settings
 
 class PublicLinkRecords(records.Records):
     """The project's public notebook links (their codes stay the same on a rename)."""

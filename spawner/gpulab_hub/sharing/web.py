@@ -63,7 +63,7 @@ class ShareHandler(BaseHandler):
         self.max_hours = max_hours
         self.default_hours = default_hours
         where = hubsettings.of_handler(self)  # the hub's own configuration
-        self.policy = SharingPolicyStore(where.sharing_policy)
+        self.policy = SharingPolicyStore(where.db_url)
         self.group_roles = GroupShareRoles(where.group_share_roles)
         self.links = linkaccess.store_in(where.records_dir)
 
@@ -332,7 +332,11 @@ class ShareHandler(BaseHandler):
         if action == "settings" and self.policy is not None:
             chosen = set(self.get_body_arguments("allow"))
             values = {key: key in chosen for key in SETTINGS}
-            await blocking.run(blocking.RECORDS, self.policy.set, owner, project, **values)
+            try:
+                await blocking.run(blocking.RECORDS, self.policy.set, owner, project, **values)
+            except SharingPolicyStore.Error as e:
+                self.log.error("gpulab: %s", e)
+                raise ApiError(503, "The settings were not saved: try again in a minute.") from e
             return "Settings saved.", None
         raise ApiError(400, f"Unknown action {action!r}.")
 

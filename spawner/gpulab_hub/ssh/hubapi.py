@@ -131,8 +131,8 @@ class AccessHandler(APIHandler):
             return reply
         if role == "owner":
             reply["can_start"] = True
-        else:  # the sharing settings: a file, read off the event loop
-            policies = policy_store(where.records_dir)
+        else:  # the sharing settings: the database, read off the event loop
+            policies = policy_store(where.db_url)
             settings = await blocking.run(blocking.RECORDS, policies.get, owner, project)
             reply["can_start"] = settings.collaborators_may_start
         reply.update(

@@ -8,6 +8,7 @@ from gpulab_hub.db import migrate
 from gpulab_hub.gpus import usagefile
 from gpulab_hub.layout import Layout
 from gpulab_hub.secrets import importfile
+from gpulab_hub.sharing import policyfile
 
 
 def of(layout: Layout) -> list[migrate.Import]:
@@ -16,4 +17,5 @@ def of(layout: Layout) -> list[migrate.Import]:
         usagefile.LedgerImport(layout.usage_file),
         importfile.SecretsImport(layout.secrets_dir),
         identityfile.IdentitiesImport(layout.records_dir / identities.FILE_NAME),
+        policyfile.PolicyImport(layout.sharing_policy),
     ]

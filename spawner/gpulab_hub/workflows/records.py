@@ -22,7 +22,6 @@ from gpulab_hub.sharing.records import (
 from gpulab_hub.ssh.records import SshKeyRecords
 
 REGISTRY: tuple[type[records.ProjectRecords], ...] = (
-    SharingPolicyRecords,
     PublicLinkRecords,
     SshKeyRecords,
     JobsRecords,
@@ -30,6 +29,7 @@ REGISTRY: tuple[type[records.ProjectRecords], ...] = (
     LinkAccessRecords,
     # server: in JupyterHub's database (after its server row, on a rename)
     LoginIdentityRecords,
+    SharingPolicyRecords,
     SecretChoiceRecords,
     GroupShareRecords,
 )
