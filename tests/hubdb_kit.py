@@ -11,9 +11,10 @@ from jupyterhub import orm
 from gpulab_hub.db import migrate
 
 
-def database(folder: Path) -> tuple[str, orm.Session]:
-    """(the database's URL, a session of JupyterHub's ORM on it)."""
+def database(folder: Path, url: str | None = None) -> tuple[str, orm.Session]:
+    """(the database's URL, a session of JupyterHub's ORM on it): a SQLite file in
+    ``folder``, or the empty database ``url`` (PostgreSQL: tests/pg_kit.py)."""
     folder.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite:///{folder / 'jupyterhub.sqlite'}"
+    url = url or f"sqlite:///{folder / 'jupyterhub.sqlite'}"
     migrate.upgrade(url, backup=False)
     return url, orm.new_session_factory(url)()

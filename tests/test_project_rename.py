@@ -200,10 +200,11 @@ def test_rename_keeps_files_shares_and_image(hub, people, shared):
 
 
 # --- without a hub: every record moves, and a failed step puts everything back -------
-def records_hub(tmp_path):
-    """A JupyterHub database (gpulab's tables beside its own), and gpulab's folders and
-    records of alice/one: files, image record, a user share, a group share (with its
-    role), a share code, a token naming the server, sharing settings and a public link."""
+def records_hub(tmp_path, url: str | None = None):
+    """A JupyterHub database (gpulab's tables beside its own: a SQLite file, or the empty
+    database ``url``), and gpulab's folders and records of alice/one: files, image
+    record, a user share, a group share (with its role), a share code, a token naming
+    the server, sharing settings, a public link, a choice of secrets, a job."""
     import logging
 
     from jupyterhub import scopes
@@ -212,7 +213,7 @@ def records_hub(tmp_path):
     from gpulab_hub.workflows import rename
 
     scopes.define_custom_scopes(roles.CUSTOM_SCOPES)
-    db = hubdb_kit.database(tmp_path / "db")[1]
+    db = hubdb_kit.database(tmp_path / "db", url)[1]
     alice, bob = orm.User(name="alice"), orm.User(name="bob")
     team = orm.Group(name="team", users=[bob])
     db.add_all([alice, bob, team, orm.OAuthClient(identifier="jupyterhub")])

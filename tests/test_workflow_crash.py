@@ -5,7 +5,8 @@ agree, under the new name or gone, never half.
 Each test makes alice's project ``one`` with something in every place a rename or
 deletion touches (test_project_rename.records_hub: folders, image record, data, a user
 share, a group share and its role, a share code, a token, sharing settings, a public
-link, a choice of secrets, a multi-node job), in a SQLite database file. A child process
+link, a choice of secrets, a multi-node job), in a SQLite database file and, again, in a
+PostgreSQL database (tests/pg_kit.py), as production runs it. A child process
 runs the real rename (rename.move) or deletion (deletion.delete_project, then
 JupyterHub's removal of the server row) and kills itself with SIGKILL right after the
 step named; the test then does what the hub's start does (hubconfig.finish_interrupted:
@@ -186,11 +187,22 @@ def child(kind: str, url: str, saved: str, step: str) -> None:
 
 
 # --- the tests -------------------------------------------------------------------------
-def _hub(tmp_path: Path):
-    db, spawner, where, token, log = records_hub(tmp_path)
-    url = str(db.get_bind().url)
+def _hub(tmp_path: Path, url: str | None = None):
+    db, spawner, where, token, log = records_hub(tmp_path, url)
+    url = db.get_bind().url.render_as_string(hide_password=False)
     db.close()
     return url, where
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request) -> str | None:
+    """Where the crashed hub's database is: a SQLite file (None: records_hub makes it in
+    the test's folder) or a fresh PostgreSQL database (tests/pg_kit.py)."""
+    if request.param == "sqlite":
+        return None
+    import pg_kit
+
+    return pg_kit.fresh_database(request.getfixturevalue("pg_server"))
 
 
 def _run_child(kind: str, url: str, where: rename.Where, step: str) -> int:
@@ -247,9 +259,9 @@ def deleted_whole(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("step", RENAME_STEPS)
 def test_a_rename_killed_after_each_step_is_finished_at_the_next_start(
-    tmp_path, step, renamed_whole
+    tmp_path, step, renamed_whole, database
 ):
-    url, where = _hub(tmp_path)
+    url, where = _hub(tmp_path, database)
     before = _snapshots(url, where)
     assert before["one"]["files"] == ["kept.txt"] and before["two"]["server"] is None
     assert _run_child("rename", url, where, step) == -signal.SIGKILL
@@ -265,9 +277,9 @@ def test_a_rename_killed_after_each_step_is_finished_at_the_next_start(
 
 @pytest.mark.parametrize("step", DELETE_STEPS)
 def test_a_deletion_killed_after_each_step_is_finished_at_the_next_start(
-    tmp_path, step, deleted_whole
+    tmp_path, step, deleted_whole, database
 ):
-    url, where = _hub(tmp_path)
+    url, where = _hub(tmp_path, database)
     assert _run_child("delete", url, where, step) == -signal.SIGKILL
     (entry,) = _journal(url)
     assert (entry.kind, entry.project) == ("delete", "one")
