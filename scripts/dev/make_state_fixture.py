@@ -177,11 +177,9 @@ def _layout(hub: Path):
 
 
 def read_sharing_policy(hub: Path):
-    from gpulab_hub import jsonfile
     from gpulab_hub.sharing import policyfile
 
-    path = _layout(hub).sharing_policy
-    found = policyfile.parse(jsonfile.read_regular(path, policyfile.MAX_BYTES), path)
+    found = policyfile.load(_layout(hub).sharing_policy)
     return {k: asdict(v) for k, v in found.items()}
 
 
@@ -238,11 +236,9 @@ def read_cluster_jobs(hub: Path):
 
 
 def read_secrets(hub: Path):
-    from gpulab_hub import jsonfile
     from gpulab_hub.secrets import importfile
 
-    path = _layout(hub).secrets_dir / "alice.json"
-    section = importfile.parse(jsonfile.read_regular(path, importfile.MAX_FILE_BYTES), path)
+    section = importfile.load(_layout(hub).secrets_dir / "alice.json")
     secrets, projects = section["secrets"], section["projects"]
     return {
         "listing": sorted(secrets),
@@ -275,11 +271,9 @@ def read_project_image(hub: Path):
 
 
 def read_login_identities(hub: Path):
-    from gpulab_hub import jsonfile
     from gpulab_hub.accounts import identities, identityfile
 
-    path = hub / identities.FILE_NAME
-    return identityfile.parse(jsonfile.read_regular(path, identityfile.MAX_BYTES), path)
+    return identityfile.load(hub / identities.FILE_NAME)
 
 
 READERS = {

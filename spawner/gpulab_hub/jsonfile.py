@@ -88,6 +88,16 @@ def read_regular(path: Path, max_bytes: int) -> bytes:
     return data
 
 
+def section_of(raw: bytes, path: Path, kind: stateversion.Kind, section: str):
+    """The ``section`` of a record file's bytes, brought to ``kind``'s current format;
+    ValueError/TypeError/KeyError where the file is damaged, stateversion.NewerState
+    where a newer gpulab wrote it."""
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict):
+        raise TypeError(f"a JSON {type(data).__name__}, not an object")
+    return kind.upgrade(data, path)[section]
+
+
 class LockedRecord:
     """One JSON file ``{"version": 1, <section>: ...}`` read and changed under a file lock
     (other hub processes) and a thread lock (this one); the base of hub-side stores.

@@ -28,14 +28,13 @@ new account, with nothing of the old one.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import unicodedata
 
 import sqlalchemy as sa
 from jupyterhub.auth import Authenticator
 from jupyterhub.utils import maybe_future
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 from tornado import web
 from traitlets import Unicode
 
@@ -118,17 +117,8 @@ class IdentityStore:
         self.url = db_url
         self.log = log
 
-    @contextlib.contextmanager
     def _tx(self, writing: bool = False):
-        begin = db_engine.begin_write if writing else db_engine.begin
-        try:
-            with begin(self.url) as conn:
-                yield conn
-        except (SQLAlchemyError, db_engine.DatabaseError) as e:
-            raise IdentityUnavailable(
-                f"The login identities in {db_engine.shown(self.url)} cannot be used now: "
-                f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-            ) from e
+        return db_engine.guarded(self.url, "The login identities", IdentityUnavailable, writing)
 
     @staticmethod
     def _held(conn, name: str, lock: bool = False) -> tuple[str, str] | None:

@@ -16,7 +16,6 @@ gpulab. Read bounded, never through a link.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -28,16 +27,17 @@ from gpulab_hub.db import migrate, tables
 IMPORT = "login-identities"  # its row in gpulab_imports
 IMPORTED = ".imported"
 KIND = stateversion.KINDS["login-identities"]
+SECTION = "accounts"
 MAX_BYTES = 64 * 1024 * 1024
 
 
-def parse(raw: bytes, path: Path) -> dict:
-    """The file's accounts; ValueError/TypeError/KeyError where it is damaged,
-    stateversion.NewerState where a newer gpulab wrote it."""
-    data = json.loads(raw.decode("utf-8"))
-    if not isinstance(data, dict):
-        raise TypeError(f"a JSON {type(data).__name__}, not an object")
-    accounts = KIND.upgrade(data, path)["accounts"]
+def load(path: Path) -> dict:
+    """The accounts of the file ``path`` (:func:`parse`), read bounded."""
+    return parse(jsonfile.section_of(jsonfile.read_regular(path, MAX_BYTES), path, KIND, SECTION))
+
+
+def parse(accounts) -> dict:
+    """The file's accounts (its section); ValueError/TypeError where it is damaged."""
     if not isinstance(accounts, dict):
         raise TypeError('"accounts" is not a mapping')
     for name, rec in accounts.items():
@@ -62,13 +62,10 @@ class IdentitiesImport(migrate.FileImport):
 
     def rows(self, conn: sa.Connection) -> tuple[int, list[str]]:
         try:
-            accounts = parse(jsonfile.read_regular(self.path, MAX_BYTES), self.path)
-        except stateversion.NewerState as e:
-            raise db_engine.DatabaseError(str(e)) from None
-        except (OSError, jsonfile.NotARecord, ValueError, TypeError, KeyError) as e:
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            accounts = parse(self.read(self.path, KIND, SECTION, MAX_BYTES))
+        except (jsonfile.NotARecord, ValueError, TypeError, KeyError) as e:
             raise db_engine.DatabaseError(
-                f"The login identities file {self.path} cannot be imported ({why}). Repair "
+                f"The login identities file {self.path} cannot be imported ({e}). Repair "
                 "it (or restore it from a backup) and start again; only if every account "
                 "may be bound again at its next login to whoever signs in first with its "
                 "name, move it away instead."

@@ -117,6 +117,28 @@ def begin_write(url: str) -> Iterator[sa.Connection]:
         yield conn
 
 
+def unusable(url: str, what: str, e: Exception) -> str:
+    """The log's words for ``what`` ("The secrets of alice") that the database at
+    ``url`` could not give or keep (``e``: the driver's error)."""
+    return f"{what} in {shown(url)} cannot be used now: {type(e).__name__}: " + (
+        str(e).splitlines() or [""]
+    )[0][:300]
+
+
+@contextlib.contextmanager
+def guarded(url: str, what: str, error: type[Exception], writing: bool = False):
+    """:func:`begin` (``writing``: :func:`begin_write`) whose failure to use the database
+    raises ``error`` with :func:`unusable`'s words, the driver's error as its cause;
+    what the block itself raises otherwise goes through as it is."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        with (begin_write if writing else begin)(url) as conn:
+            yield conn
+    except (SQLAlchemyError, DatabaseError) as e:
+        raise error(unusable(url, what, e)) from e
+
+
 def dispose() -> None:
     """Close every engine this process made (tests, and a hub's stop)."""
     with _lock:

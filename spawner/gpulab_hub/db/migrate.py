@@ -31,7 +31,7 @@ from typing import Protocol
 
 import sqlalchemy as sa
 
-from gpulab_hub import blocking, jsonfile
+from gpulab_hub import blocking, jsonfile, stateversion
 from gpulab_hub.db import engine as db_engine
 from gpulab_hub.db import tables
 
@@ -72,6 +72,21 @@ class FileImport:
 
     def pending(self) -> bool:
         return os.path.lexists(self.path)
+
+    def read(self, path: Path, kind, section: str, max_bytes: int):
+        """The ``section`` of the record file ``path`` (read bounded, never through a
+        link), in ``kind``'s current format. A file of a newer gpulab, or one the hub may
+        not read, stops the upgrade (db_engine.DatabaseError); a damaged one raises
+        jsonfile.NotARecord, ValueError, TypeError or KeyError for the caller to judge."""
+        try:
+            return jsonfile.section_of(jsonfile.read_regular(path, max_bytes), path, kind, section)
+        except stateversion.NewerState as e:
+            raise db_engine.DatabaseError(str(e)) from None
+        except OSError as e:
+            raise db_engine.DatabaseError(
+                f"{path} cannot be read ({e.strerror or e}): give the hub's account access "
+                "to it, then start again."
+            ) from None
 
     def rows(self, conn: sa.Connection) -> tuple[int, list[str]]:
         """Import the file within the upgrade's transaction: how many records, and what

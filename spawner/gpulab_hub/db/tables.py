@@ -17,6 +17,19 @@ NAME_LEN = 128  # user, project, GPU UUID and label: gpus/usage.py's patterns al
 
 METADATA = sa.MetaData()
 
+
+def project_key() -> sa.Column:
+    """The key of a table with one row a project: JupyterHub's server row, by foreign
+    key (ON DELETE CASCADE: the row goes with the project and with its owner; a rename
+    renames the server row in place, so the row follows it: records.ByServerRow)."""
+    return sa.Column(
+        "server_id",
+        sa.Integer,
+        sa.ForeignKey("spawners.id", ondelete="CASCADE"),
+        primary_key=True,
+    )
+
+
 # JupyterHub's users (jupyterhub/orm.py: User), as far as gpulab reads them: a
 # lightweight clause, not part of METADATA, so nothing of gpulab's ever makes or alters it.
 USERS = sa.table("users", sa.column("id", sa.Integer), sa.column("name", sa.Unicode))
@@ -105,12 +118,7 @@ secrets = sa.Table(
 secret_choices = sa.Table(
     "gpulab_secret_choices",
     METADATA,
-    sa.Column(
-        "server_id",
-        sa.Integer,
-        sa.ForeignKey("spawners.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    project_key(),
     # collaborators' kernels, terminals and jobs get them too
     sa.Column("collaborators", sa.Boolean, nullable=False),
 )
@@ -153,12 +161,7 @@ login_identities = sa.Table(
 sharing_settings = sa.Table(
     "gpulab_sharing_settings",
     METADATA,
-    sa.Column(
-        "server_id",
-        sa.Integer,
-        sa.ForeignKey("spawners.id", ondelete="CASCADE"),
-        primary_key=True,
-    ),
+    project_key(),
     sa.Column("collaborators_may_start", sa.Boolean, nullable=False),
     sa.Column("collaborators_may_reshare", sa.Boolean, nullable=False),
 )

@@ -21,7 +21,6 @@ are never archived).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
@@ -29,7 +28,6 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from gpulab_hub import jsonfile, stateversion
-from gpulab_hub.db import engine as db_engine
 from gpulab_hub.db import migrate, tables
 from gpulab_hub.secrets.names import MAX_SECRETS, NAME
 from gpulab_hub.secrets.store import check_user
@@ -42,13 +40,14 @@ SECTION = "user"
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
-def parse(raw: bytes, path: Path) -> dict:
-    """A secrets file's section; ValueError/TypeError/KeyError where it is damaged,
-    stateversion.NewerState where a newer gpulab wrote it."""
-    data = json.loads(raw.decode("utf-8"))
-    if not isinstance(data, dict):
-        raise TypeError(f"a JSON {type(data).__name__}, not an object")
-    section = KIND.upgrade(data, path)[SECTION]
+def load(path: Path) -> dict:
+    """The section of the secrets file ``path`` (:func:`parse`), read bounded."""
+    raw = jsonfile.read_regular(path, MAX_FILE_BYTES)
+    return parse(jsonfile.section_of(raw, path, KIND, SECTION))
+
+
+def parse(section) -> dict:
+    """A secrets file's section, checked; ValueError/TypeError where it is damaged."""
     if not isinstance(section, dict) or set(section) != {"secrets", "projects"}:
         raise TypeError('not {"secrets": ..., "projects": ...}')
     secrets, projects = section["secrets"], section["projects"]
@@ -91,15 +90,7 @@ class SecretsImport(migrate.FileImport):
             if not entry.name.endswith(".json") or not _allowed(user):
                 continue
             try:
-                path = Path(entry.path)
-                section = parse(jsonfile.read_regular(path, MAX_FILE_BYTES), path)
-            except stateversion.NewerState as e:
-                raise db_engine.DatabaseError(str(e)) from None
-            except OSError as e:
-                raise db_engine.DatabaseError(
-                    f"The secrets file {entry.path} cannot be read ({e.strerror or e}): give "
-                    "the hub's account access to it, then start again."
-                ) from None
+                section = parse(self.read(Path(entry.path), KIND, SECTION, MAX_FILE_BYTES))
             except (jsonfile.NotARecord, ValueError, TypeError, KeyError) as e:
                 left_out.append(f"{entry.name} (damaged: {e})")
                 continue

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 from jupyterhub.slugs import is_valid_safe_slug
-from sqlalchemy.exc import SQLAlchemyError
 
 from gpulab_hub.accounts import USERNAME_PATTERN
 from gpulab_hub.db import engine as db_engine
@@ -75,17 +73,9 @@ class SecretStore:
         self.user = check_user(user)
         self.log = log
 
-    @contextmanager
-    def _tx(self, writing: bool = False) -> Iterator[sa.Connection]:
-        begin = db_engine.begin_write if writing else db_engine.begin
-        try:
-            with begin(self.url) as conn:
-                yield conn
-        except (SQLAlchemyError, db_engine.DatabaseError) as e:
-            raise SecretsUnreadable(
-                f"The secrets of {self.user} in {db_engine.shown(self.url)} cannot be used "
-                f"now: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-            ) from e
+    def _tx(self, writing: bool = False):
+        what = f"The secrets of {self.user}"
+        return db_engine.guarded(self.url, what, SecretsUnreadable, writing)
 
     def _user_id(self, conn: sa.Connection, lock: bool = False) -> int | None:
         """The user's row id; ``lock``: held until the transaction ends (PostgreSQL; a

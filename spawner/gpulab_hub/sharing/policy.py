@@ -51,10 +51,7 @@ class SharingPolicyStore:
         self.log = log or LOG
 
     def _failed(self, e: Exception) -> SettingsUnavailable:
-        return SettingsUnavailable(
-            f"The sharing settings in {db_engine.shown(self.url)} cannot be used now: "
-            f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        )
+        return SettingsUnavailable(db_engine.unusable(self.url, "The sharing settings", e))
 
     def _rows(self, where=None) -> list:
         q = (

@@ -15,30 +15,30 @@ Share page. A file of a newer gpulab stops the upgrade.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from gpulab_hub import jsonfile, stateversion
-from gpulab_hub.db import engine as db_engine
 from gpulab_hub.db import migrate, tables
 from gpulab_hub.sharing.policy import ProjectSharing
 
 IMPORT = "sharing-policy"  # its row in gpulab_imports
 KIND = stateversion.KINDS["sharing-policy"]
+SECTION = "projects"
 MAX_BYTES = 64 * 1024 * 1024
 NAMES = tuple(f.name for f in fields(ProjectSharing))
 
 
-def parse(raw: bytes, path: Path) -> dict[str, ProjectSharing]:
-    """The file's settings by "owner/project"; ValueError/TypeError/KeyError where it is
-    damaged, stateversion.NewerState where a newer gpulab wrote it."""
-    data = json.loads(raw.decode("utf-8"))
-    if not isinstance(data, dict):
-        raise TypeError(f"a JSON {type(data).__name__}, not an object")
-    projects = KIND.upgrade(data, path)["projects"]
+def load(path: Path) -> dict[str, ProjectSharing]:
+    """The settings of the file ``path`` (:func:`parse`), read bounded."""
+    return parse(jsonfile.section_of(jsonfile.read_regular(path, MAX_BYTES), path, KIND, SECTION))
+
+
+def parse(projects) -> dict[str, ProjectSharing]:
+    """The file's settings (its section) by "owner/project"; ValueError/TypeError where
+    it is damaged."""
     if not isinstance(projects, dict):
         raise TypeError('"projects" is not a mapping')
     found = {}
@@ -60,14 +60,7 @@ class PolicyImport(migrate.FileImport):
 
     def rows(self, conn: sa.Connection) -> tuple[int, list[str]]:
         try:
-            projects = parse(jsonfile.read_regular(self.path, MAX_BYTES), self.path)
-        except stateversion.NewerState as e:
-            raise db_engine.DatabaseError(str(e)) from None
-        except OSError as e:
-            raise db_engine.DatabaseError(
-                f"The sharing settings file {self.path} cannot be read ({e.strerror or e}): "
-                "give the hub's account access to it, then start again."
-            ) from None
+            projects = parse(self.read(self.path, KIND, SECTION, MAX_BYTES))
         except (jsonfile.NotARecord, ValueError, TypeError, KeyError) as e:
             return 0, [
                 f"{self.path.name} (damaged: {e}; every project has the defaults, the least "
