@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import re
 import threading
 import time
 import types
@@ -20,6 +21,10 @@ from hubclient import HubUser
 
 from gpulab_hub import blocking, host, jsonfile
 
+SSH_BUSY_WORDS = (
+    "The SSH keys record is busy: another change to the SSH keys record is under way; try "
+    "again in a moment."
+)
 BUSY_WORDS = (
     "The notes record is busy: another change to the notes record is under way; try "
     "again in a moment."
@@ -175,28 +180,36 @@ def test_pools_are_named_bounded_and_made_on_first_use():
 
 @pytest.mark.docker
 def test_a_page_whose_record_is_held_answers_503_in_words_and_the_hub_keeps_serving(hub):
-    """The sharing settings file is held by another process: the "Shared with me" page
-    says so (503, in words, after the lock's timeout) and, while it waits, the hub
-    answers other requests at once (the wait is on the records pool, not the loop)."""
+    """The SSH keys record (a file of the hub's folder) is held by another process: a
+    change on the SSH page says so (503, in words, after the lock's timeout) and, while
+    it waits, the hub answers other requests at once (the wait is on the records pool,
+    not the loop)."""
     admin = HubUser(hub.url, "admin", hub.admin_password)
     assert admin.login().status_code == 302
-    lock = FileLock(str(hub.home / "hub" / "sharing.json.lock"))
+    page = admin.http.get(f"{hub.url}/hub/gpulab/ssh", timeout=30)
+    assert page.status_code == 200
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text).group(1)
+    form = {"_xsrf": xsrf, "action": "delete", "fingerprint": "SHA256:" + "A" * 43}
+    keys = hub.home / "hub" / "ssh" / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(keys / ".keys.lock"))
     with lock:
         result = {}
 
-        def open_page():
-            result["page"] = admin.http.get(f"{hub.url}/hub/gpulab/shared", timeout=60)
+        def change():
+            result["page"] = admin.http.post(f"{hub.url}/hub/gpulab/ssh", data=form, timeout=60)
 
-        t = threading.Thread(target=open_page)
+        t = threading.Thread(target=change)
         t.start()
-        time.sleep(1)  # the page now waits for the lock
+        time.sleep(1)  # the change now waits for the lock
         quick = time.monotonic()
         assert requests.get(f"{hub.url}/hub/api/", timeout=10).status_code == 200
         assert time.monotonic() - quick < 2, "the hub stopped answering while a page waited"
         t.join(60)
     page = result["page"]
     assert page.status_code == 503, page.text[:500]
-    assert BUSY_WORDS in page.text
+    assert SSH_BUSY_WORDS in page.text
     assert "Traceback" not in page.text
-    # Free again: the page works.
-    assert admin.http.get(f"{hub.url}/hub/gpulab/shared", timeout=30).status_code == 200
+    # Free again: the change is done (there was no such key to delete: 404, in words).
+    again = admin.http.post(f"{hub.url}/hub/gpulab/ssh", data=form, timeout=30)
+    assert again.status_code == 404 and "You have no key SHA256:" in again.text

@@ -15,6 +15,7 @@ from security.people import execute, log_in_admin, make_user, page_post, share_b
 
 from gpulab_hub.cluster import jobs as cluster_jobs
 from gpulab_hub.secrets.store import SecretStore, Selection
+from gpulab_hub.sharing import received
 
 # Tests through the hub are marked docker; the record tests at the end need no hub.
 OWNER, OLD, NEW, OTHER = "rnalice", "lab-one", "lab-two", "lab-side"
@@ -168,7 +169,8 @@ def test_rename_keeps_files_shares_and_image(hub, people, shared):
     assert json.loads((state / NEW / "image.json").read_text())["last_good"]["tag"]
     assert OLD not in named(alice) and NEW in named(alice)
     hub_dir = hub.home / "hub"
-    settings = json.loads((hub_dir / "sharing.json").read_text())["projects"]
+    # the sharing settings (the hub's database) follow the server row
+    settings = received.policy_store(f"sqlite:///{hub_dir / 'jupyterhub.sqlite'}").snapshot()
     assert f"{OWNER}/{NEW}" in settings and f"{OWNER}/{OLD}" not in settings
     group_roles = (hub_dir / "group-share-roles.json").read_text()
     assert f"{OWNER}/{NEW}" in group_roles and f"{OWNER}/{OLD}" not in group_roles
