@@ -74,11 +74,13 @@ def server(folder: Path) -> Iterator[str]:
         )  # fmt: skip
 
 
-def fresh_database(url: str) -> str:
-    """A new, empty database on the server of ``url``; its URL."""
+def fresh_database(url: str, copy_of: str | None = None) -> str:
+    """A new database on the server of ``url``: empty, or a copy of the database
+    ``copy_of`` (its URL; no one may be connected to it); its URL."""
     name = "gpulab_" + uuid.uuid4().hex[:12]
+    template = f' TEMPLATE "{sa.make_url(copy_of).database}"' if copy_of else ""
     engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
     with engine.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"{template}')
     engine.dispose()
     return url.rsplit("/", 1)[0] + "/" + name

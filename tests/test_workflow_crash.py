@@ -28,6 +28,7 @@ from jupyterhub import orm
 from test_project_rename import records_hub, snapshot
 from traitlets.config import Config
 
+from gpulab_hub.db import engine as db_engine
 from gpulab_hub.workflows import deletion, journal, recovery, rename
 from gpulab_hub.workflows import records as registry
 
@@ -191,18 +192,50 @@ def _hub(tmp_path: Path, url: str | None = None):
     db, spawner, where, token, log = records_hub(tmp_path, url)
     url = db.get_bind().url.render_as_string(hide_password=False)
     db.close()
+    db.get_bind().dispose()
+    db_engine.dispose()  # no connection left to it (PostgreSQL copies it as a template)
     return url, where
 
 
+def _where_in(root: Path) -> rename.Where:
+    """records_hub's folders under ``root`` (test_project_rename.py)."""
+    return rename.Where(root / "projects", root / "hub" / "projects", root / "hub", root / "data")
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, request) -> dict:
+    """records_hub made once a backend (its folders and its database), copied for each
+    test: the making is most of a test's time otherwise."""
+    found = {}
+
+    def of(backend: str) -> tuple[Path, str]:
+        if backend not in found:
+            root = tmp_path_factory.mktemp(f"made-{backend}")
+            url = None
+            if backend == "postgresql":
+                import pg_kit
+
+                url = pg_kit.fresh_database(request.getfixturevalue("pg_server"))
+            found[backend] = (root, _hub(root, url)[0])
+        return found[backend]
+
+    return of
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database(request) -> str | None:
-    """Where the crashed hub's database is: a SQLite file (None: records_hub makes it in
-    the test's folder) or a fresh PostgreSQL database (tests/pg_kit.py)."""
+def copied(request, made, tmp_path) -> tuple[str, rename.Where]:
+    """A copy of alice's project as records_hub makes it, in a SQLite file or in a
+    PostgreSQL database (tests/pg_kit.py): its database's URL and its folders."""
+    import shutil
+
+    root, url = made(request.param)
+    shutil.copytree(root, tmp_path / "hub-copy", symlinks=True)
+    where = _where_in(tmp_path / "hub-copy")
     if request.param == "sqlite":
-        return None
+        return f"sqlite:///{tmp_path / 'hub-copy' / 'db' / 'jupyterhub.sqlite'}", where
     import pg_kit
 
-    return pg_kit.fresh_database(request.getfixturevalue("pg_server"))
+    return pg_kit.fresh_database(request.getfixturevalue("pg_server"), copy_of=url), where
 
 
 def _run_child(kind: str, url: str, where: rename.Where, step: str) -> int:
@@ -259,9 +292,9 @@ def deleted_whole(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("step", RENAME_STEPS)
 def test_a_rename_killed_after_each_step_is_finished_at_the_next_start(
-    tmp_path, step, renamed_whole, database
+    step, renamed_whole, copied
 ):
-    url, where = _hub(tmp_path, database)
+    url, where = copied
     before = _snapshots(url, where)
     assert before["one"]["files"] == ["kept.txt"] and before["two"]["server"] is None
     assert _run_child("rename", url, where, step) == -signal.SIGKILL
@@ -277,9 +310,9 @@ def test_a_rename_killed_after_each_step_is_finished_at_the_next_start(
 
 @pytest.mark.parametrize("step", DELETE_STEPS)
 def test_a_deletion_killed_after_each_step_is_finished_at_the_next_start(
-    tmp_path, step, deleted_whole, database
+    step, deleted_whole, copied
 ):
-    url, where = _hub(tmp_path, database)
+    url, where = copied
     assert _run_child("delete", url, where, step) == -signal.SIGKILL
     (entry,) = _journal(url)
     assert (entry.kind, entry.project) == ("delete", "one")
